@@ -1,0 +1,47 @@
+// Public. The only serializer: headers and control payloads to and from bytes. Every decoded field is
+// validated here, before anyone allocates or indexes with it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "p3/message.h"
+#include "p3/status.h"
+
+namespace p3 {
+
+enum class Role : uint8_t { kScheduler = 0, kServer = 1, kWorker = 2 };
+const char* RoleName(Role r);
+
+void EncodeHeader(const Header& h, uint8_t out[kHeaderBytes]);
+// Checks magic, version, command and dtype, and that the payload fits `max_payload_bytes` (and the
+// control limit for control commands) and, for data commands, equals count * dtype size when present.
+Status DecodeHeader(const uint8_t in[kHeaderBytes], uint64_t max_payload_bytes, Header* out);
+
+struct NodeInfo {
+  Role role = Role::kWorker;
+  int32_t rank = -1;
+  std::string host;
+  uint16_t port = 0;
+};
+
+struct Registration {
+  Role role = Role::kWorker;
+  std::string host;
+  uint16_t port = 0;  // servers: where workers connect
+  uint32_t num_worker = 0;
+  uint32_t num_server = 0;
+};
+
+struct NodeTable {
+  int32_t your_rank = -1;
+  std::vector<NodeInfo> nodes;  // every server and worker, servers in rank order first
+};
+
+std::string EncodeRegistration(const Registration& r);
+Status DecodeRegistration(const std::string& bytes, Registration* out);
+std::string EncodeNodeTable(const NodeTable& t);
+Status DecodeNodeTable(const std::string& bytes, NodeTable* out);
+
+}  // namespace p3

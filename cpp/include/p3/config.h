@@ -1,0 +1,25 @@
+// Public. Everything a node needs to know about its job. Filled in by the Python layer (p3kv/config.py
+// is the only place the environment is read); the C++ core never reads environment variables.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace p3 {
+
+struct NodeConfig {
+  std::string root_uri = "127.0.0.1";  // scheduler address
+  uint16_t root_port = 0;
+  int num_worker = 1;
+  int num_server = 1;
+  std::string host = "127.0.0.1";  // address this node binds and advertises
+  uint16_t port = 0;               // server listen port; 0 picks a free one
+  uint64_t slice_size = 50000;     // elements per slice (paper: 50,000)
+  int socket_buffer = 131072;      // SO_SNDBUF/SO_RCVBUF of data sockets; small keeps priorities honest
+  double connect_timeout = 60.0;   // seconds for rendezvous
+  double timeout = 600.0;          // seconds any blocking wait may take
+  uint64_t max_message_bytes = 1ull << 30;
+  bool trace = false;              // record per-slice trace events
+};
+
+}  // namespace p3

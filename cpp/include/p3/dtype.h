@@ -1,0 +1,33 @@
+// Public. Element types carried on the wire and the aggregation kernels over them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace p3 {
+
+enum class DType : uint8_t { kFloat32 = 0, kFloat64 = 1, kFloat16 = 2, kInt32 = 3, kInt64 = 4, kUInt8 = 5 };
+constexpr int kNumDTypes = 6;
+
+bool IsValidDType(uint8_t raw);
+size_t DTypeSize(DType t);
+const char* DTypeName(DType t);
+// Parses numpy's names ("float32", "float16", ...). Returns false for unsupported types.
+bool ParseDType(const std::string& name, DType* out);
+
+// Aggregation accumulates float16 in float32 so that summing many workers does not lose precision;
+// every other type accumulates in itself.
+DType AccumulatorType(DType t);
+
+// accum[i] (AccumulatorType(t)) = src[i] (t). Thread-compatible, no allocation.
+void CopyToAccumulator(DType t, const void* src, void* accum, size_t count);
+// accum[i] += src[i].
+void AddToAccumulator(DType t, const void* src, void* accum, size_t count);
+// dst[i] (t) = accum[i], rounding float32 to float16 where needed.
+void CopyFromAccumulator(DType t, const void* accum, void* dst, size_t count);
+
+float HalfToFloat(uint16_t h);
+uint16_t FloatToHalf(float f);
+
+}  // namespace p3

@@ -1,0 +1,56 @@
+// Public. The wire format: every frame is a fixed 64-byte little-endian Header followed by
+// `payload_bytes` bytes. The priority travels in every header so that each hop (worker send queue,
+// server processing queue, server send queue) can order slices without looking at the payload.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "p3/dtype.h"
+
+namespace p3 {
+
+constexpr uint32_t kMagic = 0x564b3350;  // "P3KV" read as little-endian bytes
+constexpr uint16_t kProtocolVersion = 1;
+constexpr size_t kHeaderBytes = 64;
+// Control payloads (node tables, error texts) are small; anything larger is hostile or corrupt.
+constexpr uint64_t kMaxControlBytes = 1 << 20;
+
+enum class Command : uint16_t {
+  kRegister = 1,     // node -> scheduler: role, address, job size
+  kNodeTable = 2,    // scheduler -> node: your rank, every server's address
+  kBarrier = 3,      // worker -> scheduler; key = barrier sequence number
+  kBarrierDone = 4,  // scheduler -> worker
+  kFinish = 5,       // worker -> scheduler: this worker is done
+  kShutdown = 6,     // scheduler -> node: the job is over, exit cleanly
+  kNodeFailed = 7,   // scheduler -> node: payload names the dead node
+  kError = 8,        // any -> peer: payload explains a rejected request (key/iteration identify it)
+  kHello = 9,        // worker -> server: first frame on a data connection, carries the worker's rank
+  kInit = 10,        // worker -> server: declare a slice; worker 0 also sends its initial value
+  kPush = 11,        // worker -> server: a gradient slice for `iteration`
+  kBroadcast = 12,   // server -> every worker: the slice's new value, unrequested (no pull in P3)
+  kBye = 13,         // worker -> server: orderly end of the data connection
+};
+constexpr int kNumCommands = 14;  // array bound for per-command counters (index = value)
+
+const char* CommandName(Command c);
+bool IsValidCommand(uint16_t raw);
+
+struct Header {
+  uint32_t magic = kMagic;
+  uint16_t version = kProtocolVersion;
+  Command command = Command::kError;
+  int32_t priority = 0;  // larger is more urgent; layer k of L gets -k (MXNet's convention)
+  int32_t sender = -1;   // rank of the sending node within its role
+  DType dtype = DType::kFloat32;
+  uint8_t reserved8 = 0;
+  uint16_t reserved16 = 0;
+  uint32_t slice = 0;      // slice index within the key
+  uint64_t key = 0;
+  uint64_t offset = 0;     // first element of the slice within the key
+  uint64_t count = 0;      // elements in the slice
+  uint64_t iteration = 0;  // 0 = init, then 1, 2, ... per key
+  uint64_t payload_bytes = 0;
+};
+
+}  // namespace p3

@@ -1,0 +1,57 @@
+// Internal. A node's link to the scheduler: registration, the node table, barriers, and the two ways a
+// job ends (SHUTDOWN, NODE_FAILED or a dropped link). Owns its reader thread.
+#pragma once
+
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "p3/codec.h"
+#include "p3/config.h"
+#include "p3/connection.h"
+#include "p3/counters.h"
+
+namespace p3 {
+
+class SchedulerClient {
+ public:
+  struct Handlers {
+    std::function<void()> on_shutdown;               // the job ended cleanly
+    std::function<void(const Status&)> on_failure;   // a node died or the link dropped
+  };
+  SchedulerClient(const NodeConfig& config, Role role, Counters* counters);
+  ~SchedulerClient();
+
+  // Calling thread. Connects (retrying until connect_timeout), registers, and waits for the node table.
+  Status Join(const std::string& host, uint16_t listen_port, NodeTable* table);
+  // Starts the reader thread that dispatches to `handlers`.
+  void Start(Handlers handlers);
+  // Any one thread at a time. Blocks until every worker reached the barrier.
+  Status Barrier(double timeout_s);
+  // Tells the scheduler this worker is done; a later drop of the link is then no failure.
+  Status Finish();
+  // Stops the reader thread and closes the link. Idempotent.
+  void Stop();
+
+ private:
+  void ReadLoop();
+
+  const NodeConfig config_;
+  const Role role_;
+  Counters* counters_;
+  std::shared_ptr<Connection> link_;
+  Handlers handlers_;
+  std::thread reader_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t barriers_sent_ = 0;
+  uint64_t barriers_done_ = 0;
+  Status failure_;
+  bool stopping_ = false;
+  bool finished_ = false;
+};
+
+}  // namespace p3

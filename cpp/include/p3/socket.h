@@ -1,0 +1,57 @@
+// Internal. A TCP socket owned by one object (RAII), with the blocking helpers the transport needs.
+// Thread-compatible: one reader and one writer may use it at the same time (the kernel allows that);
+// callers serialise writers themselves.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "p3/status.h"
+
+namespace p3 {
+
+class Socket {
+ public:
+  Socket() = default;
+  explicit Socket(int fd) : fd_(fd) {}
+  ~Socket();
+  Socket(Socket&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  Socket& operator=(Socket&& o) noexcept;
+  Socket(const Socket&) = delete;
+  Socket& operator=(const Socket&) = delete;
+
+  // Listens on host:port (port 0 picks a free port; see LocalPort). `buffer_bytes` > 0 sets the
+  // receive/send buffers that accepted sockets inherit.
+  static Status Listen(const std::string& host, uint16_t port, int buffer_bytes, Socket* out);
+  // Connects, retrying refused connections until `timeout_s` has passed (peers may start later).
+  static Status Connect(const std::string& host, uint16_t port, int buffer_bytes, double timeout_s,
+                        Socket* out);
+  // Waits up to timeout_s for a connection; returns Timeout if none came.
+  Status Accept(double timeout_s, Socket* out, std::string* peer) const;
+
+  Status SendAll(const void* data, size_t len) const;
+  // Writes all bytes of all iovecs (a header and its payload go out in one call).
+  Status SendVec(struct iovec* iov, int iovcnt) const;
+  // Reads exactly len bytes. PeerLost on an orderly close before the first byte, IoError otherwise.
+  Status RecvAll(void* data, size_t len) const;
+  // Waits until readable or timeout; returns true if readable (or closed).
+  bool WaitReadable(double timeout_s) const;
+
+  // A blocking receive that sees no byte for this long fails (so a silent peer cannot stall a loop that
+  // serves many peers).
+  void SetReceiveTimeout(double timeout_s) const;
+  // Unblocks any thread blocked in Recv/Send on this socket (used to stop receiver threads).
+  void Shutdown() const;
+  void Close();
+  bool valid() const { return fd_ >= 0; }
+  int fd() const { return fd_; }
+  uint16_t LocalPort() const;
+
+ private:
+  int fd_ = -1;
+};
+
+}  // namespace p3

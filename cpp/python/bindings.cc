@@ -1,0 +1,292 @@
+// The _p3 extension: thin pybind11 glue over the core. It releases the GIL around every call that can
+// block, turns Status into p3kv.errors exceptions, and takes arrays through the buffer protocol (the
+// Python layer keeps them alive while the core uses them).
+#include <Python.h>
+#include <pybind11/functional.h>
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+
+#include "p3/log.h"
+#include "p3/scheduler.h"
+#include "p3/server.h"
+#include "p3/worker.h"
+
+namespace py = pybind11;
+using p3::Status;
+
+namespace {
+
+[[noreturn]] void Raise(const Status& st) {
+  const char* cls = "P3Error";
+  switch (st.code()) {
+    case Status::Code::kTimeout: cls = "P3TimeoutError"; break;
+    case Status::Code::kInvalid: cls = "ConfigError"; break;
+    default: break;
+  }
+  py::object type = py::module_::import("p3kv.errors").attr(cls);
+  PyErr_SetString(type.ptr(), st.message().c_str());
+  throw py::error_already_set();
+}
+
+void Check(const Status& st) {
+  if (!st.ok()) Raise(st);
+}
+
+// Lets Ctrl-C end a long wait: the core polls this with the GIL released.
+p3::InterruptCheck SignalCheck() {
+  return [] {
+    py::gil_scoped_acquire gil;
+    if (PyErr_CheckSignals() != 0) {
+      PyErr_Clear();  // re-raised below as KeyboardInterrupt by the wrapper's caller
+      return true;
+    }
+    return false;
+  };
+}
+
+void CheckInterruptible(const Status& st) {
+  if (st.code() == Status::Code::kAborted && st.message().find("interrupted") != std::string::npos) {
+    PyErr_SetNone(PyExc_KeyboardInterrupt);
+    throw py::error_already_set();
+  }
+  Check(st);
+}
+
+struct Buffer {
+  void* ptr;
+  uint64_t count;
+};
+
+Buffer GetBuffer(const py::buffer& b, const std::string& what, p3::DType dtype, bool writable) {
+  py::buffer_info info = b.request(writable);
+  if (info.itemsize != static_cast<py::ssize_t>(p3::DTypeSize(dtype))) {
+    Raise(Status::Invalid(what + " has " + std::to_string(info.itemsize) + "-byte elements, expected " +
+                          p3::DTypeName(dtype)));
+  }
+  py::ssize_t expected = info.itemsize;
+  for (py::ssize_t i = info.ndim - 1; i >= 0; --i) {
+    if (info.shape[i] != 1 && info.strides[i] != expected) Raise(Status::Invalid(what + " is not C-contiguous"));
+    expected *= info.shape[i];
+  }
+  return Buffer{info.ptr, static_cast<uint64_t>(info.size)};
+}
+
+p3::DType ToDType(const std::string& name) {
+  p3::DType t;
+  if (!p3::ParseDType(name, &t)) {
+    Raise(Status::Invalid("dtype " + name + " is not supported (use float32, float64, float16, int32, int64 or "
+                          "uint8)"));
+  }
+  return t;
+}
+
+py::dict CountersToDict(const p3::Counters& c) {
+  py::dict sent, received;
+  for (int i = 1; i < p3::kNumCommands; ++i) {
+    const char* name = p3::CommandName(static_cast<p3::Command>(i));
+    sent[name] = c.sent[i].load();
+    received[name] = c.received[i].load();
+  }
+  py::dict d;
+  d["sent"] = sent;
+  d["received"] = received;
+  d["bytes_sent"] = c.bytes_sent.load();
+  d["bytes_received"] = c.bytes_received.load();
+  d["rejected_frames"] = c.rejected_frames.load();
+  return d;
+}
+
+py::list TraceToList(const p3::Trace& t) {
+  py::list out;
+  for (const p3::TraceRecord& r : t.Snapshot()) {
+    out.append(py::make_tuple(r.time_ns, p3::TraceEventName(r.event), r.key, r.slice, r.priority, r.iteration,
+                              r.peer));
+  }
+  return out;
+}
+
+// Numpy view of core memory without copying; valid only during the call it is passed to.
+py::array View(p3::DType dtype, const void* ptr, uint64_t count, bool writable) {
+  py::dtype dt(std::string(p3::DTypeName(dtype)));
+  py::capsule no_owner(ptr, [](void*) {});
+  py::array a(dt, {static_cast<py::ssize_t>(count)}, {}, ptr, no_owner);
+  if (!writable) a.attr("flags").attr("writeable") = false;
+  return a;
+}
+
+// A Python callable owned by C++: its last reference may be dropped on a core thread, so take the GIL.
+struct PyCallable {
+  explicit PyCallable(py::object f) : fn(std::move(f)) {}
+  ~PyCallable() {
+    py::gil_scoped_acquire gil;
+    fn = py::object();
+  }
+  py::object fn;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_p3, m) {
+  m.doc() = "p3kv core: priority-based parameter propagation transport (C++)";
+
+  m.def("set_log_level", [](int level) { p3::SetLogLevel(static_cast<p3::LogLevel>(level)); },
+        "0=DEBUG 1=INFO 2=WARNING 3=ERROR");
+  m.def("slice_key", [](uint64_t count, uint64_t slice_size, int num_servers, uint64_t round_robin) {
+    std::vector<py::tuple> out;
+    for (const p3::Slice& s : p3::SliceKey(count, slice_size, num_servers, &round_robin)) {
+      out.push_back(py::make_tuple(s.index, s.offset, s.count, s.server));
+    }
+    return py::make_tuple(out, round_robin);
+  }, "Pure slicing function: ([(index, offset, count, server)], next_round_robin)");
+
+  py::class_<p3::NodeConfig>(m, "NodeConfig")
+      .def(py::init<>())
+      .def_readwrite("root_uri", &p3::NodeConfig::root_uri)
+      .def_readwrite("root_port", &p3::NodeConfig::root_port)
+      .def_readwrite("num_worker", &p3::NodeConfig::num_worker)
+      .def_readwrite("num_server", &p3::NodeConfig::num_server)
+      .def_readwrite("host", &p3::NodeConfig::host)
+      .def_readwrite("port", &p3::NodeConfig::port)
+      .def_readwrite("slice_size", &p3::NodeConfig::slice_size)
+      .def_readwrite("socket_buffer", &p3::NodeConfig::socket_buffer)
+      .def_readwrite("connect_timeout", &p3::NodeConfig::connect_timeout)
+      .def_readwrite("timeout", &p3::NodeConfig::timeout)
+      .def_readwrite("max_message_bytes", &p3::NodeConfig::max_message_bytes)
+      .def_readwrite("trace", &p3::NodeConfig::trace);
+
+  py::class_<p3::Scheduler>(m, "Scheduler")
+      .def(py::init<p3::NodeConfig>())
+      .def("bind", [](p3::Scheduler& s) { Check(s.Bind()); })
+      .def("run", [](p3::Scheduler& s) {
+        Status st;
+        {
+          py::gil_scoped_release nogil;
+          st = s.Run(SignalCheck());
+        }
+        CheckInterruptible(st);
+      })
+      .def("stop", &p3::Scheduler::Stop)
+      .def_property_readonly("port", &p3::Scheduler::port);
+
+  py::class_<p3::Server>(m, "Server")
+      .def(py::init([](p3::NodeConfig config, py::object updater) {
+        p3::Updater fn;
+        if (!updater.is_none()) {
+          auto callable = std::make_shared<PyCallable>(updater);
+          fn = [callable](const p3::UpdateRequest& r) -> Status {
+            py::gil_scoped_acquire gil;  // the consumer thread takes the GIL only for the update itself
+            try {
+              callable->fn(r.key, r.slice, r.offset, r.iteration, View(r.dtype, r.aggregated, r.count, false),
+                           View(r.dtype, r.value, r.count, true));
+            } catch (py::error_already_set& e) {
+              return Status::Rejected(e.what());
+            }
+            return Status::Ok();
+          };
+        }
+        return std::make_unique<p3::Server>(std::move(config), std::move(fn));
+      }), py::arg("config"), py::arg("updater") = py::none())
+      .def("start", [](p3::Server& s) {
+        Status st;
+        {
+          py::gil_scoped_release nogil;
+          st = s.Start();
+        }
+        Check(st);
+      })
+      .def("run", [](p3::Server& s) {
+        Status st;
+        {
+          py::gil_scoped_release nogil;
+          st = s.Run(SignalCheck());
+        }
+        CheckInterruptible(st);
+      })
+      .def("stop", &p3::Server::Stop)
+      .def_property_readonly("rank", &p3::Server::rank)
+      .def_property_readonly("port", &p3::Server::port)
+      .def("counters", [](const p3::Server& s) { return CountersToDict(s.counters()); })
+      .def("trace", [](const p3::Server& s) { return TraceToList(s.trace()); });
+
+  py::class_<p3::Worker>(m, "Worker")
+      .def(py::init<p3::NodeConfig>())
+      .def("start", [](p3::Worker& w) {
+        Status st;
+        {
+          py::gil_scoped_release nogil;
+          st = w.Start();
+        }
+        Check(st);
+      })
+      .def("init", [](p3::Worker& w, uint64_t key, const std::string& name, const std::string& dtype,
+                      py::buffer value, py::buffer out) {
+        const p3::DType t = ToDType(dtype);
+        Buffer v = GetBuffer(value, "the value of key '" + name + "'", t, false);
+        Buffer o = GetBuffer(out, "the output of key '" + name + "'", t, true);
+        if (v.count != o.count) Raise(Status::Invalid("value and output of key '" + name + "' differ in size"));
+        Status st;
+        {
+          py::gil_scoped_release nogil;
+          st = w.Init(key, name, t, v.count, v.ptr, o.ptr, nullptr);
+        }
+        Check(st);
+      })
+      .def("push", [](p3::Worker& w, uint64_t key, const std::string& dtype, py::buffer grad, py::buffer out,
+                      int32_t priority) {
+        const p3::DType t = ToDType(dtype);
+        Buffer g = GetBuffer(grad, "the gradient", t, false);
+        Buffer o = GetBuffer(out, "the output", t, true);
+        Status st;
+        {
+          py::gil_scoped_release nogil;
+          st = w.Push(key, g.ptr, o.ptr, priority, nullptr);
+        }
+        Check(st);
+      })
+      .def("wait", [](p3::Worker& w, uint64_t key, double timeout) {
+        Status st;
+        {
+          py::gil_scoped_release nogil;
+          st = w.Wait(key, timeout, SignalCheck());
+        }
+        CheckInterruptible(st);
+      })
+      .def("wait_all", [](p3::Worker& w, double timeout) {
+        Status st;
+        {
+          py::gil_scoped_release nogil;
+          st = w.WaitAll(timeout, SignalCheck());
+        }
+        CheckInterruptible(st);
+      })
+      .def("barrier", [](p3::Worker& w, double timeout) {
+        Status st;
+        {
+          py::gil_scoped_release nogil;
+          st = w.Barrier(timeout);
+        }
+        Check(st);
+      })
+      .def("close", [](p3::Worker& w, double timeout) {
+        Status st;
+        {
+          py::gil_scoped_release nogil;
+          st = w.Close(timeout);
+        }
+        Check(st);
+      })
+      .def_property_readonly("rank", &p3::Worker::rank)
+      .def_property_readonly("num_workers", &p3::Worker::num_workers)
+      .def_property_readonly("num_servers", &p3::Worker::num_servers)
+      .def("slices", [](const p3::Worker& w, uint64_t key) {
+        std::vector<py::tuple> out;
+        for (const p3::Slice& s : w.Slices(key)) out.push_back(py::make_tuple(s.index, s.offset, s.count, s.server));
+        return out;
+      })
+      .def("counters", [](const p3::Worker& w) { return CountersToDict(w.counters()); })
+      .def("trace", [](const p3::Worker& w) { return TraceToList(w.trace()); });
+}

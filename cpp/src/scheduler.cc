@@ -1,0 +1,237 @@
+#include "p3/scheduler.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <chrono>
+
+#include "p3/log.h"
+
+namespace p3 {
+
+struct Scheduler::Member {
+  std::shared_ptr<Connection> conn;
+  bool registered = false;
+  Registration reg;
+  int rank = -1;
+  bool finished = false;
+  bool at_barrier = false;
+};
+
+namespace {
+// A peer that starts a frame must finish it promptly; the scheduler serves everyone on one thread.
+constexpr double kFrameTimeoutS = 10.0;
+}  // namespace
+
+Scheduler::Scheduler(NodeConfig config) : config_(std::move(config)) {}
+
+Scheduler::~Scheduler() {
+  for (int fd : wake_pipe_) {
+    if (fd >= 0) close(fd);
+  }
+}
+
+Status Scheduler::Bind() {
+  Status st = Socket::Listen(config_.root_uri, config_.root_port, 0, &listener_);
+  if (!st.ok()) return st.WithContext("scheduler cannot listen on P3_ROOT_URI:P3_ROOT_PORT");
+  if (pipe2(wake_pipe_, O_CLOEXEC) != 0) return Status::IoError("pipe2 failed");
+  return Status::Ok();
+}
+
+void Scheduler::Stop() {
+  if (wake_pipe_[1] >= 0) {
+    const char c = 1;
+    if (write(wake_pipe_[1], &c, 1) < 0) {
+      // Nothing to do: the loop also wakes up on its poll timeout.
+    }
+  }
+}
+
+std::string Scheduler::Describe(const Member& m) const {
+  if (!m.registered) return "unregistered peer " + m.conn->peer();
+  std::string what = std::string(RoleName(m.reg.role));
+  if (m.rank >= 0) what += " " + std::to_string(m.rank);
+  return what + " (" + m.reg.host + (m.reg.role == Role::kServer ? ":" + std::to_string(m.reg.port) : "") +
+         ")";
+}
+
+void Scheduler::Broadcast(Command c, const std::string& payload, bool servers, bool workers) {
+  for (auto& m : members_) {
+    if (!m->registered) continue;
+    if ((m->reg.role == Role::kServer && !servers) || (m->reg.role == Role::kWorker && !workers)) continue;
+    Header h;
+    h.command = c;
+    h.payload_bytes = payload.size();
+    Status st = m->conn->Send(h, payload.data());
+    if (!st.ok()) Log(LogLevel::kInfo, "scheduler", st.message());
+  }
+}
+
+Status Scheduler::Admit(Member* m, const std::string& payload) {
+  Registration reg;
+  Status st = DecodeRegistration(payload, &reg);
+  if (!st.ok()) return st;
+  if (reg.role == Role::kScheduler) return Status::Invalid("a second scheduler registered with this one");
+  if (static_cast<int>(reg.num_worker) != config_.num_worker ||
+      static_cast<int>(reg.num_server) != config_.num_server) {
+    return Status::Invalid("a " + std::string(RoleName(reg.role)) + " at " + reg.host + " was started with "
+                           "P3_NUM_WORKER=" + std::to_string(reg.num_worker) + " P3_NUM_SERVER=" +
+                           std::to_string(reg.num_server) + " but the scheduler with P3_NUM_WORKER=" +
+                           std::to_string(config_.num_worker) + " P3_NUM_SERVER=" +
+                           std::to_string(config_.num_server) + ": give every node the same values");
+  }
+  int same_role = 0;
+  for (auto& other : members_) same_role += other->registered && other->reg.role == reg.role;
+  const int limit = reg.role == Role::kServer ? config_.num_server : config_.num_worker;
+  if (same_role >= limit) {
+    return Status::Invalid("one " + std::string(RoleName(reg.role)) + " too many registered (from " + reg.host +
+                           "); the job has P3_NUM_" + (reg.role == Role::kServer ? "SERVER=" : "WORKER=") +
+                           std::to_string(limit) + ": is another job using the same P3_ROOT_PORT?");
+  }
+  m->registered = true;
+  m->reg = reg;
+  m->rank = same_role;  // ranks follow registration order within a role
+  Log(LogLevel::kInfo, "scheduler", "registered " + Describe(*m));
+  return Status::Ok();
+}
+
+Status Scheduler::SendTables() {
+  NodeTable table;
+  for (Role role : {Role::kServer, Role::kWorker}) {
+    for (int rank = 0;; ++rank) {
+      bool found = false;
+      for (auto& m : members_) {
+        if (m->registered && m->reg.role == role && m->rank == rank) {
+          table.nodes.push_back(NodeInfo{role, rank, m->reg.host, m->reg.port});
+          found = true;
+        }
+      }
+      if (!found) break;
+    }
+  }
+  for (auto& m : members_) {
+    if (!m->registered) continue;
+    table.your_rank = m->rank;
+    const std::string payload = EncodeNodeTable(table);
+    Header h;
+    h.command = Command::kNodeTable;
+    h.payload_bytes = payload.size();
+    Status st = m->conn->Send(h, payload.data());
+    if (!st.ok()) return Status::PeerLost(Describe(*m) + " left during rendezvous: " + st.message());
+  }
+  tables_sent_ = true;
+  Log(LogLevel::kInfo, "scheduler", "all " + std::to_string(members_.size()) + " nodes registered");
+  return Status::Ok();
+}
+
+Status Scheduler::HandleFrame(Member* m, const Header& h, std::string payload) {
+  if (!m->registered) {
+    if (h.command != Command::kRegister) return Status::Invalid("first frame must be REGISTER");
+    Status st = Admit(m, payload);
+    if (!st.ok()) return st;
+    int registered = 0;
+    for (auto& other : members_) registered += other->registered;
+    return registered == config_.num_server + config_.num_worker ? SendTables() : Status::Ok();
+  }
+  const bool worker = m->reg.role == Role::kWorker;
+  switch (h.command) {
+    case Command::kBarrier:
+      if (!worker || m->at_barrier) return Status::Invalid("unexpected BARRIER");
+      m->at_barrier = true;
+      if (++barrier_waiting_ == config_.num_worker) {
+        barrier_waiting_ = 0;
+        ++barrier_seq_;
+        for (auto& other : members_) other->at_barrier = false;
+        Broadcast(Command::kBarrierDone, "", false, true);
+      }
+      return Status::Ok();
+    case Command::kFinish:
+      if (!worker || m->finished) return Status::Invalid("unexpected FINISH");
+      m->finished = true;
+      ++finished_workers_;
+      return Status::Ok();
+    default:
+      return Status::Invalid(std::string("unexpected ") + CommandName(h.command) + " from " + Describe(*m));
+  }
+}
+
+Status Scheduler::Run(const InterruptCheck& interrupted) {
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + std::chrono::duration<double>(config_.connect_timeout);
+  Status failure;
+  while (failure.ok()) {
+    if (tables_sent_ && finished_workers_ == config_.num_worker) {
+      Broadcast(Command::kShutdown, "", true, true);
+      Log(LogLevel::kInfo, "scheduler", "every worker finished; job complete");
+      return Status::Ok();
+    }
+    if (!tables_sent_ && Clock::now() > deadline) {
+      int servers = 0, workers = 0;
+      for (auto& m : members_) {
+        servers += m->registered && m->reg.role == Role::kServer;
+        workers += m->registered && m->reg.role == Role::kWorker;
+      }
+      failure = Status::Timeout(
+          "only " + std::to_string(servers) + " of " + std::to_string(config_.num_server) + " servers and " +
+          std::to_string(workers) + " of " + std::to_string(config_.num_worker) + " workers registered within " +
+          std::to_string(static_cast<int>(config_.connect_timeout)) + " s (P3_CONNECT_TIMEOUT): start every node "
+          "with the same P3_ROOT_URI/P3_ROOT_PORT and check they can reach it");
+      break;
+    }
+    std::vector<pollfd> fds;
+    fds.push_back({listener_.fd(), POLLIN, 0});
+    fds.push_back({wake_pipe_[0], POLLIN, 0});
+    for (auto& m : members_) fds.push_back({m->conn->fd(), POLLIN, 0});
+    const int rc = poll(fds.data(), fds.size(), 200);
+    if (interrupted && interrupted()) return Status::Aborted("scheduler interrupted");
+    if (rc < 0) continue;  // EINTR
+    if (fds[1].revents != 0) return Status::Aborted("scheduler stopped");
+    if (fds[0].revents & POLLIN) {
+      Socket s;
+      std::string peer;
+      if (listener_.Accept(0, &s, &peer).ok()) {
+        s.SetReceiveTimeout(kFrameTimeoutS);
+        auto m = std::make_unique<Member>();
+        m->conn = std::make_shared<Connection>(std::move(s), peer, kMaxControlBytes, &counters_);
+        members_.push_back(std::move(m));
+      }
+    }
+    for (size_t i = 2; i < fds.size() && failure.ok(); ++i) {
+      if (fds[i].revents == 0) continue;
+      Member* m = members_[i - 2].get();
+      Header h;
+      Status st = m->conn->ReadHeader(&h);
+      std::string payload;
+      if (st.ok()) st = m->conn->ReadPayload(&payload, h.payload_bytes);
+      if (st.ok()) {
+        const Status handled = HandleFrame(m, h, std::move(payload));
+        if (handled.ok()) continue;
+        Header e;  // tell the offender why before anything else happens
+        e.command = Command::kError;
+        e.payload_bytes = handled.message().size();
+        m->conn->Send(e, handled.message().data());
+        if (m->registered || h.command == Command::kRegister) {
+          failure = handled;  // a misconfigured or misbehaving member: the job cannot complete
+          break;
+        }
+        st = handled;  // a stranger: drop it below
+      }
+      // The connection ended or broke.
+      const bool expected_end = m->registered && m->reg.role == Role::kWorker && m->finished;
+      if (!m->registered) {
+        Log(LogLevel::kWarning, "scheduler", "dropped " + Describe(*m) + ": " + st.message());
+      } else if (!expected_end) {
+        failure = Status::PeerLost(Describe(*m) + " disconnected: " + st.message());
+        break;
+      }
+      members_.erase(members_.begin() + static_cast<long>(i - 2));
+      break;  // indices shifted; poll again
+    }
+  }
+  Log(LogLevel::kError, "scheduler", failure.message());
+  Broadcast(Command::kNodeFailed, failure.message(), true, true);
+  return failure;
+}
+
+}  // namespace p3

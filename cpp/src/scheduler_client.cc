@@ -1,0 +1,159 @@
+#include "p3/scheduler_client.h"
+
+#include <chrono>
+
+#include "p3/log.h"
+
+namespace p3 {
+
+SchedulerClient::SchedulerClient(const NodeConfig& config, Role role, Counters* counters)
+    : config_(config), role_(role), counters_(counters) {}
+
+SchedulerClient::~SchedulerClient() { Stop(); }
+
+Status SchedulerClient::Join(const std::string& host, uint16_t listen_port, NodeTable* table) {
+  Socket s;
+  Status st = Socket::Connect(config_.root_uri, config_.root_port, 0, config_.connect_timeout, &s);
+  if (!st.ok()) {
+    return st.WithContext("cannot reach the scheduler at P3_ROOT_URI=" + config_.root_uri +
+                          " P3_ROOT_PORT=" + std::to_string(config_.root_port) + " (is it running?)");
+  }
+  link_ = std::make_shared<Connection>(std::move(s), "scheduler at " + config_.root_uri + ":" +
+                                       std::to_string(config_.root_port), kMaxControlBytes, counters_);
+  Registration reg;
+  reg.role = role_;
+  reg.host = host;
+  reg.port = listen_port;
+  reg.num_worker = static_cast<uint32_t>(config_.num_worker);
+  reg.num_server = static_cast<uint32_t>(config_.num_server);
+  const std::string payload = EncodeRegistration(reg);
+  Header h;
+  h.command = Command::kRegister;
+  h.payload_bytes = payload.size();
+  st = link_->Send(h, payload.data());
+  if (!st.ok()) return st;
+  // The table comes once every node has registered: wait for it, but not forever.
+  if (!link_->WaitReadable(config_.connect_timeout)) {
+    return Status::Timeout("the scheduler did not complete the rendezvous within " +
+                           std::to_string(static_cast<int>(config_.connect_timeout)) +
+                           " s (P3_CONNECT_TIMEOUT): are all P3_NUM_SERVER servers and P3_NUM_WORKER workers "
+                           "started?");
+  }
+  Header reply;
+  std::string body;
+  st = link_->ReadHeader(&reply);
+  if (st.ok()) st = link_->ReadPayload(&body, reply.payload_bytes);
+  if (!st.ok()) return st.WithContext("rendezvous with the scheduler failed");
+  if (reply.command == Command::kError || reply.command == Command::kNodeFailed) {
+    return Status::Rejected("the scheduler refused this node: " + body);
+  }
+  if (reply.command != Command::kNodeTable) {
+    return Status::Invalid(std::string("expected NODE_TABLE from the scheduler, got ") +
+                           CommandName(reply.command));
+  }
+  return DecodeNodeTable(body, table);
+}
+
+void SchedulerClient::Start(Handlers handlers) {
+  handlers_ = std::move(handlers);
+  reader_ = std::thread([this] { ReadLoop(); });
+}
+
+void SchedulerClient::ReadLoop() {
+  while (true) {
+    Header h;
+    std::string body;
+    Status st = link_->ReadHeader(&h);
+    if (st.ok()) st = link_->ReadPayload(&body, h.payload_bytes);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+    }
+    if (!st.ok()) {
+      Status failure = Status::PeerLost("lost the connection to the scheduler (" + st.message() +
+                                        "): the scheduler died or the network failed");
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        failure_ = failure;
+      }
+      cv_.notify_all();
+      handlers_.on_failure(failure);
+      return;
+    }
+    switch (h.command) {
+      case Command::kBarrierDone: {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++barriers_done_;
+        cv_.notify_all();
+        break;
+      }
+      case Command::kShutdown:
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          stopping_ = true;  // the link's end is expected from now on
+        }
+        handlers_.on_shutdown();
+        return;
+      case Command::kNodeFailed:
+      case Command::kError: {
+        Status failure = Status::PeerLost("the job failed: " + body);
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          failure_ = failure;
+        }
+        cv_.notify_all();
+        handlers_.on_failure(failure);
+        return;
+      }
+      default:
+        Log(LogLevel::kWarning, RoleName(role_),
+            std::string("ignoring unexpected ") + CommandName(h.command) + " from the scheduler");
+    }
+  }
+}
+
+Status SchedulerClient::Barrier(double timeout_s) {
+  uint64_t target;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!failure_.ok()) return failure_;
+    target = ++barriers_sent_;
+  }
+  Header h;
+  h.command = Command::kBarrier;
+  h.key = target;
+  Status st = link_->Send(h, nullptr);
+  if (!st.ok()) return st;
+  std::unique_lock<std::mutex> lock(mu_);
+  const bool done = cv_.wait_for(lock, std::chrono::duration<double>(timeout_s),
+                                 [&] { return barriers_done_ >= target || !failure_.ok(); });
+  if (!failure_.ok()) return failure_;
+  if (!done) {
+    return Status::Timeout("barrier not reached by every worker within " +
+                           std::to_string(static_cast<int>(timeout_s)) + " s (P3_TIMEOUT)");
+  }
+  return Status::Ok();
+}
+
+Status SchedulerClient::Finish() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_) return Status::Ok();
+    finished_ = true;
+  }
+  Header h;
+  h.command = Command::kFinish;
+  return link_->Send(h, nullptr);
+}
+
+void SchedulerClient::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  if (link_) link_->Shutdown();
+  // A handler running on the reader thread may end up here; the thread is about to return then.
+  if (reader_.joinable() && reader_.get_id() != std::this_thread::get_id()) reader_.join();
+}
+
+}  // namespace p3

@@ -1,0 +1,406 @@
+#include "p3/server.h"
+
+#include <chrono>
+#include <climits>
+#include <cstring>
+
+#include "p3/log.h"
+
+namespace p3 {
+namespace {
+constexpr int32_t kErrorPriority = INT32_MAX;  // a rejection should not wait behind data
+// Pushes for later iterations that a slice holds back, per worker; more means a broken or hostile peer.
+constexpr size_t kMaxDeferredPerWorker = 8;
+}  // namespace
+
+struct Server::SliceState {
+  uint64_t key = 0;
+  uint32_t slice = 0;
+  uint64_t offset = 0;
+  uint64_t count = 0;
+  DType dtype = DType::kFloat32;
+  std::vector<char> value;  // the parameter slice (or the last aggregate)
+  std::vector<char> accum;  // sum of this iteration's contributions, in AccumulatorType(dtype)
+  std::vector<char> scratch;  // float16 only: the aggregate rounded back for the update function
+  std::vector<bool> contributed;
+  int arrived = 0;
+  bool initialized = false;
+  uint64_t iteration = 0;  // last completed iteration (0 = init)
+  std::deque<InMessage> deferred;
+};
+
+Server::Server(NodeConfig config, Updater updater)
+    : config_(std::move(config)),
+      updater_(std::move(updater)),
+      trace_(config_.trace),
+      scheduler_(config_, Role::kServer, &counters_),
+      sender_(&trace_, [this](const OutMessage&, const Status& st) { Fail(st); }) {}
+
+Server::~Server() {
+  Stop();
+  if (consumer_.joinable() || acceptor_.joinable()) Run();
+}
+
+std::string Server::WorkerName(int rank) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string host = rank >= 0 && rank < static_cast<int>(worker_hosts_.size()) ? worker_hosts_[rank] : "?";
+  return "worker " + std::to_string(rank) + " (" + host + ")";
+}
+
+Status Server::Start() {
+  Status st = Socket::Listen(config_.host, config_.port, config_.socket_buffer, &listener_);
+  if (!st.ok()) return st.WithContext("server cannot listen for workers (P3_NODE_HOST/P3_PORT)");
+  NodeTable table;
+  st = scheduler_.Join(config_.host, listener_.LocalPort(), &table);
+  if (!st.ok()) return st;
+  rank_ = table.your_rank;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    workers_.resize(static_cast<size_t>(config_.num_worker));
+    said_bye_.assign(static_cast<size_t>(config_.num_worker), false);
+    worker_hosts_.assign(static_cast<size_t>(config_.num_worker), "?");
+    for (const NodeInfo& n : table.nodes) {
+      if (n.role == Role::kWorker && n.rank >= 0 && n.rank < config_.num_worker) worker_hosts_[n.rank] = n.host;
+    }
+  }
+  sender_.Start();
+  consumer_ = std::thread([this] { ConsumeLoop(); });
+  acceptor_ = std::thread([this] { AcceptLoop(); });
+  scheduler_.Start({[this] {
+                      {
+                        std::lock_guard<std::mutex> lock(mu_);
+                        shutdown_ = true;
+                      }
+                      cv_.notify_all();
+                    },
+                    [this](const Status& s) { Fail(s); }});
+  Log(LogLevel::kInfo, "server " + std::to_string(rank_), "listening on " + config_.host + ":" +
+      std::to_string(listener_.LocalPort()));
+  return Status::Ok();
+}
+
+void Server::AcceptLoop() {
+  while (!stopping_) {
+    Socket s;
+    std::string peer;
+    Status st = listener_.Accept(-1, &s, &peer);
+    if (stopping_) return;
+    if (!st.ok()) {
+      Log(LogLevel::kWarning, "server " + std::to_string(rank_), st.message());
+      continue;
+    }
+    auto conn = std::make_shared<Connection>(std::move(s), peer, config_.max_message_bytes,
+                                             &counters_);
+    std::lock_guard<std::mutex> lock(mu_);
+    accepted_.push_back(conn);
+    receivers_.emplace_back([this, conn] { ReceiveLoop(conn); });
+  }
+}
+
+void Server::ReceiveLoop(std::shared_ptr<Connection> conn) {
+  const std::string who = "server " + std::to_string(rank_);
+  // The first frame must be a HELLO from a worker of this job, promptly.
+  Header h;
+  Status st = conn->WaitReadable(config_.connect_timeout) ? conn->ReadHeader(&h)
+                                                          : Status::Timeout("no HELLO within P3_CONNECT_TIMEOUT");
+  if (st.ok() && (h.command != Command::kHello || h.payload_bytes != 0)) {
+    st = Status::Invalid(std::string("expected HELLO, got ") + CommandName(h.command));
+  }
+  int rank = h.sender;
+  if (st.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (rank < 0 || rank >= config_.num_worker) {
+      st = Status::Invalid("HELLO from worker rank " + std::to_string(rank) + ", but the job has " +
+                           std::to_string(config_.num_worker) + " workers");
+    } else if (workers_[static_cast<size_t>(rank)]) {
+      st = Status::Invalid("a second connection claims to be worker " + std::to_string(rank));
+    } else {
+      workers_[static_cast<size_t>(rank)] = conn;
+      conn->set_peer("worker " + std::to_string(rank) + " (" + conn->peer() + ")");
+    }
+  }
+  if (!st.ok()) {
+    if (st.code() == Status::Code::kInvalid) counters_.rejected_frames.fetch_add(1, std::memory_order_relaxed);
+    if (!stopping_) Log(LogLevel::kWarning, who, "refused the connection from " + conn->peer() + ": " + st.message());
+    conn->Shutdown();
+    return;
+  }
+  st = ReadWorkerFrames(rank, conn.get());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ || shutdown_ || said_bye_[static_cast<size_t>(rank)]) return;
+  }
+  Fail(st.code() == Status::Code::kPeerLost
+           ? Status::PeerLost(WorkerName(rank) + " disconnected without saying goodbye (" + st.message() +
+                              "): the worker died or the network failed")
+           : st.WithContext("bad frame from " + WorkerName(rank) + "; closed its connection"));
+}
+
+Status Server::ReadWorkerFrames(int rank, Connection* conn) {
+  while (true) {
+    Header h;
+    Status st = conn->ReadHeader(&h);
+    if (!st.ok()) return st;
+    if (h.sender != rank) {
+      return Status::Invalid("frame claims to come from worker " + std::to_string(h.sender));
+    }
+    if (h.command == Command::kBye) {
+      std::lock_guard<std::mutex> lock(mu_);
+      said_bye_[static_cast<size_t>(rank)] = true;
+      return Status::Ok();
+    }
+    if (h.command != Command::kInit && h.command != Command::kPush) {
+      return Status::Invalid(std::string("unexpected ") + CommandName(h.command) + " from a worker");
+    }
+    InMessage m;
+    m.header = h;
+    m.payload.resize(h.payload_bytes);  // bounded by DecodeHeader's checks
+    st = conn->ReadPayload(m.payload.data(), h.payload_bytes);
+    if (!st.ok()) return st;
+    trace_.Record(TraceEvent::kServerReceive, h.key, h.slice, h.priority, h.iteration, rank);
+    inbox_.Push(h.priority, std::move(m));
+  }
+}
+
+void Server::ConsumeLoop() {
+  while (std::optional<InMessage> m = inbox_.Pop()) Process(std::move(*m));
+}
+
+void Server::Process(InMessage m) {
+  const Header& h = m.header;
+  trace_.Record(TraceEvent::kAggregate, h.key, h.slice, h.priority, h.iteration, h.sender);
+  const auto id = std::make_pair(h.key, h.slice);
+  auto it = slices_.find(id);
+  if (it == slices_.end()) {
+    if (h.command != Command::kInit) {
+      Reject(h.sender, h, "key " + std::to_string(h.key) + " slice " + std::to_string(h.slice) +
+                              " was never initialised on this server: call init before push");
+      return;
+    }
+    auto s = std::make_unique<SliceState>();
+    s->key = h.key;
+    s->slice = h.slice;
+    s->offset = h.offset;
+    s->count = h.count;
+    s->dtype = h.dtype;
+    s->value.assign(h.count * DTypeSize(h.dtype), 0);
+    s->accum.assign(h.count * DTypeSize(AccumulatorType(h.dtype)), 0);
+    if (h.dtype == DType::kFloat16 && updater_) s->scratch.assign(s->value.size(), 0);
+    s->contributed.assign(static_cast<size_t>(config_.num_worker), false);
+    it = slices_.emplace(id, std::move(s)).first;
+  }
+  SliceState* s = it->second.get();
+  if (h.count != s->count || h.dtype != s->dtype || h.offset != s->offset) {
+    Reject(h.sender, h, "slice " + std::to_string(h.slice) + " holds " + std::to_string(s->count) + " " +
+                            DTypeName(s->dtype) + " elements at offset " + std::to_string(s->offset) + ", got " +
+                            std::to_string(h.count) + " " + DTypeName(h.dtype) + " at " + std::to_string(h.offset) +
+                            ": every worker must use the same shape and dtype for a key, and init keys in the "
+                            "same order");
+    return;
+  }
+  if (h.command == Command::kInit) {
+    ProcessInit(s, m);
+  } else {
+    ProcessPush(s, std::move(m));
+  }
+}
+
+void Server::ProcessInit(SliceState* s, const InMessage& m) {
+  const Header& h = m.header;
+  const size_t w = static_cast<size_t>(h.sender);
+  if (s->initialized || s->contributed[w]) {
+    Reject(h.sender, h, "key " + std::to_string(h.key) + " is already initialised");
+    return;
+  }
+  if (h.sender == 0) {
+    if (m.payload.size() != s->value.size()) {
+      Reject(h.sender, h, "worker 0's init carries no value");
+      return;
+    }
+    std::memcpy(s->value.data(), m.payload.data(), s->value.size());
+  }
+  s->contributed[w] = true;
+  if (++s->arrived < config_.num_worker) return;
+  s->initialized = true;
+  s->iteration = 0;
+  s->arrived = 0;
+  s->contributed.assign(s->contributed.size(), false);
+  Broadcast(*s, h.priority);
+  std::deque<InMessage> held;
+  held.swap(s->deferred);
+  for (InMessage& d : held) ProcessPush(s, std::move(d));
+}
+
+void Server::ProcessPush(SliceState* s, InMessage m) {
+  const Header& h = m.header;
+  const size_t w = static_cast<size_t>(h.sender);
+  if (s->initialized && h.iteration <= s->iteration) {
+    Reject(h.sender, h, "iteration " + std::to_string(h.iteration) + " of this slice is already complete "
+                        "(duplicate or out-of-order push)");
+    return;
+  }
+  if (!s->initialized || h.iteration > s->iteration + 1) {
+    // A fast worker is ahead: hold its push until the slice's current iteration completes.
+    if (s->deferred.size() >= kMaxDeferredPerWorker * static_cast<size_t>(config_.num_worker)) {
+      Reject(h.sender, h, "too many pushes ahead of the slice's current iteration " + std::to_string(s->iteration));
+      return;
+    }
+    s->deferred.push_back(std::move(m));
+    return;
+  }
+  if (s->contributed[w]) {
+    Reject(h.sender, h, "second push for iteration " + std::to_string(h.iteration));
+    return;
+  }
+  if (s->arrived == 0) {
+    CopyToAccumulator(s->dtype, m.payload.data(), s->accum.data(), s->count);
+  } else {
+    AddToAccumulator(s->dtype, m.payload.data(), s->accum.data(), s->count);
+  }
+  s->contributed[w] = true;
+  if (++s->arrived == config_.num_worker) CompleteIteration(s, h.priority);
+}
+
+void Server::CompleteIteration(SliceState* s, int32_t priority) {
+  s->iteration += 1;
+  s->arrived = 0;
+  s->contributed.assign(s->contributed.size(), false);
+  if (updater_) {
+    const void* aggregated = s->accum.data();
+    if (s->dtype == DType::kFloat16) {
+      CopyFromAccumulator(s->dtype, s->accum.data(), s->scratch.data(), s->count);
+      aggregated = s->scratch.data();
+    }
+    const UpdateRequest req{s->key, s->slice, s->offset, s->count, s->iteration, s->dtype, aggregated,
+                            s->value.data()};
+    Status st = updater_(req);
+    if (!st.ok()) {
+      Header h;
+      h.key = s->key;
+      h.slice = s->slice;
+      h.iteration = s->iteration;
+      for (int w = 0; w < config_.num_worker; ++w) Reject(w, h, "the update function failed: " + st.message());
+      return;
+    }
+  } else {
+    CopyFromAccumulator(s->dtype, s->accum.data(), s->value.data(), s->count);
+  }
+  trace_.Record(TraceEvent::kUpdate, s->key, s->slice, priority, s->iteration, -1);
+  Broadcast(*s, priority);
+  std::deque<InMessage> held;
+  held.swap(s->deferred);
+  for (InMessage& d : held) ProcessPush(s, std::move(d));
+}
+
+void Server::Broadcast(const SliceState& s, int32_t priority) {
+  // One snapshot shared by the W sends: the next iteration may update the value while they are queued.
+  auto snapshot = std::make_shared<const std::vector<char>>(s.value);
+  std::vector<std::shared_ptr<Connection>> targets;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    targets = workers_;
+  }
+  trace_.Record(TraceEvent::kBroadcast, s.key, s.slice, priority, s.iteration, -1);
+  for (int w = 0; w < config_.num_worker; ++w) {
+    OutMessage m;
+    m.conn = targets[static_cast<size_t>(w)];
+    m.peer_rank = w;
+    m.owned = snapshot;
+    Header& h = m.header;
+    h.command = Command::kBroadcast;
+    h.priority = priority;
+    h.sender = rank_;
+    h.dtype = s.dtype;
+    h.slice = s.slice;
+    h.key = s.key;
+    h.offset = s.offset;
+    h.count = s.count;
+    h.iteration = s.iteration;
+    h.payload_bytes = snapshot->size();
+    sender_.Enqueue(std::move(m));
+  }
+}
+
+void Server::Reject(int worker, const Header& h, const std::string& why) {
+  Log(LogLevel::kWarning, "server " + std::to_string(rank_), "rejected a request from " + WorkerName(worker) +
+      " for key " + std::to_string(h.key) + " slice " + std::to_string(h.slice) + ": " + why);
+  std::shared_ptr<Connection> conn;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (worker >= 0 && worker < static_cast<int>(workers_.size())) conn = workers_[static_cast<size_t>(worker)];
+  }
+  if (!conn) return;
+  OutMessage m;
+  m.conn = conn;
+  m.peer_rank = worker;
+  m.owned = std::make_shared<const std::vector<char>>(why.begin(), why.end());
+  m.header.command = Command::kError;
+  m.header.priority = kErrorPriority;
+  m.header.sender = rank_;
+  m.header.key = h.key;
+  m.header.slice = h.slice;
+  m.header.iteration = h.iteration;
+  m.header.payload_bytes = why.size();
+  sender_.Enqueue(std::move(m));
+}
+
+void Server::Fail(const Status& status) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!fatal_.ok() || shutdown_) return;
+    fatal_ = status;
+  }
+  Log(LogLevel::kError, "server " + std::to_string(rank_), status.message());
+  cv_.notify_all();
+}
+
+void Server::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (fatal_.ok() && !shutdown_) fatal_ = Status::Aborted("server stopped");
+  }
+  cv_.notify_all();
+}
+
+Status Server::Run(const InterruptCheck& interrupted) {
+  Status result;
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return shutdown_ || !fatal_.ok(); })) {
+        result = fatal_;
+        break;
+      }
+    }
+    if (interrupted && interrupted()) Stop();
+  }
+  stopping_ = true;
+  listener_.Shutdown();  // wakes the acceptor
+  if (acceptor_.joinable()) acceptor_.join();
+  inbox_.Abort();  // after SHUTDOWN every worker has all its broadcasts; after a failure nothing matters
+  if (consumer_.joinable()) consumer_.join();
+  std::vector<std::shared_ptr<Connection>> conns;
+  std::vector<std::thread> receivers;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    conns = workers_;
+    conns.insert(conns.end(), accepted_.begin(), accepted_.end());
+    receivers.swap(receivers_);
+  }
+  if (result.ok()) {
+    sender_.Drain();
+  } else {
+    for (auto& c : conns) {
+      if (c) c->Shutdown();
+    }
+    sender_.Abort();
+  }
+  for (auto& c : conns) {
+    if (c) c->Shutdown();
+  }
+  for (auto& t : receivers) t.join();
+  scheduler_.Stop();
+  return result;
+}
+
+}  // namespace p3

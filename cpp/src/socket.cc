@@ -1,0 +1,213 @@
+#include "p3/socket.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+namespace p3 {
+namespace {
+
+std::string Errno(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
+
+Status Resolve(const std::string& host, uint16_t port, sockaddr_in* addr) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  const int rc = getaddrinfo(host.c_str(), nullptr, &hints, &res);
+  if (rc != 0 || res == nullptr) {
+    return Status::Invalid("cannot resolve host '" + host + "': " + gai_strerror(rc));
+  }
+  std::memcpy(addr, res->ai_addr, sizeof(sockaddr_in));
+  addr->sin_port = htons(port);
+  freeaddrinfo(res);
+  return Status::Ok();
+}
+
+void SetBuffers(int fd, int bytes) {
+  if (bytes <= 0) return;
+  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);
+}
+
+void SetNoDelay(int fd) {
+  int one = 1;  // frames are written whole; Nagle would only delay small control frames
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+std::string Endpoint(const std::string& host, uint16_t port) { return host + ":" + std::to_string(port); }
+
+}  // namespace
+
+Socket::~Socket() { Close(); }
+
+Socket& Socket::operator=(Socket&& o) noexcept {
+  if (this != &o) {
+    Close();
+    fd_ = o.fd_;
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+Status Socket::Listen(const std::string& host, uint16_t port, int buffer_bytes, Socket* out) {
+  sockaddr_in addr{};
+  Status st = Resolve(host, port, &addr);
+  if (!st.ok()) return st;
+  Socket s(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!s.valid()) return Status::IoError(Errno("socket"));
+  int one = 1;  // allows quick restarts; a port held by a live listener still fails with EADDRINUSE
+  setsockopt(s.fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  SetBuffers(s.fd_, buffer_bytes);
+  if (bind(s.fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    if (errno == EADDRINUSE) {
+      return Status::Invalid("port " + std::to_string(port) + " on " + host +
+                             " is already in use: stop the process holding it or choose another port");
+    }
+    if (errno == EADDRNOTAVAIL) {
+      return Status::Invalid("address " + host + " is not an address of this machine: set P3_NODE_HOST or "
+                             "P3_INTERFACE to a local address");
+    }
+    return Status::IoError(Errno(("bind " + Endpoint(host, port)).c_str()));
+  }
+  if (listen(s.fd_, 128) != 0) return Status::IoError(Errno("listen"));
+  *out = std::move(s);
+  return Status::Ok();
+}
+
+Status Socket::Connect(const std::string& host, uint16_t port, int buffer_bytes, double timeout_s,
+                       Socket* out) {
+  sockaddr_in addr{};
+  Status st = Resolve(host, port, &addr);
+  if (!st.ok()) return st;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  std::string last_error;
+  auto backoff = std::chrono::milliseconds(20);
+  while (true) {
+    Socket s(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (!s.valid()) return Status::IoError(Errno("socket"));
+    SetBuffers(s.fd_, buffer_bytes);  // before connect, so the window scale fits
+    if (connect(s.fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+      SetNoDelay(s.fd_);
+      *out = std::move(s);
+      return Status::Ok();
+    }
+    last_error = std::strerror(errno);
+    // The peer may simply not be listening yet (nodes start in any order): retry with backoff.
+    if (std::chrono::steady_clock::now() + backoff > deadline) break;
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
+  }
+  return Status::Timeout("cannot connect to " + Endpoint(host, port) + " within " +
+                         std::to_string(static_cast<int>(timeout_s)) + " s (" + last_error + ")");
+}
+
+Status Socket::Accept(double timeout_s, Socket* out, std::string* peer) const {
+  if (!WaitReadable(timeout_s)) return Status::Timeout("no connection");
+  sockaddr_in addr{};
+  socklen_t len = sizeof addr;
+  const int fd = accept4(fd_, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_CLOEXEC);
+  if (fd < 0) return Status::IoError(Errno("accept"));
+  SetNoDelay(fd);
+  char ip[INET_ADDRSTRLEN] = "?";
+  inet_ntop(AF_INET, &addr.sin_addr, ip, sizeof ip);
+  if (peer != nullptr) *peer = Endpoint(ip, ntohs(addr.sin_port));
+  *out = Socket(fd);
+  return Status::Ok();
+}
+
+Status Socket::SendAll(const void* data, size_t len) const {
+  iovec iov{const_cast<void*>(data), len};
+  return SendVec(&iov, 1);
+}
+
+Status Socket::SendVec(iovec* iov, int iovcnt) const {
+  while (iovcnt > 0) {
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(iovcnt);
+    const ssize_t n = sendmsg(fd_, &msg, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EPIPE || errno == ECONNRESET) return Status::PeerLost(Errno("send"));
+      return Status::IoError(Errno("send"));
+    }
+    size_t left = static_cast<size_t>(n);
+    while (iovcnt > 0 && left >= iov->iov_len) {
+      left -= iov->iov_len;
+      ++iov;
+      --iovcnt;
+    }
+    if (iovcnt > 0) {
+      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
+      iov->iov_len -= left;
+    }
+  }
+  return Status::Ok();
+}
+
+Status Socket::RecvAll(void* data, size_t len) const {
+  char* p = static_cast<char*>(data);
+  size_t got = 0;
+  while (got < len) {
+    const ssize_t n = recv(fd_, p + got, len - got, 0);
+    if (n == 0) {
+      return got == 0 ? Status::PeerLost("connection closed by peer")
+                      : Status::IoError("connection closed in the middle of a frame (truncated)");
+    }
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == ECONNRESET) return Status::PeerLost(Errno("recv"));
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return Status::Timeout("peer sent nothing in time");
+      return Status::IoError(Errno("recv"));
+    }
+    got += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+bool Socket::WaitReadable(double timeout_s) const {
+  pollfd p{fd_, POLLIN, 0};
+  const int ms = timeout_s < 0 ? -1 : static_cast<int>(timeout_s * 1000);
+  while (true) {
+    const int rc = poll(&p, 1, ms);
+    if (rc < 0 && errno == EINTR) continue;
+    return rc > 0;
+  }
+}
+
+void Socket::SetReceiveTimeout(double timeout_s) const {
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(timeout_s);
+  tv.tv_usec = static_cast<suseconds_t>((timeout_s - static_cast<double>(tv.tv_sec)) * 1e6);
+  setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+}
+
+void Socket::Shutdown() const {
+  if (fd_ >= 0) shutdown(fd_, SHUT_RDWR);
+}
+
+void Socket::Close() {
+  if (fd_ >= 0) {
+    close(fd_);
+    fd_ = -1;
+  }
+}
+
+uint16_t Socket::LocalPort() const {
+  sockaddr_in addr{};
+  socklen_t len = sizeof addr;
+  if (fd_ < 0 || getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return 0;
+  return ntohs(addr.sin_port);
+}
+
+}  // namespace p3

@@ -1,0 +1,211 @@
+"""Every environment variable p3kv reads, in one table.
+
+This module is the only place the environment is read. The README's configuration table is generated from
+`VARIABLES` (``python -m p3kv.config --markdown``) and a test checks the two agree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import socket
+import sys
+from typing import Mapping
+
+from p3kv.errors import ConfigError
+
+
+class Role(enum.Enum):
+    SCHEDULER = "scheduler"
+    SERVER = "server"
+    WORKER = "worker"
+
+
+@dataclasses.dataclass(frozen=True)
+class Variable:
+    name: str
+    kind: type
+    default: object  # None means "required" for the roles listed in `required_for`
+    help: str
+    required_for: tuple[Role, ...] = ()
+
+
+def _positive(name: str, value: int) -> int:
+    if value <= 0:
+        raise ConfigError(f"{name}={value} must be a positive integer")
+    return value
+
+
+VARIABLES: tuple[Variable, ...] = (
+    Variable("P3_ROLE", str, None, "Role of this process: scheduler, server or worker. Set by the launcher.",
+             (Role.SCHEDULER, Role.SERVER, Role.WORKER)),
+    Variable("P3_ROOT_URI", str, None, "Address of the scheduler (IP or host name) that every node connects to.",
+             (Role.SCHEDULER, Role.SERVER, Role.WORKER)),
+    Variable("P3_ROOT_PORT", int, None, "TCP port the scheduler listens on.",
+             (Role.SCHEDULER, Role.SERVER, Role.WORKER)),
+    Variable("P3_NUM_WORKER", int, None, "Number of worker processes in the job.",
+             (Role.SCHEDULER, Role.SERVER, Role.WORKER)),
+    Variable("P3_NUM_SERVER", int, None, "Number of server processes in the job.",
+             (Role.SCHEDULER, Role.SERVER, Role.WORKER)),
+    Variable("P3_INTERFACE", str, "", "Network interface (e.g. eth0) whose IPv4 address this node binds and "
+             "advertises. Empty: use P3_NODE_HOST, else the address that routes to P3_ROOT_URI."),
+    Variable("P3_NODE_HOST", str, "", "Address this node binds and advertises to its peers (overrides "
+             "P3_INTERFACE)."),
+    Variable("P3_PORT", int, 0, "Port a server listens on for workers; 0 picks a free port."),
+    Variable("P3_SLICE_SIZE", int, 50_000, "Maximum elements per slice (the paper's optimum is 50,000)."),
+    Variable("P3_SOCKET_BUFFER", int, 131_072, "Kernel send/receive buffer per data socket in bytes. Small "
+             "buffers let an urgent slice overtake queued ones (the paper's send high-water mark of 1)."),
+    Variable("P3_CONNECT_TIMEOUT", float, 60.0, "Seconds to wait for the scheduler and for all nodes to "
+             "register before failing."),
+    Variable("P3_TIMEOUT", float, 600.0, "Seconds a blocking wait (init, push, barrier) may take before it "
+             "fails with an error."),
+    Variable("P3_MAX_MESSAGE_BYTES", int, 1 << 30, "Largest frame payload accepted; larger frames are "
+             "rejected before any allocation."),
+    Variable("P3_TRACE", str, "", "If set, a path prefix: each node writes its per-slice events as "
+             "Chrome-trace JSON to PREFIX.<role><rank>.json when it closes."),
+    Variable("P3_LOG_LEVEL", str, "WARNING", "Log level of p3kv's Python and C++ logs (DEBUG, INFO, WARNING, "
+             "ERROR)."),
+)
+
+_BY_NAME = {v.name: v for v in VARIABLES}
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    role: Role
+    root_uri: str
+    root_port: int
+    num_worker: int
+    num_server: int
+    interface: str = ""
+    node_host: str = ""
+    port: int = 0
+    slice_size: int = 50_000
+    socket_buffer: int = 131_072
+    connect_timeout: float = 60.0
+    timeout: float = 600.0
+    max_message_bytes: int = 1 << 30
+    trace: str = ""
+    log_level: str = "WARNING"
+
+    def bind_host(self) -> str:
+        """The address this node binds and advertises."""
+        if self.node_host:
+            return self.node_host
+        if self.interface:
+            return interface_address(self.interface)
+        return route_address(self.root_uri, self.root_port)
+
+
+def _convert(var: Variable, raw: str) -> object:
+    try:
+        if var.kind is int:
+            return int(raw, 0)
+        if var.kind is float:
+            return float(raw)
+    except ValueError:
+        raise ConfigError(f"{var.name}={raw!r} is not a valid {var.kind.__name__}: {var.help}") from None
+    return raw
+
+
+def get(name: str, environ: Mapping[str, str] | None = None) -> object:
+    """One variable's value (converted), its default if unset."""
+    env = os.environ if environ is None else environ
+    var = _BY_NAME[name]
+    raw = env.get(name, "")
+    if raw == "":
+        return var.default
+    return _convert(var, raw)
+
+
+def load(environ: Mapping[str, str] | None = None, role: Role | None = None, **overrides: object) -> Config:
+    """Read the job description from the environment; keyword overrides win (e.g. slice_size=40000).
+
+    Raises ConfigError naming the variable to set when something is missing or malformed.
+    """
+    env = os.environ if environ is None else environ
+    values: dict[str, object] = {}
+    for var in VARIABLES:
+        field = var.name[len("P3_"):].lower()
+        if field in overrides and overrides[field] is not None:
+            values[field] = overrides[field]
+        else:
+            values[field] = get(var.name, env)
+    if role is not None:
+        values["role"] = role.value
+    if values["role"] is None:
+        raise ConfigError("P3_ROLE is not set: set it to scheduler, server or worker "
+                          "(python -m p3kv.launch sets it for you)")
+    try:
+        role_enum = Role(str(values["role"]).lower())
+    except ValueError:
+        raise ConfigError(f"P3_ROLE={values['role']!r} is not a role: use scheduler, server or worker") from None
+    values["role"] = role_enum
+    missing = [v.name for v in VARIABLES if role_enum in v.required_for and values[v.name[3:].lower()] is None]
+    if missing:
+        raise ConfigError(
+            f"{', '.join(missing)} not set for this {role_enum.value}: every node of a job needs "
+            "P3_ROOT_URI, P3_ROOT_PORT, P3_NUM_WORKER and P3_NUM_SERVER (python -m p3kv.launch sets them)")
+    for name in ("num_worker", "num_server", "slice_size", "socket_buffer", "max_message_bytes"):
+        _positive("P3_" + name.upper(), int(values[name]))
+    if not 0 < int(values["root_port"]) < 65536:
+        raise ConfigError(f"P3_ROOT_PORT={values['root_port']} is not a TCP port (1-65535)")
+    if not 0 <= int(values["port"]) < 65536:
+        raise ConfigError(f"P3_PORT={values['port']} is not a TCP port (0-65535; 0 picks a free one)")
+    return Config(**values)  # type: ignore[arg-type]
+
+
+def interface_address(name: str) -> str:
+    """IPv4 address of a network interface, or ConfigError listing the interfaces that exist."""
+    import fcntl
+    import struct
+
+    names = [n for _, n in socket.if_nameindex()]
+    if name not in names:
+        raise ConfigError(f"P3_INTERFACE={name!r}: no such network interface here (have: {', '.join(names)})")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
+        except OSError:
+            raise ConfigError(f"P3_INTERFACE={name!r} has no IPv4 address; pick another interface or set "
+                              "P3_NODE_HOST") from None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def route_address(host: str, port: int) -> str:
+    """The local address the kernel would use to reach host:port (no packet is sent)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, port))
+            return s.getsockname()[0]
+    except OSError as e:
+        raise ConfigError(f"cannot find a route to P3_ROOT_URI={host!r}: {e}; set P3_NODE_HOST or "
+                          "P3_INTERFACE") from None
+
+
+def markdown_table() -> str:
+    """The README's configuration table."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for var in VARIABLES:
+        default = "required" if var.default is None else (f"`{var.default}`" if var.default != "" else "empty")
+        rows.append(f"| `{var.name}` | {default} | {var.help} |")
+    return "\n".join(rows)
+
+
+def environment_for(config: Config, role: Role) -> dict[str, str]:
+    """The P3_* variables that describe `config` to a child process of `role`."""
+    env = {}
+    for var in VARIABLES:
+        value = getattr(config, var.name[3:].lower())
+        if var.name == "P3_ROLE":
+            value = role.value
+        if value is None or value == "":
+            continue
+        env[var.name] = str(value)
+    return env
+
+
+if __name__ == "__main__":
+    if "--markdown" in sys.argv:
+        sys.stdout.write(markdown_table() + "\n")

@@ -1,0 +1,13 @@
+"""Exceptions raised by p3kv. Every message names the problem and what to do about it."""
+
+
+class P3Error(RuntimeError):
+    """A p3kv operation failed (a peer died, a server rejected a request, a wait timed out)."""
+
+
+class ConfigError(P3Error, ValueError):
+    """The job description (environment variables or arguments) is missing or inconsistent."""
+
+
+class P3TimeoutError(P3Error, TimeoutError):
+    """A blocking wait exceeded its timeout (P3_TIMEOUT or the timeout argument)."""

@@ -1,0 +1,69 @@
+"""What every node (scheduler, server, worker) shares: config translation, logging set-up, trace output."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+from p3kv import _p3
+from p3kv.config import Config
+
+_LEVELS = {"DEBUG": 0, "INFO": 1, "WARNING": 2, "ERROR": 3}
+
+
+def configure_logging(config: Config) -> None:
+    """Applies P3_LOG_LEVEL to p3kv's Python loggers and to the C++ core."""
+    level = config.log_level.upper()
+    if level not in _LEVELS:
+        level = "WARNING"
+    logger = logging.getLogger("p3kv")
+    logger.setLevel(level)
+    if not logging.getLogger().handlers and not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+        logger.addHandler(handler)
+    _p3.set_log_level(_LEVELS[level])
+
+
+def node_config(config: Config) -> _p3.NodeConfig:
+    """The core's view of the job."""
+    node = _p3.NodeConfig()
+    node.root_uri = config.root_uri
+    node.root_port = config.root_port
+    node.num_worker = config.num_worker
+    node.num_server = config.num_server
+    node.host = config.bind_host()
+    node.port = config.port
+    node.slice_size = config.slice_size
+    node.socket_buffer = config.socket_buffer
+    node.connect_timeout = config.connect_timeout
+    node.timeout = config.timeout
+    node.max_message_bytes = config.max_message_bytes
+    node.trace = bool(config.trace)
+    return node
+
+
+def write_trace(prefix: str, role: str, rank: int, events: list) -> str:
+    """Writes a node's trace events as Chrome-trace JSON (chrome://tracing, Perfetto); returns the path.
+
+    Each event becomes an instant event on a row per peer; args carry key, slice, priority, iteration.
+    """
+    path = f"{prefix}.{role}{rank}.json"
+    trace_events = [
+        {
+            "name": f"{name} k{key}/s{slc}",
+            "cat": name,
+            "ph": "i",
+            "s": "t",
+            "ts": t_ns / 1000.0,
+            "pid": f"{role} {rank}",
+            "tid": f"peer {peer}" if peer >= 0 else "local",
+            "args": {"event": name, "key": key, "slice": slc, "priority": prio, "iteration": it, "peer": peer},
+        }
+        for t_ns, name, key, slc, prio, it, peer in events
+    ]
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"traceEvents": trace_events, "displayTimeUnit": "ms"}, f)
+    return path

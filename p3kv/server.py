@@ -1,0 +1,81 @@
+"""P3Server: the server side of P3, and `python -m p3kv.server` to run one from the P3_* environment.
+
+The update function is pluggable. Without one the server broadcasts the summed gradient ("aggregate
+only"). With one, it is called once per slice and iteration, on the server's consumer thread, as
+`updater(key_id, slice, offset, iteration, aggregated, value)`: `aggregated` is a read-only view of the sum
+over workers, `value` a writable view of the stored slice (initially worker 0's init value) to update in
+place; the new `value` is then broadcast. An exception in it reaches every worker waiting on the key.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Callable
+
+import numpy as np
+
+from p3kv import _p3, node
+from p3kv.config import Config, Role, load
+from p3kv.errors import P3Error
+
+log = logging.getLogger("p3kv.server")
+
+Updater = Callable[[int, int, int, int, np.ndarray, np.ndarray], None]
+
+
+class P3Server:
+    def __init__(self, config: Config | None = None, updater: Updater | None = None, **overrides):
+        self.config = config if config is not None else load(role=Role.SERVER, **overrides)
+        node.configure_logging(self.config)
+        self._core = _p3.Server(node.node_config(self.config), updater)
+        self._started = False
+
+    def start(self) -> None:
+        """Binds, registers with the scheduler and learns the job (blocks up to P3_CONNECT_TIMEOUT)."""
+        self._core.start()
+        self._started = True
+        log.info("server %d listening on port %d", self._core.rank, self._core.port)
+
+    def run(self) -> None:
+        """Serves until the scheduler ends the job; raises P3Error naming the node if a node fails."""
+        if not self._started:
+            self.start()
+        try:
+            self._core.run()
+        finally:
+            if self.config.trace:
+                node.write_trace(self.config.trace, "server", self._core.rank, self._core.trace())
+
+    def stop(self) -> None:
+        """Any thread: makes run() return."""
+        self._core.stop()
+
+    @property
+    def rank(self) -> int:
+        return self._core.rank
+
+    @property
+    def port(self) -> int:
+        return self._core.port
+
+    def counters(self) -> dict:
+        return self._core.counters()
+
+    def trace_events(self) -> list:
+        return self._core.trace()
+
+
+def main(updater: Updater | None = None) -> int:
+    """Runs one server from the environment; returns the process exit code."""
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    try:
+        P3Server(updater=updater).run()
+    except P3Error as e:
+        log.error("server failed: %s", e)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

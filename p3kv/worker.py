@@ -1,0 +1,190 @@
+"""P3Worker: the worker side of P3 on numpy buffers.
+
+    w = P3Worker()                      # job from the P3_* environment (python -m p3kv.launch sets it)
+    w.init("fc1_weight", weight)        # worker 0's value becomes everyone's (written into `weight`)
+    w.push("fc1_weight", grad, out=weight, priority=-layer)   # returns at once
+    w.wait("fc1_weight")                # the servers' broadcast is now in `weight`
+    w.close()
+
+Priorities follow MXNet: larger is more urgent, so layer k of the forward pass pushes with priority -k.
+Arrays must stay alive and unmodified until their key completes (wait); the worker keeps a reference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import numpy as np
+
+from p3kv import _p3, node
+from p3kv.config import Config, Role, load
+from p3kv.errors import ConfigError
+from p3kv.keys import key_id
+
+log = logging.getLogger("p3kv.worker")
+
+
+@dataclasses.dataclass
+class _Key:
+    name: str
+    shape: tuple
+    dtype: np.dtype
+    in_use: list  # arrays the core reads or writes until the key's operations complete
+
+
+class P3Worker:
+    """A worker process's connection to the job. Thread-safe; one per process is the normal use."""
+
+    def __init__(self, config: Config | None = None, **overrides):
+        """Joins the job (blocks until every node registered, up to P3_CONNECT_TIMEOUT).
+
+        `overrides` replace environment settings by field name, e.g. slice_size=40000, timeout=30.
+        """
+        self.config = config if config is not None else load(role=Role.WORKER, **overrides)
+        node.configure_logging(self.config)
+        self._core = _p3.Worker(node.node_config(self.config))
+        self._core.start()
+        self._keys: dict[int, _Key] = {}
+        self._closed = False
+        log.info("worker %d of %d joined (%d servers, slice size %d)", self.rank, self.num_workers,
+                 self.num_servers, self.config.slice_size)
+
+    # -- job facts ---------------------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self._core.rank
+
+    @property
+    def num_workers(self) -> int:
+        return self._core.num_workers
+
+    @property
+    def num_servers(self) -> int:
+        return self._core.num_servers
+
+    @property
+    def slice_size(self) -> int:
+        return self.config.slice_size
+
+    # -- operations --------------------------------------------------------------------------------------
+    def init(self, key: int | str, value: np.ndarray, out: np.ndarray | None = None) -> None:
+        """Declares `key` and starts its initialisation; non-blocking.
+
+        Worker 0's `value` becomes the value on the servers and is written into `out` (default: `value`
+        itself) on every worker, so all workers start equal. Every worker must init the same keys, with the
+        same shapes and dtypes, in the same order.
+        """
+        kid = key_id(key)
+        if kid in self._keys:
+            other = self._keys[kid].name
+            what = "is already initialised" if other == str(key) else f"collides with key {other!r}"
+            raise ConfigError(f"key {key!r} {what}")
+        value = np.asarray(value)
+        out = value if out is None else out
+        self._check_out(key, out, value.shape, value.dtype)
+        if not value.flags.c_contiguous:
+            value = np.ascontiguousarray(value)
+        self._keys[kid] = _Key(str(key), value.shape, value.dtype, [value, out])
+        try:
+            self._core.init(kid, str(key), value.dtype.name, value.reshape(-1), out.reshape(-1))
+        except Exception:
+            del self._keys[kid]
+            raise
+
+    def push(self, key: int | str, grad: np.ndarray, out: np.ndarray | None = None, priority: int = 0) -> None:
+        """Sends `grad` slice by slice, most urgent first; non-blocking.
+
+        The servers aggregate every worker's gradient, apply their update function and broadcast the
+        result, which is written into `out` (default: `grad`, in place) as it arrives.
+        """
+        k = self._known(key)
+        grad = np.asarray(grad)
+        if grad.shape != k.shape or grad.dtype != k.dtype:
+            raise ConfigError(f"push of key {key!r}: gradient has shape {grad.shape} and dtype {grad.dtype}, "
+                              f"but the key was initialised with shape {k.shape} and dtype {k.dtype}")
+        if not grad.flags.c_contiguous:
+            grad = np.ascontiguousarray(grad)
+        out = grad if out is None else out
+        self._check_out(key, out, k.shape, k.dtype)
+        if not -(2**31) <= priority < 2**31:
+            raise ConfigError(f"priority {priority} does not fit in 32 bits")
+        k.in_use += [grad, out]
+        self._core.push(key_id(key), k.dtype.name, grad.reshape(-1), out.reshape(-1), int(priority))
+
+    def wait(self, key: int | str | None = None, timeout: float | None = None) -> None:
+        """Blocks until every operation on `key` (all keys if None) completed.
+
+        Raises P3Error naming the cause (a server rejected the request, a node died) or P3TimeoutError
+        after `timeout` seconds (default P3_TIMEOUT) naming the servers still owing slices.
+        """
+        timeout = self.config.timeout if timeout is None else timeout
+        if key is None:
+            try:
+                self._core.wait_all(timeout)
+            finally:
+                for k in self._keys.values():
+                    k.in_use.clear()
+            return
+        k = self._known(key)
+        try:
+            self._core.wait(key_id(key), timeout)
+        finally:
+            k.in_use.clear()
+
+    def barrier(self, timeout: float | None = None) -> None:
+        """Blocks until every worker reached the barrier."""
+        self._core.barrier(self.config.timeout if timeout is None else timeout)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Waits for outstanding operations, then leaves the job cleanly. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._core.close(self.config.timeout if timeout is None else timeout)
+        finally:
+            if self.config.trace:
+                path = node.write_trace(self.config.trace, "worker", self.rank, self._core.trace())
+                log.info("trace written to %s", path)
+
+    # -- introspection ----------------------------------------------------------------------------------
+    def counters(self) -> dict:
+        """Frames and bytes sent/received per command (e.g. counters()['sent']['PUSH'])."""
+        return self._core.counters()
+
+    def trace_events(self) -> list:
+        """Recorded events (time_ns, event, key_id, slice, priority, iteration, peer); needs P3_TRACE/trace=."""
+        return self._core.trace()
+
+    def slices(self, key: int | str) -> list:
+        """The slices of a key: [(index, offset, count, server)]."""
+        self._known(key)
+        return self._core.slices(key_id(key))
+
+    def __enter__(self) -> P3Worker:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            # Leaving on an exception: do not wait; the core's destructor drops the connections.
+            self._closed = True
+
+    # -- helpers -----------------------------------------------------------------------------------------
+    def _known(self, key: int | str) -> _Key:
+        k = self._keys.get(key_id(key))
+        if k is None:
+            raise ConfigError(f"key {key!r} is unknown: call init({key!r}, value) first")
+        return k
+
+    @staticmethod
+    def _check_out(key, out: np.ndarray, shape: tuple, dtype: np.dtype) -> None:
+        if not isinstance(out, np.ndarray):
+            raise ConfigError(f"out for key {key!r} must be a numpy array, not {type(out).__name__}")
+        if out.shape != shape or out.dtype != dtype:
+            raise ConfigError(f"out for key {key!r} has shape {out.shape} and dtype {out.dtype}; expected {shape} "
+                              f"and {dtype}")
+        if not out.flags.c_contiguous or not out.flags.writeable:
+            raise ConfigError(f"out for key {key!r} must be a writable C-contiguous array")

@@ -1,0 +1,23 @@
+"""Builds p3kv and its C++ core (the _p3 extension) with `pip install .` or `pip install -e .`."""
+
+import glob
+import os
+
+from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
+from setuptools import setup
+
+# Compile the core's sources in parallel (NPY_NUM_BUILD_JOBS overrides the count).
+ParallelCompile("NPY_NUM_BUILD_JOBS", default=0).install()
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+core = Pybind11Extension(
+    "p3kv._p3",
+    sorted(glob.glob("cpp/src/*.cc")) + ["cpp/python/bindings.cc"],
+    include_dirs=[os.path.join(HERE, "cpp", "include")],
+    cxx_std=17,
+    extra_compile_args=["-O2", "-Wall", "-Wextra"],
+    extra_link_args=["-pthread"],
+)
+
+setup(ext_modules=[core], cmdclass={"build_ext": build_ext})
