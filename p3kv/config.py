@@ -64,6 +64,8 @@ VARIABLES: tuple[Variable, ...] = (
              "rejected before any allocation."),
     Variable("P3_TRACE", str, "", "If set, a path prefix: each node writes its per-slice events as "
              "Chrome-trace JSON to PREFIX.<role><rank>.json when it closes."),
+    Variable("P3_BASELINE", str, "", "Set by the launcher in baseline jobs (dist_sync or mxnet-p3) so a training "
+             "script can tell how it runs; empty in p3kv jobs."),
     Variable("P3_LOG_LEVEL", str, "WARNING", "Log level of p3kv's Python and C++ logs (DEBUG, INFO, WARNING, "
              "ERROR)."),
 )
@@ -87,6 +89,7 @@ class Config:
     timeout: float = 600.0
     max_message_bytes: int = 1 << 30
     trace: str = ""
+    baseline: str = ""
     log_level: str = "WARNING"
 
     def bind_host(self) -> str:

@@ -1,0 +1,241 @@
+// Unit tests of the core's pure parts: priority queue ordering, codec round-trip and validation, slicer,
+// float16 conversion and aggregation. No network. Built and run by tests/test_cpp_unit.py.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "p3/codec.h"
+#include "p3/dtype.h"
+#include "p3/priority_queue.h"
+#include "p3/slicer.h"
+
+namespace {
+
+int g_failed_checks = 0;
+
+#define CHECK(cond)                                                        \
+  do {                                                                     \
+    if (!(cond)) {                                                         \
+      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+      ++g_failed_checks;                                                   \
+    }                                                                      \
+  } while (0)
+
+using p3::Header;
+using p3::PriorityQueue;
+
+void TestQueuePriorityThenFifo() {
+  PriorityQueue<int> q;
+  // (priority, id): ids of equal priority must come out in arrival order.
+  const std::vector<std::pair<int, int>> in = {{0, 1}, {-3, 2}, {5, 3}, {0, 4}, {5, 5}, {-3, 6}, {0, 7}};
+  for (auto [prio, id] : in) CHECK(q.Push(prio, id));
+  std::vector<int> out;
+  q.Close();
+  while (auto v = q.Pop()) out.push_back(*v);
+  CHECK((out == std::vector<int>{3, 5, 1, 4, 7, 2, 6}));
+}
+
+void TestQueueManyEqualPrioritiesKeepFifo() {
+  // A comparator that is not a strict weak ordering (ps-lite's `<=`) scrambles long runs of equals.
+  PriorityQueue<int> q;
+  for (int i = 0; i < 10000; ++i) q.Push(i % 3 == 0 ? 1 : 0, i);
+  q.Close();
+  int last_hi = -1, last_lo = -1;
+  bool hi_phase = true, ordered = true;
+  while (auto v = q.Pop()) {
+    const bool hi = *v % 3 == 0;
+    if (hi && !hi_phase) ordered = false;
+    if (!hi) hi_phase = false;
+    int& last = hi ? last_hi : last_lo;
+    if (*v < last) ordered = false;
+    last = *v;
+  }
+  CHECK(ordered);
+}
+
+void TestQueueUrgentOvertakesQueued() {
+  PriorityQueue<std::string> q;
+  for (int i = 0; i < 100; ++i) q.Push(-10, "bulk");
+  q.Push(0, "urgent");
+  auto first = q.Pop();
+  CHECK(first && *first == "urgent");
+}
+
+void TestQueueCloseDrainsThenEnds() {
+  PriorityQueue<int> q;
+  q.Push(0, 1);
+  q.Push(0, 2);
+  q.Close();
+  CHECK(!q.Push(0, 3));  // closed: refused, never silently queued
+  CHECK(q.Pop() == 1);
+  CHECK(q.Pop() == 2);
+  CHECK(!q.Pop().has_value());
+}
+
+void TestQueueAbortDrops() {
+  PriorityQueue<int> q;
+  q.Push(0, 1);
+  q.Abort();
+  CHECK(!q.Pop().has_value());
+}
+
+void TestQueueCloseWakesBlockedConsumer() {
+  PriorityQueue<int> q;
+  bool ended = false;
+  std::thread consumer([&] { ended = !q.Pop().has_value(); });
+  q.Close();
+  consumer.join();
+  CHECK(ended);
+}
+
+void TestQueuePopForTimesOut() {
+  PriorityQueue<int> q;
+  CHECK(!q.PopFor(std::chrono::milliseconds(10)).has_value());
+}
+
+Header SampleHeader() {
+  Header h;
+  h.command = p3::Command::kPush;
+  h.priority = -17;
+  h.sender = 3;
+  h.dtype = p3::DType::kFloat16;
+  h.slice = 9;
+  h.key = 0x8123456789abcdefull;
+  h.offset = 450000;
+  h.count = 50000;
+  h.iteration = 1234567;
+  h.payload_bytes = 100000;
+  return h;
+}
+
+void TestCodecRoundTrip() {
+  const Header h = SampleHeader();
+  uint8_t buf[p3::kHeaderBytes];
+  p3::EncodeHeader(h, buf);
+  Header d;
+  CHECK(p3::DecodeHeader(buf, 1 << 30, &d).ok());
+  CHECK(d.command == h.command && d.priority == h.priority && d.sender == h.sender && d.dtype == h.dtype);
+  CHECK(d.slice == h.slice && d.key == h.key && d.offset == h.offset && d.count == h.count);
+  CHECK(d.iteration == h.iteration && d.payload_bytes == h.payload_bytes);
+  // Little-endian on the wire whatever the host: magic bytes spell "P3KV".
+  CHECK(std::memcmp(buf, "P3KV", 4) == 0);
+}
+
+void TestCodecRejects() {
+  uint8_t buf[p3::kHeaderBytes];
+  Header d;
+  auto rejects = [&](const std::function<void(Header&)>& mutate, const char* why) {
+    Header h = SampleHeader();
+    mutate(h);
+    p3::EncodeHeader(h, buf);
+    const p3::Status st = p3::DecodeHeader(buf, 1 << 30, &d);
+    if (st.ok()) std::fprintf(stderr, "accepted a frame with %s\n", why);
+    CHECK(!st.ok());
+  };
+  rejects([](Header& h) { h.magic = 0x12345678; }, "bad magic");
+  rejects([](Header& h) { h.version = 99; }, "wrong version");
+  rejects([](Header& h) { h.command = static_cast<p3::Command>(77); }, "unknown command");
+  rejects([](Header& h) { h.dtype = static_cast<p3::DType>(42); }, "unknown dtype");
+  rejects([](Header& h) { h.payload_bytes = 1ull << 40; }, "oversized payload");
+  rejects([](Header& h) { h.payload_bytes = 99999; }, "payload that is not count * dtype size");
+  rejects([](Header& h) { h.count = 0; }, "zero count");
+  rejects([](Header& h) { h.payload_bytes = 0; }, "push without payload");
+  rejects([](Header& h) {
+    h.command = p3::Command::kBarrier;
+    h.payload_bytes = 2 << 20;
+  }, "huge control frame");
+}
+
+void TestRegistrationAndTableRoundTrip() {
+  p3::Registration r{p3::Role::kServer, "10.0.0.7", 9001, 4, 2};
+  p3::Registration r2;
+  CHECK(p3::DecodeRegistration(p3::EncodeRegistration(r), &r2).ok());
+  CHECK(r2.role == r.role && r2.host == r.host && r2.port == r.port && r2.num_worker == 4 && r2.num_server == 2);
+  CHECK(!p3::DecodeRegistration("\x01", &r2).ok());
+  p3::NodeTable t;
+  t.your_rank = 1;
+  t.nodes = {{p3::Role::kServer, 0, "a", 1}, {p3::Role::kWorker, 1, "bb", 0}};
+  p3::NodeTable t2;
+  const std::string bytes = p3::EncodeNodeTable(t);
+  CHECK(p3::DecodeNodeTable(bytes, &t2).ok());
+  CHECK(t2.your_rank == 1 && t2.nodes.size() == 2 && t2.nodes[1].host == "bb" && t2.nodes[0].port == 1);
+  CHECK(!p3::DecodeNodeTable(bytes.substr(0, bytes.size() - 1), &t2).ok());
+  CHECK(!p3::DecodeNodeTable(bytes + "x", &t2).ok());
+}
+
+void TestSlicer() {
+  uint64_t rr = 0;
+  auto one = p3::SliceKey(1, 50000, 3, &rr);
+  CHECK(one.size() == 1 && one[0].count == 1 && one[0].server == 0 && rr == 1);
+  auto exact = p3::SliceKey(50000, 50000, 3, &rr);
+  CHECK(exact.size() == 1 && exact[0].count == 50000 && exact[0].server == 1);
+  auto over = p3::SliceKey(50001, 50000, 3, &rr);
+  CHECK(over.size() == 2 && over[0].count == 50000 && over[1].count == 1 && over[1].offset == 50000);
+  CHECK(over[0].server == 2 && over[1].server == 0);  // the counter runs across keys
+  auto none = p3::SliceKey(0, 50000, 3, &rr);
+  CHECK(none.empty());
+  uint64_t covered = 0;
+  for (const auto& s : p3::SliceKey(1234567, 1000, 4, &rr)) covered += s.count;
+  CHECK(covered == 1234567);
+}
+
+void TestHalf() {
+  // Exact values survive, rounding is to nearest even, range ends saturate as numpy does.
+  for (float f : {0.0f, 1.0f, -2.5f, 65504.0f, 6.103515625e-05f, 5.960464477539063e-08f}) {
+    CHECK(p3::HalfToFloat(p3::FloatToHalf(f)) == f);
+  }
+  CHECK(p3::FloatToHalf(1.0f + 1.0f / 2048) == p3::FloatToHalf(1.0f));         // tie -> even
+  CHECK(p3::FloatToHalf(1.0f + 3.0f / 2048) == p3::FloatToHalf(1.0f + 2.0f / 1024));  // tie -> even (up)
+  CHECK(std::isinf(p3::HalfToFloat(p3::FloatToHalf(70000.0f))));
+  CHECK(std::isnan(p3::HalfToFloat(p3::FloatToHalf(std::nanf("")))));
+  CHECK(p3::HalfToFloat(p3::FloatToHalf(1e-9f)) == 0.0f);
+}
+
+void TestAggregation() {
+  const uint16_t a[3] = {p3::FloatToHalf(1.5f), p3::FloatToHalf(-2.0f), p3::FloatToHalf(0.25f)};
+  float acc[3];
+  p3::CopyToAccumulator(p3::DType::kFloat16, a, acc, 3);
+  p3::AddToAccumulator(p3::DType::kFloat16, a, acc, 3);
+  uint16_t out[3];
+  p3::CopyFromAccumulator(p3::DType::kFloat16, acc, out, 3);
+  CHECK(p3::HalfToFloat(out[0]) == 3.0f && p3::HalfToFloat(out[1]) == -4.0f && p3::HalfToFloat(out[2]) == 0.5f);
+  const int64_t x[2] = {1, -5};
+  int64_t ax[2];
+  p3::CopyToAccumulator(p3::DType::kInt64, x, ax, 2);
+  p3::AddToAccumulator(p3::DType::kInt64, x, ax, 2);
+  CHECK(ax[0] == 2 && ax[1] == -10);
+}
+
+}  // namespace
+
+int main() {
+  const std::vector<std::pair<const char*, void (*)()>> tests = {
+      {"queue_priority_then_fifo", TestQueuePriorityThenFifo},
+      {"queue_many_equal_priorities_keep_fifo", TestQueueManyEqualPrioritiesKeepFifo},
+      {"queue_urgent_overtakes_queued", TestQueueUrgentOvertakesQueued},
+      {"queue_close_drains_then_ends", TestQueueCloseDrainsThenEnds},
+      {"queue_abort_drops", TestQueueAbortDrops},
+      {"queue_close_wakes_blocked_consumer", TestQueueCloseWakesBlockedConsumer},
+      {"queue_pop_for_times_out", TestQueuePopForTimesOut},
+      {"codec_round_trip", TestCodecRoundTrip},
+      {"codec_rejects", TestCodecRejects},
+      {"registration_and_table_round_trip", TestRegistrationAndTableRoundTrip},
+      {"slicer", TestSlicer},
+      {"half", TestHalf},
+      {"aggregation", TestAggregation},
+  };
+  int passed = 0, failed = 0;
+  for (auto& [name, fn] : tests) {
+    const int before = g_failed_checks;
+    fn();
+    const bool ok = g_failed_checks == before;
+    std::printf("%s %s\n", ok ? "PASS" : "FAIL", name);
+    (ok ? passed : failed) += 1;
+  }
+  std::printf("%d passed, %d failed\n", passed, failed);
+  return failed == 0 ? 0 : 1;
+}

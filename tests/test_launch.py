@@ -1,0 +1,349 @@
+"""Tests of p3kv.launch: environment planning (no processes), argument errors, and real jobs of small fake
+processes (tests/scripts/fake_node.py) or of MXNet's own dist_sync. Every wait has a hard timeout; ports are
+picked by the launcher; processes are synchronized through their output and named pipes, never by sleeping."""
+
+from __future__ import annotations
+
+import io
+import os
+import queue
+import re
+import select
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from p3kv.launch import BASELINE_VARIABLE, Job, KVStore, launch, main, plan
+
+REPO = Path(__file__).resolve().parent.parent
+FAKE = (sys.executable, str(REPO / "tests" / "scripts" / "fake_node.py"))
+DIST_SYNC_SUM = str(REPO / "tests" / "scripts" / "dist_sync_sum.py")
+ROLE_VARIABLES = ("P3_ROLE", "P3_ROOT_URI", "P3_ROOT_PORT", "P3_NUM_WORKER", "P3_NUM_SERVER", "P3_NODE_HOST")
+
+
+def fake(*options: str) -> str:
+    return shlex.join(FAKE + options)
+
+
+def launcher_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def run_launcher(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "p3kv.launch", *args], cwd=REPO, env=launcher_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def collected_pids(output: str, what: str = "collected") -> list[int]:
+    match = re.search(rf"{what} pids=([\d,]+)", output)
+    assert match, f"no '{what} pids=' line in:\n{output}"
+    return [int(p) for p in match.group(1).split(",")]
+
+
+def assert_gone(pids: list[int], timeout: float = 10.0) -> None:
+    """Every pid has exited (a zombie counts: its parent is gone and PID 1 may reap it late)."""
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        try:
+            readable, _, _ = select.select([fd], [], [], timeout)
+            assert readable, f"process {pid} still runs after the launcher exited"
+        finally:
+            os.close(fd)
+
+
+@pytest.fixture
+def leftovers():
+    """Pids a test has seen; any still running at teardown is killed, so a failing test leaves nothing behind."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        try:
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        finally:
+            os.close(fd)
+
+
+@pytest.fixture
+def fifo(tmp_path: Path) -> str:
+    path = tmp_path / "pids.fifo"
+    os.mkfifo(path)
+    return str(path)
+
+
+# ---- planning: the environment each role gets (no processes) ----
+
+def by_name(job: Job) -> dict:
+    return {s.name: s for s in plan(job, "127.0.0.1", 4242, {"DMLC_ROLE": "server", BASELINE_VARIABLE: "x",
+                                                             "DMLC_PS_VAN_TYPE": "p3", "KEEP": "1"})}
+
+
+def test_plan_p3_gives_each_role_its_variables():
+    job = Job(command=("train",), num_workers=2, num_servers=3, env={"P3_SLICE_SIZE": "40000"})
+    specs = by_name(job)
+    assert list(specs) == ["scheduler", "server 0", "server 1", "server 2", "worker 0", "worker 1"]
+    for name, spec in specs.items():
+        role = name.split()[0]
+        assert {k: spec.env[k] for k in ROLE_VARIABLES} == {
+            "P3_ROLE": role, "P3_ROOT_URI": "127.0.0.1", "P3_ROOT_PORT": "4242", "P3_NUM_WORKER": "2",
+            "P3_NUM_SERVER": "3", "P3_NODE_HOST": "127.0.0.1"}
+        assert spec.env["P3_SLICE_SIZE"] == "40000" and spec.env["KEEP"] == "1"
+        assert "DMLC_ROLE" not in spec.env and BASELINE_VARIABLE not in spec.env
+        assert spec.primary == (role == "worker")
+    assert specs["scheduler"].argv == (sys.executable, "-m", "p3kv.scheduler")
+    assert specs["server 1"].argv == (sys.executable, "-m", "p3kv.server")
+    assert specs["worker 1"].argv == ("train",) and specs["worker 1"].log_name == "worker1"
+
+
+@pytest.mark.parametrize("kvstore", [KVStore.DIST_SYNC, KVStore.MXNET_P3])
+def test_plan_baselines_use_mxnet_variables(kvstore):
+    job = Job(command=("train",), num_workers=2, num_servers=1, kvstore=kvstore)
+    specs = by_name(job)
+    for name, spec in specs.items():
+        role = name.split()[0]
+        assert {k: spec.env[k] for k in ("DMLC_ROLE", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_WORKER",
+                                         "DMLC_NUM_SERVER", "DMLC_NODE_HOST")} == {
+            "DMLC_ROLE": role, "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "4242",
+            "DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "1", "DMLC_NODE_HOST": "127.0.0.1"}
+        assert spec.env.get(BASELINE_VARIABLE) == (kvstore.value if role == "worker" else None)
+        if kvstore is KVStore.MXNET_P3:
+            assert (spec.env["DMLC_PS_VAN_TYPE"], spec.env["DMLC_PS_WATER_MARK"]) == ("p3", "10")
+        else:
+            assert "DMLC_PS_VAN_TYPE" not in spec.env
+    assert specs["server 0"].argv == (sys.executable, "-c", "import mxnet")
+
+
+def test_plan_env_option_overrides_water_mark():
+    job = Job(command=("t",), num_workers=1, num_servers=1, kvstore=KVStore.MXNET_P3,
+              env={"DMLC_PS_WATER_MARK": "3", "MXNET_KVSTORE_SLICE_THRESHOLD": "40000"})
+    env = by_name(job)["worker 0"].env
+    assert (env["DMLC_PS_WATER_MARK"], env["MXNET_KVSTORE_SLICE_THRESHOLD"]) == ("3", "40000")
+
+
+# ---- bad arguments: exit 2 with a message that names the fix ----
+
+@pytest.fixture
+def busy_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["-n", "0", "-s", "1", "--", "true"], "-n/--num-workers must be at least 1 (got 0)"),
+    (["-n", "1", "-s", "0", "--", "true"], "-s/--num-servers must be at least 1 (got 0)"),
+    (["-s", "1", "--", "true"], "the following arguments are required: -n/--num-workers"),
+    (["-n", "1", "-s", "1"], "no worker command given"),
+    (["-n", "1", "-s", "1", "--"], "no worker command given"),
+    (["-n", "x", "-s", "1", "--", "true"], "invalid int value: 'x'"),
+    (["-n", "1", "-s", "1", "--kvstore", "nccl", "--", "true"], "invalid choice: 'nccl'"),
+    (["-n", "1", "-s", "1", "--host", "192.0.2.1", "--", "true"], "is not an address of this machine"),
+    (["-n", "1", "-s", "1", "--host", "no-such-host.invalid", "--", "true"], "cannot be resolved"),
+    (["-n", "1", "-s", "1", "--port", "70000", "--", "true"], "--port 70000 is not a TCP port"),
+    (["-n", "1", "-s", "1", "--env", "NOEQUALS", "--", "true"], "'NOEQUALS' is not KEY=VALUE"),
+    (["-n", "1", "-s", "1", "--env", "P3_ROOT_PORT=9", "--", "true"], "sets P3_ROOT_PORT itself; use --port"),
+    (["-n", "1", "-s", "1", "--env", "DMLC_ROLE=server", "--", "true"], "sets DMLC_ROLE itself"),
+    (["-n", "1", "-s", "1", "--env", "P3_SLICE_SIZE=big", "--", "true"], "P3_SLICE_SIZE='big' is not a valid int"),
+    (["-n", "1", "-s", "1", "--timeout", "0", "--", "true"], "--timeout must be a positive number of seconds"),
+    (["-n", "1", "-s", "1", "--server-command", "", "--", "true"], "--server-command is empty"),
+    (["-n", "1", "-s", "1", "--server-command", "'unclosed", "--", "true"], "No closing quotation"),
+])
+def test_bad_arguments_fail_with_a_clear_message(argv, message, caplog):
+    assert main(argv) == 2
+    assert message in caplog.text
+
+
+def test_port_in_use_is_refused(busy_port, caplog):
+    assert main(["-n", "1", "-s", "1", "--port", str(busy_port), "--", "true"]) == 2
+    assert f"--port {busy_port} cannot be used" in caplog.text and "leave --port out" in caplog.text
+
+
+def test_unwritable_log_dir_is_refused(tmp_path, caplog):
+    (tmp_path / "file").write_text("")
+    assert main(["-n", "1", "-s", "1", "--log-dir", str(tmp_path / "file" / "logs"), "--", "true"]) == 2
+    assert "--log-dir" in caplog.text and "pass a writable directory" in caplog.text
+
+
+def test_missing_worker_program_exits_127_and_stops_the_rest(caplog):
+    job = Job(command=("/nonexistent/train",), num_workers=1, num_servers=1, scheduler_command=FAKE + ("--block",),
+              server_command=FAKE + ("--block",), timeout=30)
+    assert launch(job, out=io.StringIO()) == 127
+    assert "cannot start worker 0 (/nonexistent/train)" in caplog.text
+
+
+# ---- real jobs of fake processes ----
+
+def test_success_forwards_prefixed_output_env_and_logs(tmp_path):
+    names = " ".join(ROLE_VARIABLES + ("EXTRA",))
+    result = run_launcher("-n", "2", "-s", "2", "--env", "EXTRA=yes", "--log-dir", str(tmp_path / "logs"),
+                          "--scheduler-command", fake("--print-env", *names.split()),
+                          "--server-command", fake("--print-env", *names.split()),
+                          "--", *FAKE, "--print-env", *names.split())
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    ports = set()
+    for prefix, role in (("[scheduler]", "scheduler"), ("[server 0]", "server"), ("[server 1]", "server"),
+                         ("[worker 0]", "worker"), ("[worker 1]", "worker")):
+        env = {k: v for k, v in (line[len(prefix) + 5:].split("=", 1) for line in lines
+                                 if line.startswith(prefix + " env "))}
+        assert env["P3_ROLE"] == role and env["EXTRA"] == "yes"
+        assert (env["P3_NUM_WORKER"], env["P3_NUM_SERVER"]) == ("2", "2")
+        assert env["P3_ROOT_URI"] == env["P3_NODE_HOST"] == "127.0.0.1"
+        ports.add(env["P3_ROOT_PORT"])
+    assert len(ports) == 1 and 0 < int(ports.pop()) < 65536
+    assert all(re.match(r"\[(scheduler|server [01]|worker [01])\] ", line) for line in lines), lines
+    logs = sorted(p.name for p in (tmp_path / "logs").iterdir())
+    assert logs == ["scheduler.log", "server0.log", "server1.log", "worker0.log", "worker1.log"]
+    assert "env P3_ROLE=worker\n" in (tmp_path / "logs" / "worker1.log").read_text()
+
+
+def test_failing_worker_stops_the_job_and_its_code_is_the_exit_code(fifo, leftovers):
+    # The server reports its pid and its grandchild's through the pipe, so the worker fails only after both run.
+    result = run_launcher("-n", "1", "-s", "1", "--scheduler-command", fake("--block"),
+                          "--server-command", fake("--report", fifo, "--grandchild", "--block"),
+                          "--", *FAKE, "--collect", fifo, "--exit", "3")
+    server_pids = collected_pids(result.stdout)
+    leftovers.extend(server_pids)
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "worker 0 exited with code 3; stopped all other processes" in result.stderr
+    assert len(server_pids) == 2
+    assert_gone(server_pids)
+
+
+def test_processes_left_behind_by_a_successful_worker_are_killed(leftovers):
+    result = run_launcher("-n", "1", "-s", "1", "--scheduler-command", fake(), "--server-command", fake(),
+                          "--", *FAKE, "--grandchild")
+    pids = collected_pids(result.stdout, "ready worker")
+    leftovers.extend(pids)
+    assert result.returncode == 0, result.stderr
+    assert len(pids) == 2
+    assert_gone(pids)
+
+
+def test_failing_server_stops_blocked_workers():
+    result = run_launcher("-n", "2", "-s", "2", "--scheduler-command", fake("--block"),
+                          "--server-command", fake("--exit", "5"), "--", *FAKE, "--block")
+    assert result.returncode == 5, result.stderr
+    assert re.search(r"server [01] exited with code 5; stopped all other processes", result.stderr)
+
+
+def test_child_killed_by_a_signal_fails_the_job_with_code_1(caplog):
+    suicide = (sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    job = Job(command=FAKE + ("--block",), num_workers=1, num_servers=1, scheduler_command=FAKE + ("--block",),
+              server_command=suicide, timeout=30)
+    assert launch(job, out=io.StringIO()) == 1
+    assert "server 0 was killed by SIGKILL" in caplog.text
+
+
+def test_process_ignoring_sigterm_gets_sigkill(fifo, caplog, leftovers):
+    out = io.StringIO()
+    job = Job(command=FAKE + ("--collect", fifo, "--exit", "4"), num_workers=1, num_servers=1,
+              scheduler_command=FAKE, server_command=FAKE + ("--report", fifo, "--ignore-sigterm", "--block"),
+              timeout=30, kill_grace=0.5)
+    code = launch(job, out=out)
+    leftovers.extend(collected_pids(out.getvalue()))
+    assert code == 4
+    assert "server 0 did not stop within 0.5 s of SIGTERM; sending SIGKILL" in caplog.text
+    assert_gone(leftovers)
+
+
+def test_servers_that_outlive_the_workers_are_killed_after_the_grace_period():
+    result = run_launcher("-n", "1", "-s", "1", "--grace", "0.5", "--scheduler-command", fake(),
+                          "--server-command", fake("--block"), "--", *FAKE)
+    assert result.returncode == 1
+    assert "server 0 did not exit within 0.5 s after all workers finished; killed them" in result.stderr
+
+
+def test_timeout_kills_everything_and_exits_124(leftovers):
+    result = run_launcher("-n", "2", "-s", "1", "--timeout", "3", "--scheduler-command", fake("--block"),
+                          "--server-command", fake("--block", "--grandchild"), "--", *FAKE, "--block")
+    pids = [int(p) for p in re.findall(r"ready \w+ pids=([\d,]+)", result.stdout) for p in p.split(",")]
+    leftovers.extend(pids)
+    assert result.returncode == 124, result.stderr
+    assert "the job timed out after 3 s (--timeout)" in result.stderr
+    assert len(pids) == 5, result.stdout  # scheduler, server + grandchild, two workers
+    assert_gone(pids)
+
+
+class Launcher:
+    """A launcher process whose output lines can be awaited with a timeout."""
+
+    def __init__(self, *args: str):
+        self.proc = subprocess.Popen([sys.executable, "-m", "p3kv.launch", *args], cwd=REPO, env=launcher_env(),
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: queue.SimpleQueue = queue.SimpleQueue()
+        self.seen: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line)
+
+    def wait_for(self, pattern: str, count: int, timeout: float = 30) -> list[re.Match]:
+        matches = [m for m in (re.search(pattern, s) for s in self.seen) if m]
+        while len(matches) < count:
+            try:
+                line = self.lines.get(timeout=timeout)
+            except queue.Empty:
+                pytest.fail(f"no {count} lines matching {pattern!r} within {timeout} s; got:\n{''.join(self.seen)}")
+            self.seen.append(line)
+            if m := re.search(pattern, line):
+                matches.append(m)
+        return matches
+
+    def finish(self, timeout: float = 30) -> str:
+        self.proc.wait(timeout=timeout)
+        self._reader.join(timeout)
+        while not self.lines.empty():
+            self.seen.append(self.lines.get())
+        return "".join(self.seen)
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_to_the_launcher_kills_all_children(sig, code, leftovers):
+    launcher = Launcher("-n", "2", "-s", "1", "--scheduler-command", fake("--block"),
+                        "--server-command", fake("--block", "--grandchild"), "--", *FAKE, "--block")
+    try:
+        ready = launcher.wait_for(r"ready \w+ pids=([\d,]+)", count=4)
+        leftovers.extend(int(p) for m in ready for p in m.group(1).split(","))
+        launcher.proc.send_signal(sig)
+        output = launcher.finish()
+    finally:
+        if launcher.proc.poll() is None:
+            launcher.proc.kill()
+            launcher.proc.wait(timeout=30)
+    assert launcher.proc.returncode == code, output
+    assert f"interrupted by {sig.name}; stopped all processes" in output
+    assert len(leftovers) == 5
+    assert_gone(leftovers)
+
+
+# ---- MXNet's own parameter server as the baseline ----
+
+@pytest.mark.parametrize("kvstore", ["dist_sync", "mxnet-p3"])
+def test_mxnet_baseline_sums_pushes_of_two_workers(kvstore):
+    result = run_launcher("-n", "2", "-s", "1", "--kvstore", kvstore, "--timeout", "100", "--",
+                          sys.executable, DIST_SYNC_SUM, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    oks = re.findall(rf"^\[worker (\d)\] OK rank=(\d) baseline={kvstore}$", result.stdout, re.MULTILINE)
+    assert sorted(w for w, _ in oks) == ["0", "1"] and sorted(r for _, r in oks) == ["0", "1"], result.stdout
+
