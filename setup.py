@@ -13,11 +13,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 core = Pybind11Extension(
     "p3kv._p3",
-    sorted(glob.glob("cpp/src/*.cc")) + ["cpp/python/bindings.cc"],
-    include_dirs=[os.path.join(HERE, "cpp", "include")],
+    sorted(glob.glob("cpp/src/*.cc")) + ["cpp/mxnet/engine_bridge.cc", "cpp/python/bindings.cc"],
+    include_dirs=[os.path.join(HERE, "cpp", "include"), os.path.join(HERE, "cpp", "mxnet")],
     cxx_std=17,
     extra_compile_args=["-O2", "-Wall", "-Wextra"],
     extra_link_args=["-pthread"],
+    libraries=["dl"],  # the engine bridge finds libmxnet's C API at run time
 )
 
 setup(ext_modules=[core], cmdclass={"build_ext": build_ext})

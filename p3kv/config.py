@@ -62,6 +62,8 @@ VARIABLES: tuple[Variable, ...] = (
              "fails with an error."),
     Variable("P3_MAX_MESSAGE_BYTES", int, 1 << 30, "Largest frame payload accepted; larger frames are "
              "rejected before any allocation."),
+    Variable("P3_SERVER_QUEUE_BYTES", int, 64 << 20, "Server: payload bytes it holds received but not yet "
+             "aggregated; beyond this it stops reading from workers (bounds server memory)."),
     Variable("P3_TRACE", str, "", "If set, a path prefix: each node writes its per-slice events as "
              "Chrome-trace JSON to PREFIX.<role><rank>.json when it closes."),
     Variable("P3_BASELINE", str, "", "Set by the launcher in baseline jobs (dist_sync or mxnet-p3) so a training "
@@ -88,6 +90,7 @@ class Config:
     connect_timeout: float = 60.0
     timeout: float = 600.0
     max_message_bytes: int = 1 << 30
+    server_queue_bytes: int = 64 << 20
     trace: str = ""
     baseline: str = ""
     log_level: str = "WARNING"
@@ -150,7 +153,8 @@ def load(environ: Mapping[str, str] | None = None, role: Role | None = None, **o
         raise ConfigError(
             f"{', '.join(missing)} not set for this {role_enum.value}: every node of a job needs "
             "P3_ROOT_URI, P3_ROOT_PORT, P3_NUM_WORKER and P3_NUM_SERVER (python -m p3kv.launch sets them)")
-    for name in ("num_worker", "num_server", "slice_size", "socket_buffer", "max_message_bytes"):
+    for name in ("num_worker", "num_server", "slice_size", "socket_buffer", "max_message_bytes",
+                 "server_queue_bytes"):
         _positive("P3_" + name.upper(), int(values[name]))
     if not 0 < int(values["root_port"]) < 65536:
         raise ConfigError(f"P3_ROOT_PORT={values['root_port']} is not a TCP port (1-65535)")

@@ -40,6 +40,7 @@ def node_config(config: Config) -> _p3.NodeConfig:
     node.connect_timeout = config.connect_timeout
     node.timeout = config.timeout
     node.max_message_bytes = config.max_message_bytes
+    node.server_queue_bytes = config.server_queue_bytes
     node.trace = bool(config.trace)
     return node
 

@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "engine_bridge.h"
 #include "p3/log.h"
 #include "p3/scheduler.h"
 #include "p3/server.h"
@@ -156,6 +157,7 @@ PYBIND11_MODULE(_p3, m) {
       .def_readwrite("connect_timeout", &p3::NodeConfig::connect_timeout)
       .def_readwrite("timeout", &p3::NodeConfig::timeout)
       .def_readwrite("max_message_bytes", &p3::NodeConfig::max_message_bytes)
+      .def_readwrite("server_queue_bytes", &p3::NodeConfig::server_queue_bytes)
       .def_readwrite("trace", &p3::NodeConfig::trace);
 
   py::class_<p3::Scheduler>(m, "Scheduler")
@@ -211,6 +213,22 @@ PYBIND11_MODULE(_p3, m) {
       .def_property_readonly("port", &p3::Server::port)
       .def("counters", [](const p3::Server& s) { return CountersToDict(s.counters()); })
       .def("trace", [](const p3::Server& s) { return TraceToList(s.trace()); });
+
+  py::class_<p3::EngineBridge>(m, "EngineBridge")
+      .def_static("load", [](const std::string& libmxnet_path) {
+        std::unique_ptr<p3::EngineBridge> bridge;
+        Check(p3::EngineBridge::Load(libmxnet_path, &bridge));
+        return bridge;
+      }, "Binds to the libmxnet.so that `import mxnet` loaded")
+      .def("push_pull", [](p3::EngineBridge& b, p3::Worker& w, uint64_t key, uintptr_t grad, uintptr_t out,
+                           int32_t priority) {
+        Status st;
+        {
+          py::gil_scoped_release nogil;
+          st = b.PushPull(&w, key, reinterpret_cast<void*>(grad), reinterpret_cast<void*>(out), priority);
+        }
+        Check(st);
+      }, "Engine-asynchronous push of NDArray `grad` (handle) whose broadcast lands in NDArray `out`");
 
   py::class_<p3::Worker>(m, "Worker")
       .def(py::init<p3::NodeConfig>())

@@ -1,5 +1,6 @@
 #include "p3/connection.h"
 
+#include <chrono>
 #include <vector>
 
 #include "p3/codec.h"
@@ -16,12 +17,24 @@ Status Connection::Send(const Header& h, const void* payload) {
   iovec iov[2] = {{head, kHeaderBytes}, {const_cast<void*>(payload), h.payload_bytes}};
   Status st;
   {
-    std::lock_guard<std::mutex> lock(write_mu_);
+    std::lock_guard<std::timed_mutex> lock(write_mu_);
     st = socket_.SendVec(iov, h.payload_bytes > 0 ? 2 : 1);
   }
   if (!st.ok()) return st.WithContext("sending " + std::string(CommandName(h.command)) + " to " + peer_);
   counters_->CountSent(h.command, kHeaderBytes + h.payload_bytes);
   return st;
+}
+
+void Connection::SendLastWords(const Header& h, const void* payload, double timeout_s) {
+  std::unique_lock<std::timed_mutex> lock(write_mu_, std::chrono::duration<double>(timeout_s));
+  if (!lock.owns_lock()) return;
+  socket_.SetSendTimeout(timeout_s);
+  uint8_t head[kHeaderBytes];
+  EncodeHeader(h, head);
+  iovec iov[2] = {{head, kHeaderBytes}, {const_cast<void*>(payload), h.payload_bytes}};
+  if (socket_.SendVec(iov, h.payload_bytes > 0 ? 2 : 1).ok()) {
+    counters_->CountSent(h.command, kHeaderBytes + h.payload_bytes);
+  }
 }
 
 Status Connection::ReadHeader(Header* h) {

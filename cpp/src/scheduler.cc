@@ -146,6 +146,8 @@ Status Scheduler::HandleFrame(Member* m, const Header& h, std::string payload) {
         Broadcast(Command::kBarrierDone, "", false, true);
       }
       return Status::Ok();
+    case Command::kNodeFailed:  // the node is failing; its reason names the real cause
+      return Status::PeerLost(Describe(*m) + " failed: " + payload);
     case Command::kFinish:
       if (!worker || m->finished) return Status::Invalid("unexpected FINISH");
       m->finished = true;

@@ -146,6 +146,17 @@ Status SchedulerClient::Finish() {
   return link_->Send(h, nullptr);
 }
 
+void SchedulerClient::ReportFailure(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!link_ || !failure_.ok() || stopping_) return;
+  }
+  Header h;
+  h.command = Command::kNodeFailed;
+  h.payload_bytes = reason.size();
+  link_->Send(h, reason.data());
+}
+
 void SchedulerClient::Stop() {
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -73,7 +73,7 @@ Status Server::Start() {
                       }
                       cv_.notify_all();
                     },
-                    [this](const Status& s) { Fail(s); }});
+                    [this](const Status& s) { Fail(s, /*from_scheduler=*/true); }});
   Log(LogLevel::kInfo, "server " + std::to_string(rank_), "listening on " + config_.host + ":" +
       std::to_string(listener_.LocalPort()));
   return Status::Ok();
@@ -103,8 +103,10 @@ void Server::ReceiveLoop(std::shared_ptr<Connection> conn) {
   Header h;
   Status st = conn->WaitReadable(config_.connect_timeout) ? conn->ReadHeader(&h)
                                                           : Status::Timeout("no HELLO within P3_CONNECT_TIMEOUT");
-  if (st.ok() && (h.command != Command::kHello || h.payload_bytes != 0)) {
+  if (st.ok() && h.command != Command::kHello) {
     st = Status::Invalid(std::string("expected HELLO, got ") + CommandName(h.command));
+  } else if (st.ok() && h.payload_bytes != 0) {
+    st = Status::Invalid("HELLO with a " + std::to_string(h.payload_bytes) + "-byte payload");
   }
   int rank = h.sender;
   if (st.ok()) {
@@ -152,6 +154,15 @@ Status Server::ReadWorkerFrames(int rank, Connection* conn) {
     if (h.command != Command::kInit && h.command != Command::kPush) {
       return Status::Invalid(std::string("unexpected ") + CommandName(h.command) + " from a worker");
     }
+    {
+      // Bound the memory of queued frames; a frame larger than the bound is admitted alone.
+      std::unique_lock<std::mutex> lock(mu_);
+      inbox_cv_.wait(lock, [&] {
+        return inbox_bytes_ == 0 || inbox_bytes_ + h.payload_bytes <= config_.server_queue_bytes || stopping_ ||
+               !fatal_.ok();
+      });
+      inbox_bytes_ += h.payload_bytes;
+    }
     InMessage m;
     m.header = h;
     m.payload.resize(h.payload_bytes);  // bounded by DecodeHeader's checks
@@ -163,7 +174,15 @@ Status Server::ReadWorkerFrames(int rank, Connection* conn) {
 }
 
 void Server::ConsumeLoop() {
-  while (std::optional<InMessage> m = inbox_.Pop()) Process(std::move(*m));
+  while (std::optional<InMessage> m = inbox_.Pop()) {
+    const uint64_t bytes = m->header.payload_bytes;
+    Process(std::move(*m));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      inbox_bytes_ -= bytes;
+    }
+    inbox_cv_.notify_all();
+  }
 }
 
 void Server::Process(InMessage m) {
@@ -265,6 +284,7 @@ void Server::CompleteIteration(SliceState* s, int32_t priority) {
   s->iteration += 1;
   s->arrived = 0;
   s->contributed.assign(s->contributed.size(), false);
+  Status updated;
   if (updater_) {
     const void* aggregated = s->accum.data();
     if (s->dtype == DType::kFloat16) {
@@ -273,20 +293,22 @@ void Server::CompleteIteration(SliceState* s, int32_t priority) {
     }
     const UpdateRequest req{s->key, s->slice, s->offset, s->count, s->iteration, s->dtype, aggregated,
                             s->value.data()};
-    Status st = updater_(req);
-    if (!st.ok()) {
+    updated = updater_(req);
+    if (!updated.ok()) {
       Header h;
       h.key = s->key;
       h.slice = s->slice;
       h.iteration = s->iteration;
-      for (int w = 0; w < config_.num_worker; ++w) Reject(w, h, "the update function failed: " + st.message());
-      return;
+      for (int w = 0; w < config_.num_worker; ++w) Reject(w, h, "the update function failed: " + updated.message());
     }
   } else {
     CopyFromAccumulator(s->dtype, s->accum.data(), s->value.data(), s->count);
   }
-  trace_.Record(TraceEvent::kUpdate, s->key, s->slice, priority, s->iteration, -1);
-  Broadcast(*s, priority);
+  if (updated.ok()) {
+    trace_.Record(TraceEvent::kUpdate, s->key, s->slice, priority, s->iteration, -1);
+    Broadcast(*s, priority);
+  }
+  // Pushes held for the next iteration go on either way, so a failed update cannot strand them.
   std::deque<InMessage> held;
   held.swap(s->deferred);
   for (InMessage& d : held) ProcessPush(s, std::move(d));
@@ -344,12 +366,14 @@ void Server::Reject(int worker, const Header& h, const std::string& why) {
   sender_.Enqueue(std::move(m));
 }
 
-void Server::Fail(const Status& status) {
+void Server::Fail(const Status& status, bool from_scheduler) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!fatal_.ok() || shutdown_) return;
     fatal_ = status;
+    fatal_from_scheduler_ = from_scheduler;
   }
+  inbox_cv_.notify_all();
   Log(LogLevel::kError, "server " + std::to_string(rank_), status.message());
   cv_.notify_all();
 }
@@ -360,6 +384,7 @@ void Server::Stop() {
     if (fatal_.ok() && !shutdown_) fatal_ = Status::Aborted("server stopped");
   }
   cv_.notify_all();
+  inbox_cv_.notify_all();
 }
 
 Status Server::Run(const InterruptCheck& interrupted) {
@@ -374,7 +399,11 @@ Status Server::Run(const InterruptCheck& interrupted) {
     }
     if (interrupted && interrupted()) Stop();
   }
-  stopping_ = true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  inbox_cv_.notify_all();
   listener_.Shutdown();  // wakes the acceptor
   if (acceptor_.joinable()) acceptor_.join();
   inbox_.Abort();  // after SHUTDOWN every worker has all its broadcasts; after a failure nothing matters
@@ -390,8 +419,23 @@ Status Server::Run(const InterruptCheck& interrupted) {
   if (result.ok()) {
     sender_.Drain();
   } else {
+    // Say why before going: workers and scheduler then name the cause, not this server's disappearance.
+    bool report;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      report = !fatal_from_scheduler_ && result.code() != Status::Code::kAborted;
+    }
+    const std::string reason = "server " + std::to_string(rank_) + ": " + result.message();
+    if (report) scheduler_.ReportFailure(reason);
+    Header note;
+    note.command = Command::kNodeFailed;
+    note.sender = rank_;
+    note.payload_bytes = reason.size();
     for (auto& c : conns) {
-      if (c) c->Shutdown();
+      if (c) c->SendLastWords(note, reason.data(), 1.0);
+    }
+    for (auto& c : conns) {
+      if (c) c->Shutdown();  // unblocks a sender stuck writing to a peer that stopped reading
     }
     sender_.Abort();
   }

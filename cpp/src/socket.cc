@@ -139,6 +139,7 @@ Status Socket::SendVec(iovec* iov, int iovcnt) const {
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EPIPE || errno == ECONNRESET) return Status::PeerLost(Errno("send"));
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return Status::Timeout("peer did not read in time");
       return Status::IoError(Errno("send"));
     }
     size_t left = static_cast<size_t>(n);
@@ -190,6 +191,13 @@ void Socket::SetReceiveTimeout(double timeout_s) const {
   tv.tv_sec = static_cast<time_t>(timeout_s);
   tv.tv_usec = static_cast<suseconds_t>((timeout_s - static_cast<double>(tv.tv_sec)) * 1e6);
   setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+}
+
+void Socket::SetSendTimeout(double timeout_s) const {
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(timeout_s);
+  tv.tv_usec = static_cast<suseconds_t>((timeout_s - static_cast<double>(tv.tv_sec)) * 1e6);
+  setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
 }
 
 void Socket::Shutdown() const {

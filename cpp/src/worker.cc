@@ -60,7 +60,7 @@ Status Worker::Start() {
   }
   sender_.Start();
   for (int s = 0; s < config_.num_server; ++s) receivers_.emplace_back([this, s] { ReceiveLoop(s); });
-  scheduler_.Start({[] {}, [this](const Status& st) { Fail(st); }});
+  scheduler_.Start({[] {}, [this](const Status& st) { Fail(st, /*from_scheduler=*/true); }});
   std::lock_guard<std::mutex> lock(mu_);
   started_ = true;
   return Status::Ok();
@@ -166,6 +166,10 @@ void Worker::ReceiveLoop(int server) {
         std::string text;
         st = conn->ReadPayload(&text, h.payload_bytes);
         if (st.ok()) HandleError(server, h, text);
+      } else if (h.command == Command::kNodeFailed) {  // the server is going down and says why
+        std::string text;
+        st = conn->ReadPayload(&text, h.payload_bytes);
+        if (st.ok()) st = Status::PeerLost(conn->peer() + " failed: " + text);
       } else {
         st = Status::Invalid(std::string("unexpected ") + CommandName(h.command) + " frame");
       }
@@ -175,10 +179,14 @@ void Worker::ReceiveLoop(int server) {
       std::lock_guard<std::mutex> lock(mu_);
       if (closing_ || !fatal_.ok()) return;
     }
-    Fail(st.code() == Status::Code::kPeerLost
-             ? Status::PeerLost("lost " + conn->peer() + " (" + st.message() + "): the server died or the "
-                                "network failed")
-             : st.WithContext("bad frame from " + conn->peer()));
+    if (h.command == Command::kNodeFailed) {
+      Fail(st);
+    } else if (st.code() == Status::Code::kPeerLost) {
+      Fail(Status::PeerLost("lost " + conn->peer() + " (" + st.message() + "): the server died or the network "
+                            "failed"));
+    } else {
+      Fail(st.WithContext("bad frame from " + conn->peer()));
+    }
     return;
   }
 }
@@ -260,13 +268,15 @@ void Worker::HandleError(int server, const Header& h, const std::string& text) {
   if (done) done(error);
 }
 
-void Worker::Fail(const Status& status) {
+void Worker::Fail(const Status& status, bool from_scheduler) {
   std::vector<Callback> callbacks;
+  bool report = false;
   {
     std::unique_lock<std::mutex> lock(mu_);
     if (!fatal_.ok() || closed_) return;
     fatal_ = status;
-    if (!closing_) Log(LogLevel::kError, "worker " + std::to_string(rank_), status.message());
+    report = started_ && !closing_ && !from_scheduler;
+    if (started_ && !closing_) Log(LogLevel::kError, "worker " + std::to_string(rank_), status.message());
     for (auto& conn : servers_) {
       if (conn) conn->Shutdown();  // receivers blocked mid-payload return now
     }
@@ -278,6 +288,7 @@ void Worker::Fail(const Status& status) {
     }
   }
   cv_.notify_all();
+  if (report) scheduler_.ReportFailure("worker " + std::to_string(rank_) + ": " + status.message());
   for (Callback& cb : callbacks) {
     if (cb) cb(status);
   }

@@ -19,6 +19,7 @@ struct NodeConfig {
   double connect_timeout = 60.0;   // seconds for rendezvous
   double timeout = 600.0;          // seconds any blocking wait may take
   uint64_t max_message_bytes = 1ull << 30;
+  uint64_t server_queue_bytes = 64ull << 20;  // server: payload bytes received but not yet aggregated
   bool trace = false;              // record per-slice trace events
 };
 

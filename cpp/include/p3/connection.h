@@ -19,6 +19,9 @@ class Connection {
 
   // Any thread. Sends header + payload (h.payload_bytes bytes at `payload`) as one frame.
   Status Send(const Header& h, const void* payload);
+  // Failure path, any thread: sends one frame if that is possible within about `timeout_s` (another
+  // thread may hold the connection in a blocked write), and leaves the connection unusable for data.
+  void SendLastWords(const Header& h, const void* payload, double timeout_s);
   // Receiver thread only. Reads and validates the next header; the payload must be consumed next.
   Status ReadHeader(Header* h);
   Status ReadPayload(void* dst, uint64_t len);
@@ -38,7 +41,7 @@ class Connection {
   std::string peer_;
   const uint64_t max_payload_bytes_;
   Counters* counters_;
-  std::mutex write_mu_;
+  std::timed_mutex write_mu_;
 };
 
 }  // namespace p3

@@ -33,6 +33,9 @@ class SchedulerClient {
   Status Barrier(double timeout_s);
   // Tells the scheduler this worker is done; a later drop of the link is then no failure.
   Status Finish();
+  // Any thread. Tells the scheduler why this node is failing, so the job's error names the cause rather
+  // than this node's disconnection. Best effort; a no-op if the link itself failed.
+  void ReportFailure(const std::string& reason);
   // Stops the reader thread and closes the link. Idempotent.
   void Stop();
 

@@ -4,7 +4,8 @@
 // update function and broadcasts the new value to every worker through the priority send queue.
 // A push for a later iteration is held until the current one completes, so iterations never mix.
 //
-// Memory: the value and one aggregation buffer per slice, plus the frames in flight.
+// Memory: the value and one aggregation buffer per slice, plus the frames in flight: received frames wait
+// in the priority queue up to server_queue_bytes, beyond which receivers stop reading (TCP backpressure).
 #pragma once
 
 #include <atomic>
@@ -81,7 +82,7 @@ class Server {
   void CompleteIteration(SliceState* s, int32_t priority);
   void Broadcast(const SliceState& s, int32_t priority);
   void Reject(int worker, const Header& h, const std::string& why);
-  void Fail(const Status& status);
+  void Fail(const Status& status, bool from_scheduler = false);
   std::string WorkerName(int rank) const;
 
   const NodeConfig config_;
@@ -105,7 +106,10 @@ class Server {
   std::vector<std::thread> receivers_;
   std::vector<std::shared_ptr<Connection>> accepted_;  // every accepted connection, for shutdown
   Status fatal_;
+  bool fatal_from_scheduler_ = false;
   bool shutdown_ = false;
+  std::condition_variable inbox_cv_;  // receivers wait here while the queue holds too many bytes
+  uint64_t inbox_bytes_ = 0;          // guarded by mu_
   std::atomic<bool> stopping_{false};
 };
 

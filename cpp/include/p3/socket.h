@@ -43,6 +43,8 @@ class Socket {
   // A blocking receive that sees no byte for this long fails (so a silent peer cannot stall a loop that
   // serves many peers).
   void SetReceiveTimeout(double timeout_s) const;
+  // A blocking send that cannot progress for this long fails.
+  void SetSendTimeout(double timeout_s) const;
   // Unblocks any thread blocked in Recv/Send on this socket (used to stop receiver threads).
   void Shutdown() const;
   void Close();

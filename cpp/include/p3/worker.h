@@ -84,8 +84,9 @@ class Worker {
   void ReceiveLoop(int server);
   Status HandleBroadcast(int server, Connection* conn, const Header& h);
   void HandleError(int server, const Header& h, const std::string& text);
-  // Ends the job for this worker: every outstanding and future operation fails with `status`.
-  void Fail(const Status& status);
+  // Ends the job for this worker: every outstanding and future operation fails with `status`. Unless the
+  // scheduler told us, the scheduler hears the reason.
+  void Fail(const Status& status, bool from_scheduler = false);
   Status CheckUsableLocked() const;
   Status WaitFor(const std::function<bool()>& idle, double timeout_s, const InterruptCheck& interrupted,
                  const std::string& what);

@@ -1,0 +1,37 @@
+// The only place the C++ side knows MXNet. It resolves the few C API functions it needs from the
+// libmxnet.so that Python already loaded (dlopen RTLD_NOLOAD + dlsym), so p3kv builds without MXNet and
+// works with any 1.x wheel that keeps the C API (mxnet, mxnet-cu112). It turns a push into an MXNet
+// engine operation: the engine runs it as soon as the gradient has been written (so pushes start while
+// backward is still running), and completes it — releasing the updated parameter to the next forward —
+// when the last broadcast slice of the key has arrived.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "p3/status.h"
+#include "p3/worker.h"
+
+namespace p3 {
+
+class EngineBridge {
+ public:
+  // Thread-safe after Load. `libmxnet_path` is mxnet.libinfo.find_lib_path()[0].
+  static Status Load(const std::string& libmxnet_path, std::unique_ptr<EngineBridge>* out);
+
+  // Pushes an asynchronous engine operation that reads `grad` and writes `out` (NDArray handles, CPU
+  // arrays; they may be the same array). When it runs, it pushes the gradient's slices with `priority`
+  // to `worker`; it completes when the servers' broadcast of every slice was written into `out`, or fails
+  // (the error surfaces as MXNetError when the script next reads `out`). Returns at once.
+  Status PushPull(Worker* worker, uint64_t key, void* grad, void* out, int32_t priority);
+
+  ~EngineBridge();
+  struct Api;  // the resolved C API functions (defined in the .cc)
+
+ private:
+  explicit EngineBridge(std::unique_ptr<Api> api);
+  std::unique_ptr<Api> api_;
+};
+
+}  // namespace p3

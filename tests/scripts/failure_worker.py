@@ -1,0 +1,74 @@
+"""Worker for tests/test_failures.py: pushes and checks sums in a loop until told to stop or until p3kv fails.
+
+Prints ``ready rank=R pid=P`` once it joined, then ``iteration N ok`` after each iteration whose broadcast equals
+the sum numpy computes. Worker r pushes ``(r + 1) * N + arange(SIZE)`` for iteration N, so the sum over W workers
+is ``N * W * (W + 1) / 2 + W * arange(SIZE)`` (exact in float32 at these sizes).
+
+Stops after --iterations iterations, or (with --stop-file) at the first iteration, no earlier than
+--min-iterations, at which worker 0 sees that file exist: worker 0 tells the others by pushing 1 on a control key,
+so every worker stops after the same iteration. Then it closes and prints ``done iterations=N``; exit 0.
+
+Exit 3 with ``FAILED <exception class> after <seconds> s: <message>`` when an operation raises P3Error (the
+seconds are how long the failing call blocked); exit 4 with ``WRONG ...`` when a broadcast is not the sum.
+"""
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+from p3kv import P3Error, P3Worker
+
+SIZE = 3000  # several slices with a small P3_SLICE_SIZE, so every server holds part of the key
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--iterations", type=int, default=0, help="stop after this many (0: no limit)")
+    parser.add_argument("--stop-file")
+    parser.add_argument("--min-iterations", type=int, default=1)
+    args = parser.parse_args()
+    worker = P3Worker()
+    rank, size = worker.rank, worker.num_workers
+    print(f"ready rank={rank} pid={os.getpid()}", flush=True)
+    iteration = 0
+    started = time.monotonic()
+    try:
+        weight = np.zeros(SIZE, np.float32)
+        stop = np.zeros(1, np.float32)
+        worker.init("weight", weight)
+        worker.init("stop", stop)
+        worker.wait()
+        while not args.iterations or iteration < args.iterations:
+            iteration += 1
+            grad = (rank + 1) * iteration + np.arange(SIZE, dtype=np.float32)
+            asked = rank == 0 and args.stop_file and iteration >= args.min_iterations and \
+                os.path.exists(args.stop_file)
+            stop[:] = 1.0 if asked else 0.0
+            worker.push("weight", grad, out=weight, priority=0)
+            worker.push("stop", stop, priority=-1)
+            started = time.monotonic()
+            worker.wait("weight")
+            worker.wait("stop")
+            expected = iteration * size * (size + 1) / 2 + size * np.arange(SIZE, dtype=np.float32)
+            if not np.array_equal(weight, expected):
+                bad = np.flatnonzero(weight != expected)
+                print(f"WRONG iteration {iteration}: {len(bad)} elements differ, first at {bad[0]}: "
+                      f"{weight[bad[0]]} != {expected[bad[0]]}", flush=True)
+                return 4
+            print(f"iteration {iteration} ok", flush=True)
+            if stop[0] != 0:
+                break
+        started = time.monotonic()
+        worker.close()
+    except P3Error as e:
+        print(f"FAILED {type(e).__name__} after {time.monotonic() - started:.2f} s: {e}", flush=True)
+        return 3
+    print(f"done iterations={iteration}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,24 @@
+"""A p3kv server that prints ``server rank=R pid=P port=N`` once it has joined the job, then serves as
+``python -m p3kv.server`` does (same exit codes). Tests use the port to reach it and the pid to kill it."""
+
+import os
+import sys
+
+from p3kv.errors import P3Error
+from p3kv.server import P3Server
+
+
+def main() -> int:
+    try:
+        server = P3Server()
+        server.start()
+        print(f"server rank={server.rank} pid={os.getpid()} port={server.port}", flush=True)
+        server.run()
+    except P3Error as e:
+        print(f"server failed: {e}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,469 @@
+"""Failure behaviour of real p3kv processes on loopback: bad configuration fails fast with a message naming the
+variable; malformed connections to a server are refused and logged while a job keeps computing correct sums; a
+node killed with SIGKILL or an update function that raises makes every blocked wait raise P3Error within a bound
+and every process exit non-zero.
+
+Jobs are started process by process (scheduler, servers, workers) with explicit P3_* environments, so each exit
+code and each process's output can be checked. The servers run tests/scripts/report_server.py, which prints its
+rank, pid and port once it joined; the workers run tests/scripts/failure_worker.py (see its docstring). Every
+wait has a hard timeout; processes are synchronized through their output, never by sleeping; a test's processes
+are killed at teardown if it failed half-way.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPTS = REPO / "tests" / "scripts"
+FAILURE_WORKER = str(SCRIPTS / "failure_worker.py")
+MISUSE_WORKER = str(SCRIPTS / "misuse_worker.py")
+REPORT_SERVER = str(SCRIPTS / "report_server.py")
+RAISING_SERVER = str(SCRIPTS / "raising_server.py")
+STEP = 20.0  # seconds: no single wait of these tests may take longer
+FAILURE_BOUND = 10.0  # seconds from a node's death to every other process's exit
+HOST = "127.0.0.1"
+
+MAGIC = 0x564B3350
+HELLO, PUSH = 9, 11
+FLOAT32 = 0  # p3::DType::kFloat32
+
+
+# ---- helpers ----
+
+def header(command: int, *, sender: int = 0, magic: int = MAGIC, version: int = 1, count: int = 0,
+           payload_bytes: int = 0) -> bytes:
+    """A 64-byte frame header as cpp/src/codec.cc encodes it."""
+    data = struct.pack("<IHHiiBBHIQQQQQ", magic, version, command, 0, sender, FLOAT32, 0, 0, 0, 0, 0, count, 0,
+                       payload_bytes)
+    assert len(data) == 64
+    return data
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    """This process's environment without any P3_*/DMLC_* variable, with short timeouts and small slices (so a
+    3000-element key spans both servers)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("P3_", "DMLC_"))}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    env.update(PYTHONUNBUFFERED="1", P3_CONNECT_TIMEOUT="15", P3_TIMEOUT="30", P3_SLICE_SIZE="1000")
+    env.update(extra)
+    return env
+
+
+def node_env(role: str, root_port: int | None, workers: int = 2, servers: int = 2, **extra: str) -> dict[str, str]:
+    """`base_env` plus the description of a job on loopback for a node of `role` (no P3_ROOT_PORT if None)."""
+    job = {"P3_ROLE": role, "P3_ROOT_URI": HOST, "P3_NODE_HOST": HOST, "P3_NUM_WORKER": str(workers),
+           "P3_NUM_SERVER": str(servers)}
+    if root_port is not None:
+        job["P3_ROOT_PORT"] = str(root_port)
+    return base_env(**{**job, **extra})
+
+
+class Node:
+    """One process with its stdout and stderr merged; lines can be awaited with a timeout."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str]):
+        self.name = name
+        self.proc = subprocess.Popen(argv, env=env, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+        self._lines: queue.SimpleQueue = queue.SimpleQueue()
+        self.seen: list[str] = []
+        self._reader = threading.Thread(target=self._read, name=f"read {name}", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def _take(self, timeout: float) -> bool:
+        """Move one line into `seen`; False at the end of the output."""
+        line = self._lines.get(timeout=timeout)
+        if line is None:
+            self._lines.put(None)  # keep the end marker for later calls
+            return False
+        self.seen.append(line)
+        return True
+
+    @property
+    def output(self) -> str:
+        return "".join(self.seen)
+
+    def wait_for(self, pattern: str, timeout: float = STEP) -> re.Match:
+        """The first line (seen so far or to come) matching `pattern`; fails the test after `timeout`."""
+        deadline = time.monotonic() + timeout
+        index = 0
+        while True:
+            for line in self.seen[index:]:
+                if m := re.search(pattern, line):
+                    return m
+            index = len(self.seen)
+            try:
+                more = self._take(max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                more = None
+            if not more:
+                state = "ended" if more is False else f"printed nothing more within {timeout:g} s"
+                pytest.fail(f"{self.name} {state} without a line matching {pattern!r}; its output:\n{self.output}")
+
+    def finish(self, timeout: float = STEP) -> int:
+        """Wait for the exit and the whole output; the exit code. Kills the process and fails after `timeout`."""
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail(f"{self.name} did not exit within {timeout:g} s; its output:\n{self.output}")
+        self._reader.join(STEP)
+        while not self._lines.empty() and self._take(0):
+            pass
+        return code
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=STEP)
+
+
+@pytest.fixture
+def nodes() -> Iterator[list[Node]]:
+    """The test's processes; whatever still runs at teardown is killed."""
+    started: list[Node] = []
+    yield started
+    for node in started:
+        node.kill()
+
+
+def run_node(argv: list[str], env: dict[str, str]) -> tuple[int, str, float]:
+    """Run a process to its end (hard timeout STEP); its exit code, merged output and running time."""
+    start = time.monotonic()
+    result = subprocess.run(argv, env=env, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, timeout=STEP)
+    return result.returncode, result.stdout, time.monotonic() - start
+
+
+class Job:
+    """A scheduler, `servers` servers and `workers` workers started as separate processes."""
+
+    def __init__(self, nodes: list[Node], *, workers: int = 2, servers: int = 2,
+                 server_script: str = REPORT_SERVER, worker_args: tuple[str, ...] = ()):
+        port = free_port()  # another process could take it first; then the scheduler fails and the test shows why
+        self.scheduler = Node("scheduler", [sys.executable, "-m", "p3kv.scheduler"],
+                              node_env("scheduler", port, workers, servers))
+        nodes.append(self.scheduler)
+        self.servers = [Node(f"server process {i}", [sys.executable, server_script],
+                             node_env("server", port, workers, servers)) for i in range(servers)]
+        nodes.extend(self.servers)
+        self.workers = [Node(f"worker process {i}", [sys.executable, FAILURE_WORKER, *worker_args],
+                             node_env("worker", port, workers, servers)) for i in range(workers)]
+        nodes.extend(self.workers)
+
+    def server_ports(self) -> dict[int, tuple[Node, int, int]]:
+        """rank -> (node, pid, port), from report_server.py's line."""
+        found = {}
+        for node in self.servers:
+            m = node.wait_for(r"^server rank=(\d+) pid=(\d+) port=(\d+)$")
+            found[int(m.group(1))] = (node, int(m.group(2)), int(m.group(3)))
+        assert sorted(found) == list(range(len(self.servers))), found
+        return found
+
+    def worker_ranks(self) -> dict[int, tuple[Node, int]]:
+        """rank -> (node, pid), from failure_worker.py's ready line."""
+        found = {}
+        for node in self.workers:
+            m = node.wait_for(r"^ready rank=(\d+) pid=(\d+)$")
+            found[int(m.group(1))] = (node, int(m.group(2)))
+        assert sorted(found) == list(range(len(self.workers))), found
+        return found
+
+    def wait_iteration(self, iteration: int) -> None:
+        for node in self.workers:
+            node.wait_for(rf"^iteration {iteration} ok$")
+
+
+def assert_failed_with(node: Node, pattern: str) -> re.Match:
+    """The worker's wait raised P3Error (not a timeout) whose message matches `pattern`; exit code 3."""
+    code = node.finish(FAILURE_BOUND)
+    m = re.search(r"^FAILED (\w+) after ([\d.]+) s: (.*)$", node.output, re.MULTILINE)
+    assert m, f"{node.name} did not report a failed operation (exit code {code}):\n{node.output}"
+    assert code == 3, node.output
+    assert m.group(1) == "P3Error", node.output
+    assert re.search(pattern, m.group(3)), f"{m.group(3)!r} does not match {pattern!r}"
+    return m
+
+
+# ---- configuration: fail fast, name the variable ----
+
+ROLE_COMMANDS = {
+    "scheduler": [sys.executable, "-m", "p3kv.scheduler"],
+    "server": [sys.executable, "-m", "p3kv.server"],
+    "worker": [sys.executable, "-c", "from p3kv import P3Worker; P3Worker()"],
+}
+
+
+@pytest.mark.parametrize("role", ROLE_COMMANDS)
+def test_missing_root_port_fails_at_once_naming_it(role):
+    # P3_CONNECT_TIMEOUT stays long: a node that tried to connect anyway would show up as a hang.
+    code, output, seconds = run_node(ROLE_COMMANDS[role], node_env(role, None, P3_CONNECT_TIMEOUT="60"))
+    assert code == 1, output
+    assert f"P3_ROOT_PORT not set for this {role}" in output, output
+    assert seconds < 10, output
+
+
+@pytest.mark.parametrize("role", ROLE_COMMANDS)
+def test_malformed_number_fails_at_once_naming_it(role):
+    code, output, _ = run_node(ROLE_COMMANDS[role], node_env(role, free_port(), P3_NUM_WORKER="abc",
+                                                             P3_CONNECT_TIMEOUT="60"))
+    assert code == 1, output
+    assert "P3_NUM_WORKER='abc' is not a valid int" in output, output
+
+
+def test_scheduler_port_in_use_fails_at_once():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
+        busy.bind((HOST, 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        code, output, seconds = run_node(ROLE_COMMANDS["scheduler"], node_env("scheduler", port))
+    assert code == 1, output
+    assert f"port {port} on {HOST} is already in use" in output and "P3_ROOT_PORT" in output, output
+    assert seconds < 10, output
+
+
+@pytest.mark.parametrize("role", ["server", "worker"])
+def test_unreachable_scheduler_fails_after_the_connect_timeout(role):
+    # A bound socket that does not listen: connecting to it is refused, and no other process can take the port.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as closed:
+        closed.bind((HOST, 0))
+        port = closed.getsockname()[1]
+        code, output, seconds = run_node(ROLE_COMMANDS[role], node_env(role, port, P3_CONNECT_TIMEOUT="2"))
+    assert code == 1, output
+    assert f"cannot reach the scheduler at P3_ROOT_URI={HOST} P3_ROOT_PORT={port}" in output, output
+    # The bound includes the interpreter's start-up, which takes seconds on a loaded machine.
+    assert 1.5 < seconds < 8, f"failed after {seconds:.1f} s, expected about P3_CONNECT_TIMEOUT=2:\n{output}"
+    if role == "worker":
+        assert "P3TimeoutError" in output, output
+
+
+@pytest.mark.parametrize("role, variable", [("worker", "P3_NUM_WORKER"), ("server", "P3_NUM_SERVER")])
+def test_mismatched_job_size_fails_both_ends(role, variable, nodes):
+    port = free_port()
+    scheduler = Node("scheduler", ROLE_COMMANDS["scheduler"], node_env("scheduler", port, workers=2, servers=1))
+    nodes.append(scheduler)
+    # The node retries its connection until the scheduler listens (P3_CONNECT_TIMEOUT), so no ordering is needed.
+    node = Node(role, ROLE_COMMANDS[role], node_env(role, port, workers=2, servers=1, **{variable: "3"}))
+    nodes.append(node)
+    start = time.monotonic()
+    assert node.finish() == 1, node.output
+    assert scheduler.finish() == 1, scheduler.output
+    assert time.monotonic() - start < 10, node.output + scheduler.output
+    sizes = "P3_NUM_WORKER=3 P3_NUM_SERVER=1" if role == "worker" else "P3_NUM_WORKER=2 P3_NUM_SERVER=3"
+    for output in (node.output, scheduler.output):
+        assert f"a {role} at {HOST} was started with {sizes} but the scheduler with P3_NUM_WORKER=2 " \
+               "P3_NUM_SERVER=1: give every node the same values" in output, output
+    assert "the scheduler refused this node" in node.output
+
+
+# ---- misuse of the API: ConfigError, and the job goes on ----
+
+def test_shape_dtype_and_unknown_keys_raise_config_error_and_the_job_completes():
+    result = subprocess.run([sys.executable, "-m", "p3kv.launch", "-n", "2", "-s", "2", "--timeout", "60", "--",
+                             sys.executable, MISUSE_WORKER],
+                            env=base_env(), cwd=REPO, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                            timeout=STEP * 2)
+    assert result.returncode == 0, result.stdout + result.stderr
+    expected = {
+        "push-shape": "push of key 'w': gradient has shape (2501,) and dtype float32, but the key was initialised "
+                      "with shape (2500,) and dtype float32",
+        "push-dtype": "push of key 'w': gradient has shape (2500,) and dtype float64, but the key was initialised "
+                      "with shape (2500,) and dtype float32",
+        "push-2d": "gradient has shape (2500, 1)",
+        "push-out-shape": "out for key 'w' has shape (2499,) and dtype float32; expected (2500,) and float32",
+        "push-unknown": "key 'nope' is unknown: call init('nope', value) first",
+        "wait-unknown": "key 'nope' is unknown: call init('nope', value) first",
+        "init-twice": "key 'w' is already initialised",
+    }
+    for worker in ("0", "1"):
+        lines = [line.split("] ", 1)[1] for line in result.stdout.splitlines()
+                 if line.startswith(f"[worker {worker}] ")]
+        for case, message in expected.items():
+            assert any(line.startswith(f"REJECTED {case} ConfigError: ") and message in line for line in lines), \
+                f"worker {worker}, {case}: no ConfigError with {message!r} in:\n{result.stdout}"
+        assert not any(line.startswith("ACCEPTED") for line in lines), result.stdout
+    assert sorted(re.findall(r"^\[worker \d\] sum ok rank=(\d)$", result.stdout, re.MULTILINE)) == ["0", "1"], \
+        result.stdout
+
+
+# ---- malformed connections to a server during a job ----
+
+BAD_CONNECTIONS = {
+    # name: (bytes to send before closing, the reason the server must log)
+    "garbage": (bytes(range(256)), "bad magic"),
+    "bad magic": (header(HELLO, magic=0x12345678), "bad magic"),
+    "bad version": (header(HELLO, version=7), "protocol version 7, expected 1"),
+    "oversized payload": (header(HELLO, payload_bytes=2**40),
+                          "payload of 1099511627776 bytes exceeds the limit of 1073741824 (P3_MAX_MESSAGE_BYTES)"),
+    "truncated frame": (header(PUSH, count=250, payload_bytes=1000) + bytes(10), "expected HELLO, got PUSH"),
+    "truncated header": (header(HELLO)[:30], "connection closed in the middle of a frame (truncated)"),
+    "silent": (b"", "connection closed by peer"),
+    "unknown worker": (header(HELLO, sender=7), "HELLO from worker rank 7, but the job has 2 workers"),
+    "impostor": (header(HELLO, sender=0), "a second connection claims to be worker 0"),
+}
+
+
+def test_malformed_connections_are_refused_while_the_job_computes_correct_sums(nodes, tmp_path):
+    stop = tmp_path / "stop"
+    job = Job(nodes, worker_args=("--stop-file", str(stop)))
+    rank0, _, port = job.server_ports()[0]
+    job.wait_iteration(2)  # both workers are connected and pushing
+    reasons = {}
+    for name, (data, _) in BAD_CONNECTIONS.items():
+        with socket.create_connection((HOST, port), timeout=STEP) as s:
+            local_port = s.getsockname()[1]
+            s.sendall(data)
+        m = rank0.wait_for(rf"p3kv\.core\[server 0\]: refused the connection from {HOST}:{local_port}: (.*)$")
+        reasons[name] = m.group(1)
+    # The job kept going: every worker completes further iterations (each checked against numpy), then stops.
+    last = max(int(n) for n in re.findall(r"^iteration (\d+) ok$", job.workers[0].output, re.MULTILINE))
+    job.wait_iteration(last + 3)
+    stop.touch()
+    for node in job.workers:
+        assert node.finish() == 0, node.output
+        assert "WRONG" not in node.output and "FAILED" not in node.output, node.output
+    done = {node.wait_for(r"^done iterations=(\d+)$").group(1) for node in job.workers}
+    assert len(done) == 1 and int(done.pop()) >= last + 3
+    for node in job.servers + [job.scheduler]:
+        assert node.finish() == 0, node.output
+    for name, (_, reason) in BAD_CONNECTIONS.items():
+        assert reason in reasons[name], f"{name}: the server logged {reasons[name]!r}, expected {reason!r}"
+
+
+# ---- a node dies ----
+#
+# Which message a worker gets depends on which news reaches it first: its own connection to the dead node, the
+# scheduler's NODE_FAILED, or a server that already failed closing its connection (a cascade: the first worker to
+# fail exits, which fails the servers, which drop the other workers). Under load the later ones can name a node
+# that died of the cascade. Causality still fixes some things: nothing but the victim fails before some peer of
+# the victim notices its death, so the first failure report names the victim. With one worker there is no cascade
+# before the worker fails, so its message must name the victim.
+
+NAMED_NODE = r"\b(server|worker) \d+\b"
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_killed_server_fails_every_blocked_wait_and_the_job(workers, nodes):
+    job = Job(nodes, workers=workers)  # the workers loop until something fails
+    servers = job.server_ports()
+    job.wait_iteration(3)
+    victim, pid, port = servers[0]
+    os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    named_victim = rf"server 0 (at |\(){HOST}:{port}\b"
+    messages = [assert_failed_with(node, NAMED_NODE).group(3) for node in job.workers]
+    assert any(re.search(named_victim, m) for m in messages), messages
+    if workers == 1:
+        assert re.search(named_victim, messages[0]), messages
+    assert victim.finish(FAILURE_BOUND) == -signal.SIGKILL
+    for node in [job.scheduler, servers[1][0]]:
+        assert node.finish(FAILURE_BOUND) == 1, node.output
+    assert "scheduler failed: " in job.scheduler.output
+    assert time.monotonic() - killed < FAILURE_BOUND
+
+
+def test_killed_worker_fails_the_other_workers_wait_and_the_job(nodes):
+    job = Job(nodes)
+    workers = job.worker_ranks()
+    job.server_ports()
+    job.wait_iteration(3)
+    victim, pid = workers[1]
+    os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    # The survivor hears "the job failed: worker 1 ... disconnected" from the scheduler, or sees a server that
+    # noticed first close its connection ("lost server N ...").
+    assert_failed_with(workers[0][0], NAMED_NODE)
+    assert victim.finish(FAILURE_BOUND) == -signal.SIGKILL
+    for node in job.servers + [job.scheduler]:
+        assert node.finish(FAILURE_BOUND) == 1, node.output
+    assert time.monotonic() - killed < FAILURE_BOUND
+    # Whoever noticed first (a server or the scheduler: worker 1's only peers) logged the real cause.
+    logs = "".join(node.output for node in job.servers + [job.scheduler])
+    assert re.search(rf"worker 1 \({HOST}\) disconnected", logs), logs
+
+
+def kill_reported(output: str) -> None:
+    """SIGKILL the processes whose pids a launched job's servers and workers printed (for a test that failed
+    before its launcher stopped them)."""
+    for pid in re.findall(r"^\[(?:server|worker) \d\] (?:server|ready) rank=\d+ pid=(\d+)", output, re.MULTILINE):
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_killed_server_fails_the_launched_job():
+    launcher = Node("launcher", [sys.executable, "-m", "p3kv.launch", "-n", "2", "-s", "2", "--timeout", "60",
+                                 "--server-command", f"{sys.executable} {REPORT_SERVER}", "--",
+                                 sys.executable, FAILURE_WORKER], base_env())
+    try:
+        m = launcher.wait_for(r"^\[(server \d)\] server rank=\d pid=(\d+) port=\d+$")
+        for worker in ("0", "1"):
+            launcher.wait_for(rf"^\[worker {worker}\] iteration 3 ok$")
+        os.kill(int(m.group(2)), signal.SIGKILL)
+        assert launcher.finish(FAILURE_BOUND) == 1, launcher.output
+    finally:
+        if launcher.proc.poll() is None:
+            launcher.kill()
+            launcher.finish()
+            kill_reported(launcher.output)
+    assert f"{m.group(1)} was killed by SIGKILL; stopped all other processes" in launcher.output
+
+
+# ---- an update function that raises ----
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_raising_update_function_fails_the_wait_with_its_message(workers, nodes):
+    job = Job(nodes, workers=workers, server_script=RAISING_SERVER, worker_args=("--iterations", "5"))
+    boom = r"server \d+ at .* rejected key '(weight|stop)' \(iteration 2\): the update function failed: " \
+           r".*ValueError: boom"
+    failures = []
+    for node in job.workers:
+        node.wait_for(r"^iteration 1 ok$")
+        failures.append(assert_failed_with(node, NAMED_NODE))
+        assert "iteration 2 ok" not in node.output
+    # The first worker to fail hears of the update function's error: nothing else failed before. With two
+    # workers, the other may first see the cascade of the first one's exit (see the note on dying nodes).
+    booms = [m for m in failures if re.search(boom, m.group(3))]
+    assert booms if workers > 1 else len(booms) == 1, [m.group(0) for m in failures]
+    assert all(float(m.group(2)) < 5 for m in booms), [m.group(0) for m in booms]
+    # Workers that leave without close() end the job: the servers and the scheduler fail too.
+    for node in job.servers + [job.scheduler]:
+        assert node.finish(FAILURE_BOUND) == 1, node.output
+    assert any(re.search(r"rejected a request from worker \d .*the update function failed: .*ValueError: boom",
+                         node.output) for node in job.servers), "".join(node.output for node in job.servers)
+
+
+def test_failed_update_does_not_strand_the_next_iteration(job_runner):
+    result = job_runner(2, 1, [os.path.join(SCRIPTS, "strand_worker.py")], server_script="raising_server.py",
+                        timeout=60)
+    assert result.returncode == 0, result.stdout
+    for rank in (0, 1):
+        assert re.search(rf"rank {rank} iteration 2 failed: .*boom", result.stdout), result.stdout
+        assert f"rank {rank} iteration 3 ok" in result.stdout
