@@ -1,8 +1,10 @@
 """p3kv: Priority-based Parameter Propagation (P3, SysML'19) as a parameter-server KVStore.
 
+`import p3kv` makes `kvstore='p3'` available to MXNet (now, or as soon as mxnet is imported).
 `P3Worker` and `P3Server` wrap the C++ core; `python -m p3kv.launch` starts a local job.
 """
 
+from p3kv import mxnet_hook
 from p3kv.errors import ConfigError, P3Error, P3TimeoutError
 
 __version__ = "0.1.0"
@@ -20,3 +22,6 @@ def __getattr__(name):
 
         return P3Server
     raise AttributeError(f"module 'p3kv' has no attribute {name!r}")
+
+
+mxnet_hook.activate()

@@ -147,9 +147,20 @@ def _default_command(kvstore: KVStore, role: Role) -> tuple[str, ...]:
     return (sys.executable, "-c", "import mxnet")
 
 
+# Gradients become ready layer by layer only when MXNet does not bulk backward operators; P3's (and MXNet's
+# own) overlap of communication with backward needs that. Set for workers unless the user set it.
+BULK_VARIABLE = "MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD"
+AUTOLOAD_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "autoload")
+
+
 def _role_environment(job: Job, role: Role, host: str, port: int, base: Mapping[str, str]) -> dict[str, str]:
     env = dict(base)
+    if role is Role.WORKER:
+        env.setdefault(BULK_VARIABLE, "1")
     if job.kvstore is KVStore.P3:
+        if role is Role.WORKER:
+            # `import p3kv` at start-up (autoload/sitecustomize.py): unmodified scripts find kvstore 'p3'.
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (AUTOLOAD_DIR, env.get("PYTHONPATH", "")) if p)
         cfg = config.load(env, role=role, root_uri=host, root_port=port, num_worker=job.num_workers,
                           num_server=job.num_servers, node_host=host)
         env.update(config.environment_for(cfg, role))

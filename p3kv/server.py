@@ -1,7 +1,7 @@
 """P3Server: the server side of P3, and `python -m p3kv.server` to run one from the P3_* environment.
 
-The update function is pluggable. Without one the server broadcasts the summed gradient ("aggregate
-only"). With one, it is called once per slice and iteration, on the server's consumer thread, as
+The update function is pluggable. By default the server runs the MXNet optimizer that worker 0 sends
+(p3kv.server_optimizer) and otherwise broadcasts the summed gradient ("aggregate only"). With one, it is called once per slice and iteration, on the server's consumer thread, as
 `updater(key_id, slice, offset, iteration, aggregated, value)`: `aggregated` is a read-only view of the sum
 over workers, `value` a writable view of the stored slice (initially worker 0's init value) to update in
 place; the new `value` is then broadcast. An exception in it reaches every worker waiting on the key.
@@ -18,6 +18,7 @@ import numpy as np
 from p3kv import _p3, node
 from p3kv.config import Config, Role, load
 from p3kv.errors import P3Error
+from p3kv.server_optimizer import OptimizerHost
 
 log = logging.getLogger("p3kv.server")
 
@@ -25,10 +26,21 @@ Updater = Callable[[int, int, int, int, np.ndarray, np.ndarray], None]
 
 
 class P3Server:
-    def __init__(self, config: Config | None = None, updater: Updater | None = None, **overrides):
+    def __init__(self, config: Config | None = None, updater: Updater | None = None,
+                 on_request: Callable[[int, bytes], bytes] | None = None, **overrides):
+        """`on_request(type, body) -> reply` answers workers' control requests (see p3kv.requests) on the
+        consumer thread; without `updater` and `on_request` the server runs MXNet optimizers that worker 0
+        sends (p3kv.server_optimizer), and broadcasts summed gradients until one arrives."""
         self.config = config if config is not None else load(role=Role.SERVER, **overrides)
         node.configure_logging(self.config)
-        self._core = _p3.Server(node.node_config(self.config), updater)
+        host = None
+        if updater is None and on_request is None:
+            host = OptimizerHost()
+            updater, on_request = host.update, host.on_request
+        self._core = _p3.Server(node.node_config(self.config), updater, on_request)
+        if host is not None:
+            self._core.enable_updater(False)  # aggregate only until worker 0 sends an optimizer
+            host.on_optimizer = lambda: self._core.enable_updater(True)
         self._started = False
 
     def start(self) -> None:

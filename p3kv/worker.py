@@ -67,6 +67,11 @@ class P3Worker:
     def slice_size(self) -> int:
         return self.config.slice_size
 
+    @property
+    def core(self):
+        """The C++ worker (for the MXNet engine bridge)."""
+        return self._core
+
     # -- operations --------------------------------------------------------------------------------------
     def init(self, key: int | str, value: np.ndarray, out: np.ndarray | None = None) -> None:
         """Declares `key` and starts its initialisation; non-blocking.
@@ -135,6 +140,10 @@ class P3Worker:
     def barrier(self, timeout: float | None = None) -> None:
         """Blocks until every worker reached the barrier."""
         self._core.barrier(self.config.timeout if timeout is None else timeout)
+
+    def request(self, server: int, kind: int, body: bytes, timeout: float | None = None) -> bytes:
+        """Sends a control request (see p3kv.requests) to one server and returns its reply."""
+        return self._core.request(server, kind, body, self.config.timeout if timeout is None else timeout)
 
     def close(self, timeout: float | None = None) -> None:
         """Waits for outstanding operations, then leaves the job cleanly. Idempotent."""

@@ -175,7 +175,7 @@ PYBIND11_MODULE(_p3, m) {
       .def_property_readonly("port", &p3::Scheduler::port);
 
   py::class_<p3::Server>(m, "Server")
-      .def(py::init([](p3::NodeConfig config, py::object updater) {
+      .def(py::init([](p3::NodeConfig config, py::object updater, py::object on_request) {
         p3::Updater fn;
         if (!updater.is_none()) {
           auto callable = std::make_shared<PyCallable>(updater);
@@ -190,8 +190,23 @@ PYBIND11_MODULE(_p3, m) {
             return Status::Ok();
           };
         }
-        return std::make_unique<p3::Server>(std::move(config), std::move(fn));
-      }), py::arg("config"), py::arg("updater") = py::none())
+        p3::RequestHandler handler;
+        if (!on_request.is_none()) {
+          auto callable = std::make_shared<PyCallable>(on_request);
+          handler = [callable](uint32_t type, const std::string& body, std::string* reply) -> Status {
+            py::gil_scoped_acquire gil;
+            try {
+              *reply = callable->fn(type, py::bytes(body)).cast<std::string>();
+            } catch (py::error_already_set& e) {
+              return Status::Rejected(e.what());
+            } catch (py::cast_error& e) {
+              return Status::Rejected(std::string("the request handler must return bytes: ") + e.what());
+            }
+            return Status::Ok();
+          };
+        }
+        return std::make_unique<p3::Server>(std::move(config), std::move(fn), std::move(handler));
+      }), py::arg("config"), py::arg("updater") = py::none(), py::arg("on_request") = py::none())
       .def("start", [](p3::Server& s) {
         Status st;
         {
@@ -209,6 +224,7 @@ PYBIND11_MODULE(_p3, m) {
         CheckInterruptible(st);
       })
       .def("stop", &p3::Server::Stop)
+      .def("enable_updater", &p3::Server::EnableUpdater)
       .def_property_readonly("rank", &p3::Server::rank)
       .def_property_readonly("port", &p3::Server::port)
       .def("counters", [](const p3::Server& s) { return CountersToDict(s.counters()); })
@@ -228,7 +244,8 @@ PYBIND11_MODULE(_p3, m) {
           st = b.PushPull(&w, key, reinterpret_cast<void*>(grad), reinterpret_cast<void*>(out), priority);
         }
         Check(st);
-      }, "Engine-asynchronous push of NDArray `grad` (handle) whose broadcast lands in NDArray `out`");
+      }, "Engine-asynchronous push of NDArray `grad` (handle) whose broadcast lands in NDArray `out`")
+      .def("ready_order", &p3::EngineBridge::ReadyOrder);
 
   py::class_<p3::Worker>(m, "Worker")
       .def(py::init<p3::NodeConfig>())
@@ -288,6 +305,16 @@ PYBIND11_MODULE(_p3, m) {
           st = w.Barrier(timeout);
         }
         Check(st);
+      })
+      .def("request", [](p3::Worker& w, int server, uint32_t type, const std::string& body, double timeout) {
+        Status st;
+        std::string reply;
+        {
+          py::gil_scoped_release nogil;
+          st = w.Request(server, type, body, &reply, timeout);
+        }
+        Check(st);
+        return py::bytes(reply);
       })
       .def("close", [](p3::Worker& w, double timeout) {
         Status st;

@@ -88,6 +88,8 @@ const char* CommandName(Command c) {
     case Command::kPush: return "PUSH";
     case Command::kBroadcast: return "BROADCAST";
     case Command::kBye: return "BYE";
+    case Command::kRequest: return "REQUEST";
+    case Command::kReply: return "REPLY";
   }
   return "?";
 }
@@ -157,7 +159,8 @@ Status DecodeHeader(const uint8_t in[kHeaderBytes], uint64_t max_payload_bytes, 
     if (h.command != Command::kInit && h.payload_bytes == 0) {
       return Status::Invalid(std::string(CommandName(h.command)) + " frame without payload");
     }
-  } else if (h.payload_bytes > kMaxControlBytes) {
+  } else if (h.payload_bytes > kMaxControlBytes && h.command != Command::kRequest && h.command != Command::kReply) {
+    // Requests and replies may carry optimizer states (as large as the parameters): they get the data limit.
     return Status::Invalid("control frame of " + std::to_string(h.payload_bytes) + " bytes");
   }
   *out = h;

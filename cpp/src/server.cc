@@ -8,7 +8,7 @@
 
 namespace p3 {
 namespace {
-constexpr int32_t kErrorPriority = INT32_MAX;  // a rejection should not wait behind data
+constexpr int32_t kErrorPriority = INT32_MAX;  // rejections and replies should not wait behind data
 // Pushes for later iterations that a slice holds back, per worker; more means a broken or hostile peer.
 constexpr size_t kMaxDeferredPerWorker = 8;
 }  // namespace
@@ -29,9 +29,10 @@ struct Server::SliceState {
   std::deque<InMessage> deferred;
 };
 
-Server::Server(NodeConfig config, Updater updater)
+Server::Server(NodeConfig config, Updater updater, RequestHandler on_request)
     : config_(std::move(config)),
       updater_(std::move(updater)),
+      on_request_(std::move(on_request)),
       trace_(config_.trace),
       scheduler_(config_, Role::kServer, &counters_),
       sender_(&trace_, [this](const OutMessage&, const Status& st) { Fail(st); }) {}
@@ -151,7 +152,7 @@ Status Server::ReadWorkerFrames(int rank, Connection* conn) {
       said_bye_[static_cast<size_t>(rank)] = true;
       return Status::Ok();
     }
-    if (h.command != Command::kInit && h.command != Command::kPush) {
+    if (h.command != Command::kInit && h.command != Command::kPush && h.command != Command::kRequest) {
       return Status::Invalid(std::string("unexpected ") + CommandName(h.command) + " from a worker");
     }
     {
@@ -187,6 +188,10 @@ void Server::ConsumeLoop() {
 
 void Server::Process(InMessage m) {
   const Header& h = m.header;
+  if (h.command == Command::kRequest) {
+    ProcessRequest(m);
+    return;
+  }
   trace_.Record(TraceEvent::kAggregate, h.key, h.slice, h.priority, h.iteration, h.sender);
   const auto id = std::make_pair(h.key, h.slice);
   auto it = slices_.find(id);
@@ -222,6 +227,31 @@ void Server::Process(InMessage m) {
   } else {
     ProcessPush(s, std::move(m));
   }
+}
+
+void Server::ProcessRequest(const InMessage& m) {
+  std::string reply;
+  Status st = on_request_ ? on_request_(static_cast<uint32_t>(m.header.key),
+                                        std::string(m.payload.begin(), m.payload.end()), &reply)
+                          : Status::Invalid("this server takes no requests (it runs without a request handler)");
+  if (!st.ok()) reply = st.message();
+  std::shared_ptr<Connection> conn;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    conn = workers_[static_cast<size_t>(m.header.sender)];
+  }
+  OutMessage out;
+  out.conn = conn;
+  out.peer_rank = m.header.sender;
+  out.owned = std::make_shared<const std::vector<char>>(reply.begin(), reply.end());
+  out.header.command = Command::kReply;
+  out.header.priority = kErrorPriority;
+  out.header.sender = rank_;
+  out.header.key = m.header.key;
+  out.header.iteration = m.header.iteration;
+  out.header.reserved8 = st.ok() ? 0 : 1;
+  out.header.payload_bytes = reply.size();
+  sender_.Enqueue(std::move(out));
 }
 
 void Server::ProcessInit(SliceState* s, const InMessage& m) {
@@ -285,7 +315,7 @@ void Server::CompleteIteration(SliceState* s, int32_t priority) {
   s->arrived = 0;
   s->contributed.assign(s->contributed.size(), false);
   Status updated;
-  if (updater_) {
+  if (updater_ && updater_enabled_) {
     const void* aggregated = s->accum.data();
     if (s->dtype == DType::kFloat16) {
       CopyFromAccumulator(s->dtype, s->accum.data(), s->scratch.data(), s->count);

@@ -166,6 +166,10 @@ void Worker::ReceiveLoop(int server) {
         std::string text;
         st = conn->ReadPayload(&text, h.payload_bytes);
         if (st.ok()) HandleError(server, h, text);
+      } else if (h.command == Command::kReply) {
+        std::string text;
+        st = conn->ReadPayload(&text, h.payload_bytes);
+        if (st.ok()) HandleReply(h, std::move(text));
       } else if (h.command == Command::kNodeFailed) {  // the server is going down and says why
         std::string text;
         st = conn->ReadPayload(&text, h.payload_bytes);
@@ -266,6 +270,56 @@ void Worker::HandleError(int server, const Header& h, const std::string& text) {
   }
   cv_.notify_all();
   if (done) done(error);
+}
+
+void Worker::HandleReply(const Header& h, std::string body) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = requests_.find(h.iteration);
+    if (it == requests_.end()) return;  // the requester gave up (timeout)
+    it->second.done = true;
+    if (h.reserved8 != 0) {
+      it->second.status = Status::Rejected("server " + std::to_string(h.sender) + ": " + body);
+    } else {
+      it->second.reply = std::move(body);
+    }
+  }
+  cv_.notify_all();
+}
+
+Status Worker::Request(int server, uint32_t type, const std::string& body, std::string* reply, double timeout_s) {
+  uint64_t id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Status st = CheckUsableLocked();
+    if (!st.ok()) return st;
+    if (server < 0 || server >= config_.num_server) {
+      return Status::Invalid("no server " + std::to_string(server) + " (the job has " +
+                             std::to_string(config_.num_server) + ")");
+    }
+    id = next_request_++;
+    requests_[id];
+    OutMessage m;
+    m.conn = servers_[static_cast<size_t>(server)];
+    m.peer_rank = server;
+    m.owned = std::make_shared<const std::vector<char>>(body.begin(), body.end());
+    m.header.command = Command::kRequest;
+    m.header.priority = kInitPriority;
+    m.header.sender = rank_;
+    m.header.key = type;
+    m.header.iteration = id;
+    m.header.payload_bytes = body.size();
+    sender_.Enqueue(std::move(m));
+  }
+  Status st = WaitFor([&] { return requests_[id].done; }, timeout_s, nullptr,
+                      "request " + std::to_string(type) + " to server " + std::to_string(server));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (st.ok()) {
+    st = requests_[id].status;
+    *reply = std::move(requests_[id].reply);
+  }
+  requests_.erase(id);
+  return st;
 }
 
 void Worker::Fail(const Status& status, bool from_scheduler) {

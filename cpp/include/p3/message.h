@@ -30,8 +30,10 @@ enum class Command : uint16_t {
   kPush = 11,        // worker -> server: a gradient slice for `iteration`
   kBroadcast = 12,   // server -> every worker: the slice's new value, unrequested (no pull in P3)
   kBye = 13,         // worker -> server: orderly end of the data connection
+  kRequest = 14,     // worker -> server: control request (key = type, iteration = request id), e.g. optimizer
+  kReply = 15,       // server -> worker: answer to kRequest (same id); reserved8 = 1 marks an error text
 };
-constexpr int kNumCommands = 14;  // array bound for per-command counters (index = value)
+constexpr int kNumCommands = 16;  // array bound for per-command counters (index = value)
 
 const char* CommandName(Command c);
 bool IsValidCommand(uint16_t raw);

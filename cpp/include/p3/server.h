@@ -46,11 +46,14 @@ struct UpdateRequest {
 };
 // Runs on the consumer thread. A non-Ok status is reported to every worker waiting on the key.
 using Updater = std::function<Status(const UpdateRequest&)>;
+// Answers a worker's control request (e.g. "use this optimizer", "return your optimizer states") on the
+// consumer thread, in priority order with the data. A non-Ok status is returned to the requester.
+using RequestHandler = std::function<Status(uint32_t type, const std::string& body, std::string* reply)>;
 
 class Server {
  public:
   // An empty updater means "aggregate only": the summed gradient is broadcast.
-  Server(NodeConfig config, Updater updater);
+  Server(NodeConfig config, Updater updater, RequestHandler on_request = nullptr);
   ~Server();
 
   // Binds, registers with the scheduler and learns the job (bounded by connect_timeout).
@@ -59,6 +62,9 @@ class Server {
   Status Run(const InterruptCheck& interrupted = nullptr);
   // Any thread: makes Run() return Aborted.
   void Stop();
+  // Any thread. While disabled (the default is enabled) slices are aggregated only, without calling the
+  // updater: a server waiting for its optimizer pays nothing per slice.
+  void EnableUpdater(bool enabled) { updater_enabled_ = enabled; }
 
   int rank() const { return rank_; }
   uint16_t port() const { return listener_.LocalPort(); }
@@ -77,6 +83,7 @@ class Server {
   Status ReadWorkerFrames(int rank, Connection* conn);
   void ConsumeLoop();
   void Process(InMessage m);
+  void ProcessRequest(const InMessage& m);
   void ProcessInit(SliceState* s, const InMessage& m);
   void ProcessPush(SliceState* s, InMessage m);
   void CompleteIteration(SliceState* s, int32_t priority);
@@ -87,6 +94,7 @@ class Server {
 
   const NodeConfig config_;
   const Updater updater_;
+  const RequestHandler on_request_;
   int rank_ = -1;
   Counters counters_;
   Trace trace_;
@@ -111,6 +119,7 @@ class Server {
   std::condition_variable inbox_cv_;  // receivers wait here while the queue holds too many bytes
   uint64_t inbox_bytes_ = 0;          // guarded by mu_
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> updater_enabled_{true};
 };
 
 }  // namespace p3

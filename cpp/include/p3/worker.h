@@ -53,6 +53,9 @@ class Worker {
   Status Wait(uint64_t key, double timeout_s, const InterruptCheck& interrupted = nullptr);
   Status WaitAll(double timeout_s, const InterruptCheck& interrupted = nullptr);
   Status Barrier(double timeout_s);
+  // Sends a control request to server `server` and blocks for its reply (the server's RequestHandler).
+  // Requests overtake queued slices.
+  Status Request(int server, uint32_t type, const std::string& body, std::string* reply, double timeout_s);
   // Waits for outstanding operations, says goodbye to servers and scheduler, joins all threads.
   Status Close(double timeout_s);
 
@@ -84,6 +87,7 @@ class Worker {
   void ReceiveLoop(int server);
   Status HandleBroadcast(int server, Connection* conn, const Header& h);
   void HandleError(int server, const Header& h, const std::string& text);
+  void HandleReply(const Header& h, std::string body);
   // Ends the job for this worker: every outstanding and future operation fails with `status`. Unless the
   // scheduler told us, the scheduler hears the reason.
   void Fail(const Status& status, bool from_scheduler = false);
@@ -104,6 +108,13 @@ class Worker {
   std::condition_variable cv_;
   std::map<uint64_t, KeyState> keys_;
   uint64_t round_robin_ = 0;
+  struct PendingRequest {
+    bool done = false;
+    Status status;
+    std::string reply;
+  };
+  std::map<uint64_t, PendingRequest> requests_;  // by request id
+  uint64_t next_request_ = 1;
   int active_writes_ = 0;  // receivers writing into caller buffers; failure waits for them
   Status fatal_;
   bool started_ = false;

@@ -1,0 +1,351 @@
+"""`kvstore='p3'` for MXNet: the thin adapter between MXNet's KVStore API and P3Worker.
+
+    import p3kv                                   # registers 'p3' (also when mxnet is imported later)
+    trainer = gluon.Trainer(net.collect_params(), 'sgd', {...}, kvstore='p3')
+    mod.fit(..., kvstore='p3')
+
+What it does, and why:
+- `pushpull` returns at once. It pushes an MXNet engine operation (cpp/mxnet/engine_bridge.cc) that reads
+  the gradient and writes the parameter: the engine starts it the moment backward has written that gradient,
+  and it completes when the servers' broadcast of the key's last slice has arrived, so the next forward of
+  layer k waits for layer k only. Nothing here waits on the training path.
+- Priorities follow the forward pass. Gluon numbers keys alphabetically (bias before weight, dense10
+  before dense4), so the key order says nothing. Backward produces gradients last layer first: the order in
+  which the engine starts the push operations in the first iteration is the reverse forward order, and from
+  the second iteration on every key gets priority -(its forward position). The first iteration uses MXNet's
+  own priority hint. Layer-by-layer readiness needs MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD=1 (the launcher
+  sets it for workers unless you set it yourself).
+- update_on_kvstore=True (the default, as in the paper): worker 0 ships the optimizer and servers update
+  each slice (p3kv.server_optimizer). False: servers broadcast the summed gradient.
+- String keys (Module) are numbered in init order, as MXNet does, so optimizer indices match idx2name.
+- Arrays on GPUs, or several devices per worker, are staged through one CPU buffer per key (local sum,
+  then the result copied to every device), all as engine operations.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import pickle
+
+import mxnet as mx
+import numpy as np
+
+from p3kv import _p3, requests
+from p3kv.errors import ConfigError
+from p3kv.worker import P3Worker
+
+log = logging.getLogger("p3kv.kvstore")
+
+BULK_VARIABLE = "MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD"
+
+
+class _Key:
+    """What the adapter knows of one key."""
+
+    def __init__(self, index: int, name, shape: tuple, dtype):
+        self.index = index  # the core's key id and the optimizer's parameter index
+        self.name = name
+        self.shape = shape
+        self.dtype = np.dtype(dtype)
+        self.staging: mx.nd.NDArray | None = None  # CPU buffer for GPU or multi-device values
+        self.latest: mx.nd.NDArray | None = None  # array holding the last broadcast (for pull)
+
+
+class ForwardOrder:
+    """Learns each key's position in the forward pass from the order its gradient becomes ready."""
+
+    def __init__(self):
+        self.priority: dict[int, int] = {}
+        self._pushed: set[int] = set()
+        self._round_done = False
+
+    def pushed(self, index: int) -> None:
+        """Called for every push before it is queued. A key pushed again means the first round is complete."""
+        if index in self._pushed:
+            self._round_done = True
+        self._pushed.add(index)
+
+    def learn(self, ready_order: list[int]) -> None:
+        """`ready_order`: key indices in the order their pushes started (gradients ready, last layer first)."""
+        if self.priority or not self._round_done:
+            return
+        order = [k for k in dict.fromkeys(ready_order) if k in self._pushed]
+        if len(order) < len(self._pushed):
+            return  # some push of the first round has not started yet
+        # The last gradient to be ready belongs to the first layer: most urgent (priority 0).
+        self.priority = {index: -(len(order) - 1 - pos) for pos, index in enumerate(order)}
+        log.info("learned forward order of %d keys (first layer first): %s", len(order), order[::-1][:10])
+
+    def of(self, index: int, hint: int) -> int:
+        return self.priority.get(index, hint)
+
+
+@mx.kvstore.KVStoreBase.register
+class P3(mx.kvstore.KVStoreBase):
+    """MXNet KVStore backed by p3kv. Create it with kvstore='p3' (or mx.kv.create('p3')) in a worker started
+    by `python -m p3kv.launch` (or with the P3_* environment set)."""
+
+    def __init__(self):
+        if os.environ.get("P3_ROLE", "worker") != "worker":
+            raise ConfigError(f"kvstore 'p3' is created in a process with P3_ROLE={os.environ['P3_ROLE']}; only "
+                              "workers create it")
+        if "P3_ROOT_URI" not in os.environ:
+            raise ConfigError("kvstore 'p3' needs a p3kv job: start the script with python -m p3kv.launch -n W -s S "
+                              "-- python train.py (or set P3_ROLE, P3_ROOT_URI, P3_ROOT_PORT, P3_NUM_WORKER, "
+                              "P3_NUM_SERVER)")
+        if os.environ.get(BULK_VARIABLE) != "1":
+            log.warning("%s is not 1: MXNet releases gradients in bulk at the end of backward, so pushes cannot "
+                        "start layer by layer (python -m p3kv.launch sets it for you)", BULK_VARIABLE)
+        self._worker = P3Worker()
+        self._bridge = _p3.EngineBridge.load(mx.libinfo.find_lib_path()[0])
+        self._keys: dict[object, _Key] = {}
+        self._order = ForwardOrder()
+        self._optimizer = None
+        self._updater = None  # Trainer.load_states reads kv._updater.optimizer
+        self._closed = False
+        atexit.register(self.close)
+
+    # -- facts -----------------------------------------------------------------------------------------
+    @property
+    def type(self) -> str:
+        # 'dist' makes Gluon and Module treat it as distributed; '_sync' because P3 is synchronous SGD.
+        return "dist_sync_p3"
+
+    @property
+    def rank(self) -> int:
+        return self._worker.rank
+
+    @property
+    def num_workers(self) -> int:
+        return self._worker.num_workers
+
+    @staticmethod
+    def is_capable(capability: str) -> bool:
+        if capability.lower() == mx.kvstore.KVStoreBase.OPTIMIZER:
+            return True
+        raise ValueError(f"unknown capability: {capability}")
+
+    @property
+    def worker(self) -> P3Worker:
+        """The underlying P3Worker (counters, trace)."""
+        return self._worker
+
+    # -- initialisation --------------------------------------------------------------------------------
+    def init(self, key, value) -> None:
+        """Declares keys; worker 0's values become every worker's (blocks until the servers have them)."""
+        for k, v in zip(*_pairs(key, value)):
+            self._init_one(k, _first(v), [])
+
+    def broadcast(self, key, value, out, priority=0) -> None:
+        """Declares keys with worker 0's value and writes that value into every array of `out`."""
+        keys, values = _pairs(key, value)
+        outs = _pairs(key, out)[1]
+        for k, v, o in zip(keys, values, outs):
+            self._init_one(k, _first(v), _as_list(o))
+
+    def _init_one(self, key, value: mx.nd.NDArray, outs: list) -> None:
+        if key in self._keys:
+            raise ConfigError(f"key {key!r} is already initialised on kvstore 'p3'")
+        if not isinstance(key, (int, str)):
+            raise ConfigError(f"kvstore key {key!r} must be an int or a str")
+        if self._keys and type(key) is not type(next(iter(self._keys))):
+            raise ConfigError("kvstore 'p3' keys must be all ints (Gluon) or all strs (Module)")
+        index = key if isinstance(key, int) else len(self._keys)  # MXNet numbers str keys in init order
+        info = _Key(index, key, tuple(value.shape), value.dtype)
+        data = value.asnumpy().reshape(-1)  # init is not on the training path: a synchronous copy is fine
+        self._worker.init(index, data)
+        self._worker.wait(index)
+        self._keys[key] = info
+        result = mx.nd.array(data.reshape(info.shape), ctx=mx.cpu(), dtype=info.dtype)
+        info.latest = result
+        for o in outs:
+            result.copyto(o)
+
+    # -- the training path -----------------------------------------------------------------------------
+    def pushpull(self, key, value, out=None, priority=0) -> None:
+        """Pushes gradients and receives the servers' result (new weights, or the summed gradient) into `out`
+        (into `value` if out is None). Asynchronous: returns after queueing engine operations."""
+        keys, values = _pairs(key, value)
+        outs = values if out is None else _pairs(key, out)[1]
+        self._learn_order()
+        for k, v, o in zip(keys, values, outs):
+            info = self._known(k)
+            prio = self._order.of(info.index, priority if len(keys) == 1 else priority - info.index)
+            self._pushpull_one(info, _as_list(v), _as_list(o), prio)
+
+    def push(self, key, value, priority=0) -> None:
+        """Pushes gradients; the result is kept for pull()."""
+        keys, values = _pairs(key, value)
+        self._learn_order()
+        for k, v in zip(keys, values):
+            info = self._known(k)
+            self._pushpull_one(info, _as_list(v), [], self._order.of(info.index, priority))
+
+    def pull(self, key, out=None, priority=0, ignore_sparse=True) -> None:
+        """Copies the latest value the servers broadcast for each key into `out` (no request is sent: P3
+        servers broadcast every update unasked)."""
+        keys, outs = _pairs(key, out)
+        for k, o in zip(keys, outs):
+            info = self._known(k)
+            for dst in _as_list(o):
+                info.latest.copyto(dst)
+
+    def _pushpull_one(self, info: _Key, values: list, outs: list, priority: int) -> None:
+        self._order.pushed(info.index)
+        for v in values:
+            if tuple(v.shape) != info.shape or np.dtype(v.dtype) != info.dtype:
+                raise ConfigError(f"pushpull of key {info.name!r}: got shape {tuple(v.shape)} dtype "
+                                  f"{np.dtype(v.dtype)}, but it was initialised with {info.shape} {info.dtype}")
+        direct = len(values) == 1 and values[0].context.device_type == "cpu" and \
+            all(o.context.device_type == "cpu" for o in outs) and len(outs) <= 1
+        if direct:
+            # One CPU array: the engine op reads the gradient and writes the result straight into `out`.
+            target = outs[0] if outs else self._staging(info)
+            self._bridge.push_pull(self._worker.core, info.index, values[0].handle.value, target.handle.value,
+                                   priority)
+            info.latest = target
+            return
+        staging = self._staging(info)
+        if len(values) == 1:
+            values[0].copyto(staging)
+        else:  # several devices: sum locally first, as MXNet's KVStore does
+            mx.nd.add_n(*[v.as_in_context(mx.cpu()) for v in values], out=staging)
+        self._bridge.push_pull(self._worker.core, info.index, staging.handle.value, staging.handle.value, priority)
+        for o in outs:
+            staging.copyto(o)
+        info.latest = staging
+
+    def _staging(self, info: _Key) -> mx.nd.NDArray:
+        if info.staging is None:
+            info.staging = mx.nd.zeros(info.shape, ctx=mx.cpu(), dtype=info.dtype)
+        return info.staging
+
+    def _learn_order(self) -> None:
+        if not self._order.priority:
+            self._order.learn(self._bridge.ready_order())
+
+    # -- optimizer -------------------------------------------------------------------------------------
+    def set_optimizer(self, optimizer) -> None:
+        """Ships the optimizer to every server (from worker 0); servers then update each slice they own."""
+        self._optimizer = optimizer
+        self._updater = mx.optimizer.get_updater(optimizer)
+        if self.rank == 0:
+            body = pickle.dumps(_server_copy(optimizer), protocol=4)
+            for s in range(self._worker.num_servers):
+                self._worker.request(s, requests.SET_OPTIMIZER, body)
+        self._worker.barrier()
+
+    def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
+        """Collects every slice's optimizer state from the servers and writes them per key, in the format of
+        mx.optimizer.Updater (loadable by Trainer.load_states and by load_optimizer_states)."""
+        if self._optimizer is None:
+            raise ConfigError("no optimizer on kvstore 'p3' (update_on_kvstore=False keeps states on the workers)")
+        pieces: dict = {}
+        for s in range(self._worker.num_servers):
+            pieces.update(pickle.loads(self._worker.request(s, requests.GET_STATES, b"")))
+        states = {}
+        for info in self._keys.values():
+            parts = [pieces.get((info.index, sl[0])) for sl in self._worker.slices(info.index)]
+            if parts and all(p is not None for p in parts):
+                states[info.index] = _join(parts, info.shape)
+            elif parts and any(p is not None for p in parts):
+                raise ConfigError(f"servers hold states for only some slices of key {info.name!r}")
+        payload = (states, self._optimizer) if dump_optimizer else states
+        with open(fname, "wb") as f:
+            f.write(pickle.dumps(payload))
+
+    def load_optimizer_states(self, fname: str) -> None:
+        """Loads states saved by save_optimizer_states (or MXNet's Updater) and sends each slice's to its
+        server (from worker 0); every worker waits for it."""
+        with open(fname, "rb") as f:
+            loaded = pickle.loads(f.read())
+        states, optimizer = loaded if isinstance(loaded, tuple) else (loaded, None)
+        if optimizer is not None:
+            self._optimizer = optimizer
+            self._updater = mx.optimizer.get_updater(optimizer)
+            if self.rank == 0:
+                body = pickle.dumps(_server_copy(optimizer), protocol=4)
+                for s in range(self._worker.num_servers):
+                    self._worker.request(s, requests.SET_OPTIMIZER, body)
+        if self.rank == 0:
+            per_server: list[dict] = [{} for _ in range(self._worker.num_servers)]
+            for info in self._keys.values():
+                if info.index not in states:
+                    continue
+                for index, offset, count, server in self._worker.slices(info.index):
+                    per_server[server][(info.index, index)] = _cut(states[info.index], offset, count)
+            for s, body in enumerate(per_server):
+                self._worker.request(s, requests.SET_STATES, pickle.dumps(body, protocol=4))
+        self._worker.barrier()
+
+    def set_gradient_compression(self, compression_params) -> None:
+        raise ConfigError("kvstore 'p3' sends full gradients (as the paper): remove compression_params")
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+    def barrier(self) -> None:
+        self._worker.barrier()
+
+    def _barrier(self) -> None:  # called by some MXNet code paths
+        self._worker.barrier()
+
+    def close(self) -> None:
+        """Waits for outstanding operations and leaves the job. Called at exit."""
+        if self._closed:
+            return
+        self._closed = True
+        mx.nd.waitall()
+        self._worker.close()
+
+    def _known(self, key) -> _Key:
+        info = self._keys.get(key)
+        if info is None:
+            raise ConfigError(f"key {key!r} was never initialised on kvstore 'p3': call init or broadcast first")
+        return info
+
+
+def _pairs(key, value):
+    """MXNet's key/value conventions: one key with one value (or a list of per-device values), or lists."""
+    if isinstance(key, (list, tuple)):
+        if not isinstance(value, (list, tuple)) or len(value) != len(key):
+            raise ConfigError(f"{len(key)} keys need a list of {len(key)} values")
+        return list(key), list(value)
+    return [key], [value]
+
+
+def _as_list(v) -> list:
+    return list(v) if isinstance(v, (list, tuple)) else [v]
+
+
+def _first(v):
+    return v[0] if isinstance(v, (list, tuple)) else v
+
+
+def _server_copy(optimizer):
+    """The optimizer as servers need it: MXNet drops `param_dict` when pickling (so dist_sync loses Gluon's
+    per-parameter lr_mult/wd_mult on servers); fold them into the index-keyed multipliers first."""
+    opt = pickle.loads(pickle.dumps(optimizer))
+    for index, param in getattr(optimizer, "param_dict", {}).items():
+        opt.lr_mult[index] = param.lr_mult
+        opt.wd_mult[index] = param.wd_mult
+    return opt
+
+
+def _join(parts, shape):
+    """Per-slice states (numpy, possibly nested tuples) to one state of the whole parameter (NDArrays)."""
+    first = parts[0]
+    if first is None:
+        return None
+    if isinstance(first, (tuple, list)):
+        return type(first)(_join([p[i] for p in parts], shape) for i in range(len(first)))
+    return mx.nd.array(np.concatenate(parts).reshape(shape), dtype=first.dtype)
+
+
+def _cut(state, offset: int, count: int):
+    """The part of a whole-parameter state that belongs to one slice, as numpy."""
+    if state is None:
+        return None
+    if isinstance(state, (tuple, list)):
+        return type(state)(_cut(s, offset, count) for s in state)
+    return state.asnumpy().reshape(-1)[offset:offset + count].copy()

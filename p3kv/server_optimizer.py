@@ -1,0 +1,90 @@
+"""Runs an MXNet optimizer on the slices a server owns (the paper's server-side update, per slice).
+
+Worker 0 ships the optimizer (as MXNet's dist_sync does); each slice then gets its own optimizer state,
+while learning-rate multipliers, weight decay multipliers, update counts and schedulers work per key: the
+key id is the optimizer's parameter index, and every slice of a key sees the key's update count. So any
+element-wise optimizer (SGD, NAG, Adam, RMSProp, ...) gives the same weights as updating whole arrays.
+Optimizers that need the whole array (LARS, LAMB: per-layer norms) are refused.
+
+mxnet is imported only when an optimizer arrives: a server that only aggregates does not need it.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+
+import numpy as np
+
+from p3kv import requests
+
+log = logging.getLogger("p3kv.server")
+
+# Optimizers whose update of one element depends on other elements of the array.
+NOT_ELEMENTWISE = ("lars", "lamb", "lans")
+
+
+def _to_numpy(state):
+    if state is None:
+        return None
+    if isinstance(state, (tuple, list)):
+        return type(state)(_to_numpy(s) for s in state)
+    return state.asnumpy()
+
+
+def _to_ndarray(state):
+    import mxnet as mx
+
+    if state is None:
+        return None
+    if isinstance(state, (tuple, list)):
+        return type(state)(_to_ndarray(s) for s in state)
+    return mx.nd.array(state, dtype=state.dtype)
+
+
+class OptimizerHost:
+    """The request handler and update function of a P3Server that runs MXNet optimizers."""
+
+    def __init__(self):
+        self.on_optimizer = lambda: None  # called once an optimizer is set (enables the per-slice update)
+        self.optimizer = None
+        self.states: dict = {}  # (key, slice) -> optimizer state of that slice
+
+    def on_request(self, kind: int, body: bytes) -> bytes:
+        if kind == requests.SET_OPTIMIZER:
+            import mxnet  # noqa: F401  (unpickling needs the optimizer classes)
+
+            optimizer = pickle.loads(body)
+            name = type(optimizer).__name__.lower()
+            if name in NOT_ELEMENTWISE:
+                raise ValueError(f"optimizer {type(optimizer).__name__} needs whole arrays (layer-wise norms) and "
+                                 "cannot run per slice: use update_on_kvstore=False with it")
+            self.optimizer = optimizer
+            self.on_optimizer()
+            log.info("server optimizer: %s", type(optimizer).__name__)
+            return b""
+        if kind == requests.GET_STATES:
+            return pickle.dumps({k: _to_numpy(s) for k, s in self.states.items()}, protocol=4)
+        if kind == requests.SET_STATES:
+            self.states = {k: _to_ndarray(s) for k, s in pickle.loads(body).items()}
+            return b""
+        raise ValueError(f"unknown request type {kind}")
+
+    def update(self, key: int, slc: int, offset: int, iteration: int, aggregated: np.ndarray,
+               value: np.ndarray) -> None:
+        if self.optimizer is None:  # update_on_kvstore=False: broadcast the summed gradient
+            value[...] = aggregated
+            return
+        import mxnet as mx
+
+        opt = self.optimizer
+        weight = mx.nd.array(value, dtype=value.dtype)
+        grad = mx.nd.array(aggregated, dtype=aggregated.dtype)
+        state = self.states.get((key, slc))
+        if state is None and (key, slc) not in self.states:
+            state = self.states[(key, slc)] = opt.create_state_multi_precision(key, weight)
+        # Every slice of a key is the same update of the same parameter: give each the key's count, so that
+        # bias corrections (Adam) and learning-rate schedules advance once per iteration, not per slice.
+        opt._index_update_count[key] = opt.begin_num_update + iteration - 1
+        opt.update_multi_precision(key, weight, grad, state)
+        value[...] = weight.asnumpy()
