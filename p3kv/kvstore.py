@@ -10,11 +10,10 @@ What it does, and why:
   and it completes when the servers' broadcast of the key's last slice has arrived, so the next forward of
   layer k waits for layer k only. Nothing here waits on the training path.
 - Priorities follow the forward pass. Gluon numbers keys alphabetically (bias before weight, dense10
-  before dense4), so the key order says nothing. Backward produces gradients last layer first: the order in
-  which the engine starts the push operations in the first iteration is the reverse forward order, and from
-  the second iteration on every key gets priority -(its forward position). The first iteration uses MXNet's
-  own priority hint. Layer-by-layer readiness needs MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD=1 (the launcher
-  sets it for workers unless you set it yourself).
+  before dense4), so the key order says nothing: the adapter watches the order in which the forward pass
+  reads the parameters (see ForwardOrder) and gives the k-th parameter priority -k. Module's keys are in
+  forward order already. Pushes start layer by layer during backward only with
+  MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD=1 (the launcher sets it for workers unless you set it).
 - update_on_kvstore=True (the default, as in the paper): worker 0 ships the optimizer and servers update
   each slice (p3kv.server_optimizer). False: servers broadcast the summed gradient.
 - String keys (Module) are numbered in init order, as MXNet does, so optimizer indices match idx2name.
@@ -54,29 +53,47 @@ class _Key:
 
 
 class ForwardOrder:
-    """Learns each key's position in the forward pass from the order its gradient becomes ready."""
+    """Each key's position in the forward pass, for Gluon, whose key numbers are alphabetical.
+
+    Gluon blocks read every parameter through Parameter.data() as the forward pass reaches it (also when
+    hybridized: the cached graph's inputs are in topological order). mxnet_hook wraps Parameter.data to
+    call `used()`; the most recent use of each array wins, so the forward pass just before the first
+    pushpull defines the order, whatever was read earlier. Keys are matched to arrays through the `out`
+    arrays of init/broadcast (the parameters' data). Module never calls Parameter.data; its keys are already
+    numbered in forward order, so MXNet's priority hint (-index) is right there and is kept.
+    """
+
+    recorder: ForwardOrder | None = None  # the instance Parameter.data reports to (one kvstore per process)
 
     def __init__(self):
+        self._last_use: dict[int, None] = {}  # array handle -> None, in order of last use
+        self._handle_of: dict[int, int] = {}  # key index -> handle of its parameter array
         self.priority: dict[int, int] = {}
-        self._pushed: set[int] = set()
-        self._round_done = False
+        self.learned = False
+        ForwardOrder.recorder = self
 
-    def pushed(self, index: int) -> None:
-        """Called for every push before it is queued. A key pushed again means the first round is complete."""
-        if index in self._pushed:
-            self._round_done = True
-        self._pushed.add(index)
+    def used(self, array) -> None:
+        if not self.learned:
+            handle = array.handle.value
+            self._last_use.pop(handle, None)
+            self._last_use[handle] = None
 
-    def learn(self, ready_order: list[int]) -> None:
-        """`ready_order`: key indices in the order their pushes started (gradients ready, last layer first)."""
-        if self.priority or not self._round_done:
+    def bind(self, index: int, array) -> None:
+        """Remembers which parameter array a key stands for."""
+        self._handle_of[index] = array.handle.value
+
+    def learn(self) -> None:
+        """Called before pushes: fixes priorities once the forward pass has read the keys' arrays."""
+        if self.learned or not self._last_use:
             return
-        order = [k for k in dict.fromkeys(ready_order) if k in self._pushed]
-        if len(order) < len(self._pushed):
-            return  # some push of the first round has not started yet
-        # The last gradient to be ready belongs to the first layer: most urgent (priority 0).
-        self.priority = {index: -(len(order) - 1 - pos) for pos, index in enumerate(order)}
-        log.info("learned forward order of %d keys (first layer first): %s", len(order), order[::-1][:10])
+        position = {h: i for i, h in enumerate(self._last_use)}
+        ranked = sorted((position[h], index) for index, h in self._handle_of.items() if h in position)
+        if not ranked:
+            return
+        # First layer first: priority 0 is the most urgent, then -1, -2, ...
+        self.priority = {index: -rank for rank, (_, index) in enumerate(ranked)}
+        self.learned = True
+        log.info("priorities from the forward pass (first layer first): keys %s", [i for _, i in ranked][:12])
 
     def of(self, index: int, hint: int) -> int:
         return self.priority.get(index, hint)
@@ -158,6 +175,8 @@ class P3(mx.kvstore.KVStoreBase):
         self._worker.init(index, data)
         self._worker.wait(index)
         self._keys[key] = info
+        if outs:
+            self._order.bind(index, outs[0])
         result = mx.nd.array(data.reshape(info.shape), ctx=mx.cpu(), dtype=info.dtype)
         info.latest = result
         for o in outs:
@@ -193,7 +212,6 @@ class P3(mx.kvstore.KVStoreBase):
                 info.latest.copyto(dst)
 
     def _pushpull_one(self, info: _Key, values: list, outs: list, priority: int) -> None:
-        self._order.pushed(info.index)
         for v in values:
             if tuple(v.shape) != info.shape or np.dtype(v.dtype) != info.dtype:
                 raise ConfigError(f"pushpull of key {info.name!r}: got shape {tuple(v.shape)} dtype "
@@ -223,8 +241,7 @@ class P3(mx.kvstore.KVStoreBase):
         return info.staging
 
     def _learn_order(self) -> None:
-        if not self._order.priority:
-            self._order.learn(self._bridge.ready_order())
+        self._order.learn()
 
     # -- optimizer -------------------------------------------------------------------------------------
     def set_optimizer(self, optimizer) -> None:

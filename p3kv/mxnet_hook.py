@@ -4,7 +4,8 @@ Registration needs mxnet, but `import p3kv` must stay cheap for processes that n
 that only aggregate, numpy users). So: if mxnet is already imported, register now; otherwise a meta-path
 finder waits for `import mxnet` to finish and registers then.
 
-Registering also fixes an MXNet 1.x quirk: with one device per worker, Gluon's Trainer and Module.fit
+Registering also wraps gluon.Parameter.data so the kvstore can see the forward order of parameters
+(p3kv.kvstore.ForwardOrder), and fixes an MXNet 1.x quirk: with one device per worker, Gluon's Trainer and Module.fit
 silently drop a kvstore name unless it contains "dist" (mxnet.model._create_kvstore, which trainer.py and
 module.py import by name). The patched function creates kvstore 'p3' for the name "p3" and defers to
 MXNet's for every other name.
@@ -51,6 +52,18 @@ def register() -> None:
 
     for module in (mxnet.model, mxnet.gluon.trainer, mxnet.module.module):
         module._create_kvstore = _create_kvstore
+
+    # Tell the kvstore which parameter the forward pass reads, and when (its priorities follow that order).
+    data = mxnet.gluon.Parameter.data
+
+    def _data(self, ctx=None):
+        array = data(self, ctx)
+        recorder = p3kv.kvstore.ForwardOrder.recorder
+        if recorder is not None and not recorder.learned:
+            recorder.used(array)
+        return array
+
+    mxnet.gluon.Parameter.data = _data
 
 
 class _AfterMXNetImport(importlib.abc.MetaPathFinder):

@@ -1,7 +1,8 @@
 """P3Server: the server side of P3, and `python -m p3kv.server` to run one from the P3_* environment.
 
 The update function is pluggable. By default the server runs the MXNet optimizer that worker 0 sends
-(p3kv.server_optimizer) and otherwise broadcasts the summed gradient ("aggregate only"). With one, it is called once per slice and iteration, on the server's consumer thread, as
+(p3kv.server_optimizer), and until one arrives it broadcasts the summed gradient ("aggregate only"). A
+custom update function is called once per slice and iteration, on the server's consumer thread, as
 `updater(key_id, slice, offset, iteration, aggregated, value)`: `aggregated` is a read-only view of the sum
 over workers, `value` a writable view of the stored slice (initially worker 0's init value) to update in
 place; the new `value` is then broadcast. An exception in it reaches every worker waiting on the key.

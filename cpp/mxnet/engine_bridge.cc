@@ -45,11 +45,8 @@ bool Resolve(void* lib, const char* name, Fn* out) {
   return *out != nullptr;
 }
 
-// Everything one engine operation needs; owned by the engine (freed by DeleteOp).
-}  // namespace
-
+// Everything one engine operation needs; owned by the engine (freed by DeletePushPull).
 struct PushPullOp {
-  EngineBridge* bridge;
   EngineBridge::Api* api;
   Worker* worker;
   uint64_t key;
@@ -57,8 +54,6 @@ struct PushPullOp {
   mx::NDArrayHandle grad;  // our own references, so the arrays outlive the operation
   mx::NDArrayHandle out;
 };
-
-namespace {
 
 void Complete(const mx::OnComplete& done, const Status& st) {
   if (st.ok()) {
@@ -71,8 +66,6 @@ void Complete(const mx::OnComplete& done, const Status& st) {
   done.callback(done.engine, done.param, &error);
 }
 
-}  // namespace
-
 void RunPushPull(void* /*run_ctx*/, void* on_complete, void* param) {
   auto* op = static_cast<PushPullOp*>(param);
   const mx::OnComplete done = *static_cast<mx::OnComplete*>(on_complete);  // a temporary: copy it now
@@ -81,10 +74,6 @@ void RunPushPull(void* /*run_ctx*/, void* on_complete, void* param) {
   if (op->api->get_data(op->grad, &grad) != 0 || op->api->get_data(op->out, &out) != 0) {
     Complete(done, Status::Invalid(std::string("cannot read the array: ") + op->api->last_error()));
     return;
-  }
-  {
-    std::lock_guard<std::mutex> lock(op->bridge->ready_mu_);
-    if (op->bridge->ready_.size() < EngineBridge::kReadyLogSize) op->bridge->ready_.push_back(op->key);
   }
   Status st = op->worker->Push(op->key, grad, out, op->priority, [done](const Status& s) { Complete(done, s); });
   if (!st.ok()) Complete(done, st);
@@ -97,10 +86,7 @@ void DeletePushPull(void* param) {
   delete op;
 }
 
-std::vector<uint64_t> EngineBridge::ReadyOrder() const {
-  std::lock_guard<std::mutex> lock(ready_mu_);
-  return ready_;
-}
+}  // namespace
 
 EngineBridge::EngineBridge(std::unique_ptr<Api> api) : api_(std::move(api)) {}
 
@@ -125,7 +111,7 @@ Status EngineBridge::Load(const std::string& libmxnet_path, std::unique_ptr<Engi
 }
 
 Status EngineBridge::PushPull(Worker* worker, uint64_t key, void* grad, void* out, int32_t priority) {
-  auto* op = new PushPullOp{this, api_.get(), worker, key, priority, nullptr, nullptr};
+  auto* op = new PushPullOp{api_.get(), worker, key, priority, nullptr, nullptr};
   if (api_->shallow_copy(grad, &op->grad) != 0 || api_->shallow_copy(out, &op->out) != 0) {
     const std::string why = api_->last_error();
     if (op->grad != nullptr) api_->free_nd(op->grad);

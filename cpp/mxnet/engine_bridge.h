@@ -8,9 +8,7 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <vector>
 
 #include "p3/status.h"
 #include "p3/worker.h"
@@ -28,21 +26,12 @@ class EngineBridge {
   // (the error surfaces as MXNetError when the script next reads `out`). Returns at once.
   Status PushPull(Worker* worker, uint64_t key, void* grad, void* out, int32_t priority);
 
-  // Keys in the order their push operations started, i.e. the order gradients became ready in backward
-  // (recorded for the first kReadyLogSize pushes; the adapter learns the forward order from it).
-  std::vector<uint64_t> ReadyOrder() const;
-  static constexpr size_t kReadyLogSize = 1 << 16;
-
   ~EngineBridge();
   struct Api;  // the resolved C API functions (defined in the .cc)
 
  private:
   explicit EngineBridge(std::unique_ptr<Api> api);
   std::unique_ptr<Api> api_;
-  mutable std::mutex ready_mu_;
-  std::vector<uint64_t> ready_;
-
-  friend void RunPushPull(void*, void*, void*);
 };
 
 }  // namespace p3

@@ -244,8 +244,7 @@ PYBIND11_MODULE(_p3, m) {
           st = b.PushPull(&w, key, reinterpret_cast<void*>(grad), reinterpret_cast<void*>(out), priority);
         }
         Check(st);
-      }, "Engine-asynchronous push of NDArray `grad` (handle) whose broadcast lands in NDArray `out`")
-      .def("ready_order", &p3::EngineBridge::ReadyOrder);
+      }, "Engine-asynchronous push of NDArray `grad` (handle) whose broadcast lands in NDArray `out`");
 
   py::class_<p3::Worker>(m, "Worker")
       .def(py::init<p3::NodeConfig>())

@@ -34,7 +34,7 @@ class Exploding(mx.optimizer.SGD):
 
     def update(self, index, weight, grad, state):
         if self.num_update >= 3:
-            raise ValueError("exploding optimizer at step %d" % self.num_update)
+            raise ValueError(f"exploding optimizer at step {self.num_update}")
         super().update(index, weight, grad, state)
 
 
