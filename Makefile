@@ -10,14 +10,17 @@ CORE := $(shell find cpp -name '*.cc' -o -name '*.h') setup.py pyproject.toml
 
 setup: $(STAMP)
 
+# Sockeye 2.3.24 (the last MXNet Sockeye, for tests/test_sockeye.py) pins mxnet 1.8 but runs on 1.9.1: it is
+# installed without its dependencies (the `sockeye` extra lists the ones it needs).
 $(STAMP): $(CORE)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,sockeye]'
+	$(PY) -m pip install -q --no-deps sockeye==2.3.24
 	touch $@
 
 lint: setup
-	$(VENV)/bin/ruff check p3kv tests benchmarks
+	$(VENV)/bin/ruff check p3kv tests benchmarks examples
 
 test: lint
 	$(PY) -m pytest -q tests

@@ -212,10 +212,12 @@ class P3(mx.kvstore.KVStoreBase):
                 info.latest.copyto(dst)
 
     def _pushpull_one(self, info: _Key, values: list, outs: list, priority: int) -> None:
-        for v in values:
-            if tuple(v.shape) != info.shape or np.dtype(v.dtype) != info.dtype:
-                raise ConfigError(f"pushpull of key {info.name!r}: got shape {tuple(v.shape)} dtype "
-                                  f"{np.dtype(v.dtype)}, but it was initialised with {info.shape} {info.dtype}")
+        # `out` too: the engine operation writes the key's whole size into it, whatever its shape.
+        for what, arrays in (("got", values), ("out has", outs)):
+            for v in arrays:
+                if tuple(v.shape) != info.shape or np.dtype(v.dtype) != info.dtype:
+                    raise ConfigError(f"pushpull of key {info.name!r}: {what} shape {tuple(v.shape)} dtype "
+                                      f"{np.dtype(v.dtype)}, but it was initialised with {info.shape} {info.dtype}")
         direct = len(values) == 1 and values[0].context.device_type == "cpu" and \
             all(o.context.device_type == "cpu" for o in outs) and len(outs) <= 1
         if direct:
@@ -259,9 +261,19 @@ class P3(mx.kvstore.KVStoreBase):
         mx.optimizer.Updater (loadable by Trainer.load_states and by load_optimizer_states)."""
         if self._optimizer is None:
             raise ConfigError("no optimizer on kvstore 'p3' (update_on_kvstore=False keeps states on the workers)")
+        # Pushpulls return before the servers have updated: wait for this worker's, or the servers could answer
+        # with the states of the previous step for some slices (a checkpoint taken right after trainer.step).
+        # Once this worker's are complete, every worker's are: a slice is updated only when all pushed it.
+        for info in self._keys.values():
+            if info.latest is not None:
+                info.latest.wait_to_read()
         pieces: dict = {}
+        counts: dict = {}
         for s in range(self._worker.num_servers):
-            pieces.update(pickle.loads(self._worker.request(s, requests.GET_STATES, b"")))
+            reply = pickle.loads(self._worker.request(s, requests.GET_STATES, b""))
+            pieces.update(reply["states"])
+            for index, count in reply["counts"].items():
+                counts[index] = max(count, counts.get(index, 0))
         states = {}
         for info in self._keys.values():
             parts = [pieces.get((info.index, sl[0])) for sl in self._worker.slices(info.index)]
@@ -269,7 +281,16 @@ class P3(mx.kvstore.KVStoreBase):
                 states[info.index] = _join(parts, info.shape)
             elif parts and any(p is not None for p in parts):
                 raise ConfigError(f"servers hold states for only some slices of key {info.name!r}")
-        payload = (states, self._optimizer) if dump_optimizer else states
+        # The servers did the updates, so the workers' optimizer has counted none: the saved one takes the
+        # servers' update counts (Adam's bias correction, lr schedules), and Gluon's per-parameter lr_mult and
+        # wd_mult by index (pickling drops param_dict, and Trainer.load_states restores it only after
+        # load_optimizer_states has shipped the optimizer).
+        payload = states
+        if dump_optimizer:
+            optimizer = _server_copy(self._optimizer)
+            optimizer._index_update_count.update(counts)
+            optimizer.num_update = max([optimizer.num_update, *counts.values()])
+            payload = (states, optimizer)
         with open(fname, "wb") as f:
             f.write(pickle.dumps(payload))
 
@@ -280,6 +301,10 @@ class P3(mx.kvstore.KVStoreBase):
             loaded = pickle.loads(f.read())
         states, optimizer = loaded if isinstance(loaded, tuple) else (loaded, None)
         if optimizer is not None:
+            if not getattr(optimizer, "param_dict", None) and self._optimizer is not None:
+                # Pickling dropped Gluon's param_dict; Trainer.load_states puts the current one back, but only
+                # after this returns: the servers need its lr_mult/wd_mult now.
+                optimizer.param_dict = getattr(self._optimizer, "param_dict", {})
             self._optimizer = optimizer
             self._updater = mx.optimizer.get_updater(optimizer)
             if self.rank == 0:

@@ -4,6 +4,9 @@ Worker 0 ships the optimizer (as MXNet's dist_sync does); each slice then gets i
 while learning-rate multipliers, weight decay multipliers, update counts and schedulers work per key: the
 key id is the optimizer's parameter index, and every slice of a key sees the key's update count. So any
 element-wise optimizer (SGD, NAG, Adam, RMSProp, ...) gives the same weights as updating whole arrays.
+A key's update count continues from the optimizer's `_index_update_count` when it arrives (an optimizer saved
+with its states, then loaded: Adam's bias correction and lr schedules go on where they were), and GET_STATES
+reports the counts so the saved optimizer carries them.
 Optimizers that need the whole array (LARS, LAMB: per-layer norms) are refused.
 
 mxnet is imported only when an optimizer arrives: a server that only aggregates does not need it.
@@ -49,22 +52,35 @@ class OptimizerHost:
         self.on_optimizer = lambda: None  # called once an optimizer is set (enables the per-slice update)
         self.optimizer = None
         self.states: dict = {}  # (key, slice) -> optimizer state of that slice
+        self.base_counts: dict = {}  # key -> updates done before this optimizer arrived (its _index_update_count)
+        self.updates: dict = {}  # (key, slice) -> updates this optimizer made to the slice
 
     def on_request(self, kind: int, body: bytes) -> bytes:
         if kind == requests.SET_OPTIMIZER:
             import mxnet  # noqa: F401  (unpickling needs the optimizer classes)
 
-            optimizer = pickle.loads(body)
+            try:
+                optimizer = pickle.loads(body)
+            except (AttributeError, ImportError) as e:
+                # A custom optimizer class defined in the training script pickles as __main__.Name.
+                raise ValueError(f"cannot unpickle the optimizer on this server ({e}): its class must be "
+                                 "importable here; define it in a module on the servers' PYTHONPATH, not in the "
+                                 "training script") from e
             name = type(optimizer).__name__.lower()
             if name in NOT_ELEMENTWISE:
                 raise ValueError(f"optimizer {type(optimizer).__name__} needs whole arrays (layer-wise norms) and "
                                  "cannot run per slice: use update_on_kvstore=False with it")
             self.optimizer = optimizer
+            self.base_counts = dict(optimizer._index_update_count)
+            self.updates = {}
             self.on_optimizer()
             log.info("server optimizer: %s", type(optimizer).__name__)
             return b""
         if kind == requests.GET_STATES:
-            return pickle.dumps({k: _to_numpy(s) for k, s in self.states.items()}, protocol=4)
+            return pickle.dumps({"states": {k: _to_numpy(s) for k, s in self.states.items()},
+                                 "counts": {**self.base_counts,
+                                            **{key: self._count(key, slc) for key, slc in self.updates}}},
+                                protocol=4)
         if kind == requests.SET_STATES:
             self.states = {k: _to_ndarray(s) for k, s in pickle.loads(body).items()}
             return b""
@@ -85,6 +101,11 @@ class OptimizerHost:
             state = self.states[(key, slc)] = opt.create_state_multi_precision(key, weight)
         # Every slice of a key is the same update of the same parameter: give each the key's count, so that
         # bias corrections (Adam) and learning-rate schedules advance once per iteration, not per slice.
-        opt._index_update_count[key] = opt.begin_num_update + iteration - 1
+        opt._index_update_count[key] = self._count(key, slc)
         opt.update_multi_precision(key, weight, grad, state)
+        self.updates[(key, slc)] = self.updates.get((key, slc), 0) + 1
         value[...] = weight.asnumpy()
+
+    def _count(self, key: int, slc: int) -> int:
+        """Updates of `key` done so far, as the slice `slc` has seen them."""
+        return self.base_counts.get(key, self.optimizer.begin_num_update) + self.updates.get((key, slc), 0)

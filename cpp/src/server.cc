@@ -27,6 +27,7 @@ struct Server::SliceState {
   bool initialized = false;
   uint64_t iteration = 0;  // last completed iteration (0 = init)
   std::deque<InMessage> deferred;
+  std::string broken;  // why the slice can never initialise (workers disagree on it); empty if fine
 };
 
 Server::Server(NodeConfig config, Updater updater, RequestHandler on_request)
@@ -214,12 +215,25 @@ void Server::Process(InMessage m) {
     it = slices_.emplace(id, std::move(s)).first;
   }
   SliceState* s = it->second.get();
+  if (!s->broken.empty()) {
+    Reject(h.sender, h, s->broken);
+    return;
+  }
   if (h.count != s->count || h.dtype != s->dtype || h.offset != s->offset) {
-    Reject(h.sender, h, "slice " + std::to_string(h.slice) + " holds " + std::to_string(s->count) + " " +
+    const std::string why = "slice " + std::to_string(h.slice) + " holds " + std::to_string(s->count) + " " +
                             DTypeName(s->dtype) + " elements at offset " + std::to_string(s->offset) + ", got " +
                             std::to_string(h.count) + " " + DTypeName(h.dtype) + " at " + std::to_string(h.offset) +
-                            ": every worker must use the same shape and dtype for a key, and init keys in the "
-                            "same order");
+                            " from " + WorkerName(h.sender) + ": every worker must use the same shape and dtype "
+                            "for a key, and init keys in the same order";
+    Reject(h.sender, h, why);
+    if (!s->initialized) {
+      // The workers disagree on the key itself: it can never initialise. Fail it for everyone who declared it,
+      // now and later, instead of leaving them waiting.
+      s->broken = why;
+      for (int w = 0; w < config_.num_worker; ++w) {
+        if (s->contributed[static_cast<size_t>(w)]) Reject(w, h, why);
+      }
+    }
     return;
   }
   if (h.command == Command::kInit) {

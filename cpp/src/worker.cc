@@ -88,29 +88,10 @@ Status Worker::Init(uint64_t key, const std::string& name, DType dtype, uint64_t
     ks.count = count;
     ks.slices = SliceKey(count, config_.slice_size, config_.num_server, &round_robin_);
     ks.next_iteration = 1;
-    const size_t size = DTypeSize(dtype);
     empty = ks.slices.empty();
     if (!empty) ks.ops.push_back(Op{0, static_cast<char*>(out), ks.slices.size(), std::move(done)});
-    for (const Slice& s : ks.slices) {
-      OutMessage m;
-      m.conn = servers_[static_cast<size_t>(s.server)];
-      m.peer_rank = s.server;
-      Header& h = m.header;
-      h.command = Command::kInit;
-      h.priority = kInitPriority;
-      h.sender = rank_;
-      h.dtype = dtype;
-      h.slice = s.index;
-      h.key = key;
-      h.offset = s.offset;
-      h.count = s.count;
-      h.iteration = 0;
-      if (rank_ == 0) {  // only worker 0's value matters; the others just declare the slice
-        h.payload_bytes = s.count * size;
-        m.data = static_cast<const char*>(data) + s.offset * size;
-      }
-      sender_.Enqueue(std::move(m));
-    }
+    // Only worker 0's value matters; the others just declare the slices.
+    EnqueueSlicesLocked(Command::kInit, key, ks, kInitPriority, 0, rank_ == 0 ? data : nullptr);
   }
   if (empty && done) done(Status::Ok());
   return Status::Ok();
@@ -127,31 +108,38 @@ Status Worker::Push(uint64_t key, const void* grad, void* out, int32_t priority,
     if (priority == kInitPriority) priority = kInitPriority - 1;
     KeyState& ks = it->second;
     const uint64_t iteration = ks.next_iteration++;
-    const size_t size = DTypeSize(ks.dtype);
     empty = ks.slices.empty();
     if (!empty) ks.ops.push_back(Op{iteration, static_cast<char*>(out), ks.slices.size(), std::move(done)});
-    for (const Slice& s : ks.slices) {
-      OutMessage m;
-      m.conn = servers_[static_cast<size_t>(s.server)];
-      m.peer_rank = s.server;
-      Header& h = m.header;
-      h.command = Command::kPush;
-      h.priority = priority;
-      h.sender = rank_;
-      h.dtype = ks.dtype;
-      h.slice = s.index;
-      h.key = key;
-      h.offset = s.offset;
-      h.count = s.count;
-      h.iteration = iteration;
-      h.payload_bytes = s.count * size;
-      m.data = static_cast<const char*>(grad) + s.offset * size;
-      trace_.Record(TraceEvent::kEnqueue, key, s.index, priority, iteration, s.server);
-      sender_.Enqueue(std::move(m));
-    }
+    EnqueueSlicesLocked(Command::kPush, key, ks, priority, iteration, grad);
   }
   if (empty && done) done(Status::Ok());
   return Status::Ok();
+}
+
+void Worker::EnqueueSlicesLocked(Command command, uint64_t key, const KeyState& ks, int32_t priority,
+                                 uint64_t iteration, const void* data) {
+  const size_t size = DTypeSize(ks.dtype);
+  for (const Slice& s : ks.slices) {
+    OutMessage m;
+    m.conn = servers_[static_cast<size_t>(s.server)];
+    m.peer_rank = s.server;
+    Header& h = m.header;
+    h.command = command;
+    h.priority = priority;
+    h.sender = rank_;
+    h.dtype = ks.dtype;
+    h.slice = s.index;
+    h.key = key;
+    h.offset = s.offset;
+    h.count = s.count;
+    h.iteration = iteration;
+    if (data != nullptr) {  // sent straight from the caller's array: no copy
+      h.payload_bytes = s.count * size;
+      m.data = static_cast<const char*>(data) + s.offset * size;
+    }
+    trace_.Record(TraceEvent::kEnqueue, key, s.index, priority, iteration, s.server);
+    sender_.Enqueue(std::move(m));
+  }
 }
 
 void Worker::ReceiveLoop(int server) {

@@ -84,6 +84,9 @@ class Worker {
     Status error;        // first rejection since the last Wait
   };
 
+  // Queues one frame per slice of `ks` (data == nullptr: header only, for non-zero ranks' INIT).
+  void EnqueueSlicesLocked(Command command, uint64_t key, const KeyState& ks, int32_t priority, uint64_t iteration,
+                           const void* data);
   void ReceiveLoop(int server);
   Status HandleBroadcast(int server, Connection* conn, const Header& h);
   void HandleError(int server, const Header& h, const std::string& text);

@@ -1,0 +1,364 @@
+"""kvstore='p3' in real MXNet training jobs (2 workers x 2 servers on loopback, started by python -m p3kv.launch),
+checked against MXNet's own dist_sync started by the same launcher on the same data.
+
+- Gluon (SGD with momentum and weight decay, Adam, update_on_kvstore=False, two devices per worker) and
+  Module.fit end with the weights dist_sync ends with, on every worker, with parameters cut into many slices.
+- The trace shows forward-order priorities (Gluon numbers keys alphabetically) and overlap: the last layer is on
+  the wire while backward still runs, and the next forward starts before the last layer's broadcast arrived.
+- Trainer.save_states / load_states round-trips: N steps + a resumed K steps equal N+K steps, and the file is
+  MXNet's format. A failing server-side optimizer and bad kvstore calls fail fast with a message.
+
+Jobs are shared between tests of a module (one p3 job and one dist_sync job per configuration). Every job runs
+under the launcher's --timeout and a subprocess timeout; every exit code is checked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import subprocess
+import time
+
+import numpy as np
+import pytest
+from conftest import SCRIPTS, run_job
+
+mx = pytest.importorskip("mxnet")
+
+WORKERS, SERVERS = 2, 2
+SLICE = 50  # elements per slice: every weight of gluon_train's net spans several slices (adense_weight: 47)
+JOB_TIMEOUT = 120  # seconds the launcher gives a job (--timeout); the subprocess gets a little more
+RTOL = 1e-5
+STEPS = 20
+CHECKPOINT = 10  # the p3 Gluon jobs save optimizer states after this many steps (and train on)
+
+GLUON = os.path.join(SCRIPTS, "gluon_train.py")
+MODULE = os.path.join(SCRIPTS, "module_train.py")
+OVERLAP = os.path.join(SCRIPTS, "overlap_train.py")
+MISUSE = os.path.join(SCRIPTS, "kv_misuse.py")
+
+# gluon_train's keys: Trainer numbers parameters alphabetically by name.
+KEY = {"adense_bias": 0, "adense_weight": 1, "bconv_bias": 2, "bconv_weight": 3, "cdense_bias": 4,
+       "cdense_weight": 5, "dbn_beta": 6, "dbn_gamma": 7, "dbn_running_mean": 8, "dbn_running_var": 9}
+# Forward order is bconv, dbn, adense, cdense (running statistics have no gradient: never pushed).
+FORWARD_ORDER = [3, 2, 7, 6, 1, 0, 5, 4]
+
+
+class Job:
+    """One finished launcher run: exit code, merged output, wall time and its output directory."""
+
+    def __init__(self, out_dir, result: subprocess.CompletedProcess, seconds: float):
+        self.out = out_dir
+        self.returncode = result.returncode
+        self.output = result.stdout
+        self.seconds = seconds
+
+    def check(self) -> Job:
+        assert self.returncode == 0, self.output[-6000:]
+        return self
+
+    def arrays(self, name: str) -> dict:
+        with np.load(self.out / name) as f:
+            return dict(f)
+
+    def trace(self, role: str, rank: int) -> list[dict]:
+        with open(self.out / f"trace.{role}{rank}.json") as f:
+            return [e["args"] | {"ns": round(e["ts"] * 1000)} for e in json.load(f)["traceEvents"]]
+
+
+def launch(out_dir, worker_args, *, kvstore="p3", env=(), timeout=JOB_TIMEOUT) -> Job:
+    """Runs `python -m p3kv.launch -n 2 -s 2 --kvstore KVSTORE --env K=V ... -- python WORKER_ARGS`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    launcher_args = ["--kvstore", kvstore, "--timeout", str(timeout)]
+    for item in env:
+        launcher_args += ["--env", item]
+    started = time.monotonic()
+    result = run_job(WORKERS, SERVERS, [*worker_args[:1], *map(str, worker_args[1:])], timeout=timeout + 30,
+                     launcher_args=launcher_args)
+    return Job(out_dir, result, time.monotonic() - started)
+
+
+class Jobs:
+    """Runs each distinct job once per test module."""
+
+    def __init__(self, base):
+        self._base = base
+        self._done: dict = {}
+
+    def run(self, name, worker_args, **kwargs) -> Job:
+        if name not in self._done:
+            self._done[name] = launch(self._base / name, worker_args(self._base / name), **kwargs)
+        return self._done[name]
+
+    def gluon(self, config: str, kvstore: str) -> Job:
+        """A 20-step gluon_train job; p3 jobs cut parameters into slices of 50, trace, and checkpoint."""
+        options = GLUON_CONFIGS[config]
+        if kvstore == "p3":
+            env = (f"P3_SLICE_SIZE={SLICE}", "P3_LOG_LEVEL=INFO")
+            return self.run(f"{config}-p3", lambda d: [
+                GLUON, "p3", d, "--steps", STEPS, "--checkpoint-at", CHECKPOINT, *options], env=env + (
+                f"P3_TRACE={self._base / f'{config}-p3' / 'trace'}",)).check()
+        return self.run(f"{config}-{kvstore}", lambda d: [GLUON, kvstore, d, "--steps", STEPS, *options],
+                        kvstore=kvstore).check()
+
+
+GLUON_CONFIGS = {
+    "sgd": [],
+    "adam": ["--optimizer", "adam"],
+    "sgd-update-on-workers": ["--update-on-kvstore", "0"],
+    "sgd-two-devices": ["--devices", "2"],
+}
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    return Jobs(tmp_path_factory.mktemp("mxnet_jobs"))
+
+
+def assert_close(actual: dict, expected: dict, what: str, rtol=RTOL) -> None:
+    assert actual.keys() == expected.keys(), what
+    for name in expected:
+        a, e = actual[name], expected[name]
+        assert a.shape == e.shape and a.dtype == e.dtype, (what, name)
+        err = np.abs(a.astype(np.float64) - e) / np.maximum(np.abs(e), 1e-6)
+        assert err.max() <= rtol, f"{what}: {name} differs by a relative {err.max():.3g}"
+
+
+def trainable(arrays: dict) -> dict:
+    return {k: v for k, v in arrays.items() if "running" not in k}
+
+
+def short(name: str) -> str:
+    return name.split("_", 1)[1]  # hybridsequential0_bconv_weight -> bconv_weight
+
+
+# ---- 1, 3. Gluon equals dist_sync ----
+
+@pytest.mark.parametrize("config", list(GLUON_CONFIGS))
+def test_gluon_training_equals_dist_sync(jobs, config):
+    p3 = jobs.gluon(config, "p3")
+    baseline = jobs.gluon(config, "dist_sync")
+    on_kvstore = int("--update-on-kvstore" not in GLUON_CONFIGS[config])
+    for job in (p3, baseline):
+        for rank in range(WORKERS):
+            assert f"rank {rank} done (update_on_kvstore={on_kvstore})" in job.output, job.output[-3000:]
+    # Servers run the optimizer exactly when update_on_kvstore is on.
+    assert ("p3kv.server: server optimizer:" in p3.output) == bool(on_kvstore), p3.output[-3000:]
+
+    ours = [p3.arrays(f"p3-rank{r}.npz") for r in range(WORKERS)]
+    theirs = [baseline.arrays(f"dist_sync-rank{r}.npz") for r in range(WORKERS)]
+    start = p3.arrays("p3-start-rank0.npz")
+    for name, value in trainable(ours[0]).items():
+        # (bconv_bias moves only by ~1e-7: BatchNorm right after the conv cancels its gradient.)
+        assert not np.array_equal(value, start[name]), f"{name} did not train"
+    assert np.abs(ours[0]["hybridsequential0_cdense_weight"] - start["hybridsequential0_cdense_weight"]).max() > 0.01
+    # Every worker holds the same weights; BatchNorm's running statistics are each worker's own.
+    for r in range(1, WORKERS):
+        assert_close(trainable(ours[r]), trainable(ours[0]), f"p3 worker {r} vs worker 0", rtol=0)
+    # Each worker equals the dist_sync worker of the same rank (same data), running statistics included.
+    for r in range(WORKERS):
+        assert_close(ours[r], theirs[r], f"p3 vs dist_sync, rank {r} ({config})")
+
+
+def test_parameters_span_several_slices_round_robin(jobs):
+    p3 = jobs.gluon("adam", "p3")
+    events = p3.trace("worker", 0)
+    sends = {(e["key"], e["slice"], e["peer"]) for e in events if e["event"] == "send" and e["iteration"] >= 1}
+    slices_of = {}
+    for key, slc, server in sends:
+        slices_of.setdefault(key, {})[slc] = server
+    # adense_weight is 16 x 144 = 2304 elements: 47 slices of at most 50, spread over both servers.
+    assert sorted(slices_of[KEY["adense_weight"]]) == list(range(47))
+    assert set(slices_of[KEY["adense_weight"]].values()) == set(range(SERVERS))
+    assert sorted(slices_of) == sorted(FORWARD_ORDER)  # running statistics are never pushed
+
+
+# ---- 2. Module.fit ----
+
+@pytest.mark.parametrize("update_on_kvstore", [1, 0])
+def test_module_fit_equals_dist_sync(jobs, update_on_kvstore):
+    env = (f"MXNET_UPDATE_ON_KVSTORE={update_on_kvstore}", f"P3_SLICE_SIZE={SLICE}")
+    results = {}
+    for kvstore in ("p3", "dist_sync"):
+        job = jobs.run(f"module-{kvstore}-{update_on_kvstore}", lambda d, kv=kvstore: [MODULE, kv, d],
+                       kvstore=kvstore, env=env).check()
+        for rank in range(WORKERS):
+            assert f"rank {rank} done, update_on_kvstore={update_on_kvstore}" in job.output, job.output[-3000:]
+        results[kvstore] = [job.arrays(f"{kvstore}-rank{r}.npz") for r in range(WORKERS)]
+    ours, theirs = results["p3"], results["dist_sync"]
+    assert set(ours[0]) == {f"{layer}_{p}" for layer in ("zfc", "afc", "mfc") for p in ("weight", "bias")}
+    assert np.abs(ours[0]["mfc_bias"]).max() > 1e-3, "Module.fit did not train"
+    assert_close(ours[1], ours[0], "p3 worker 1 vs worker 0", rtol=0)
+    for r in range(WORKERS):
+        assert_close(ours[r], theirs[r], f"Module p3 vs dist_sync, rank {r}")
+
+
+# ---- 4. Priorities ----
+
+def test_priorities_follow_the_forward_pass_not_key_order(jobs):
+    p3 = jobs.gluon("sgd", "p3")
+    for rank in range(WORKERS):
+        priorities: dict[int, set] = {}
+        for e in p3.trace("worker", rank):
+            if e["event"] == "enqueue" and e["iteration"] >= 1:
+                priorities.setdefault(e["key"], set()).add(e["priority"])
+        # One priority per key, the same for every slice and iteration (the first included).
+        assert all(len(p) == 1 for p in priorities.values()), priorities
+        priority = {k: p.pop() for k, p in priorities.items()}
+        assert sorted(priority, key=lambda k: -priority[k]) == FORWARD_ORDER, priority
+        # First layer first: bconv_weight is the most urgent (0), then -1, -2, ... in forward order.
+        assert [priority[k] for k in FORWARD_ORDER[:4]] == [0, -1, -2, -3], priority
+    # Each worker logs the order it learned (P3_LOG_LEVEL=INFO); running statistics may appear in it.
+    logged = re.findall(r"priorities from the forward pass \(first layer first\): keys \[([\d, ]+)\]", p3.output)
+    assert len(logged) == WORKERS, p3.output[-3000:]
+    for keys in logged:
+        assert [int(k) for k in keys.split(",") if int(k) in FORWARD_ORDER] == FORWARD_ORDER, keys
+
+
+# ---- 5. Overlap ----
+
+OVERLAP_STEPS = 4
+
+
+def test_communication_overlaps_backward_and_the_next_forward(jobs):
+    job = jobs.run("overlap", lambda d: [OVERLAP, d, "--steps", OVERLAP_STEPS],
+                   env=(f"P3_TRACE={jobs._base / 'overlap' / 'trace'}",)).check()
+    for rank in range(WORKERS):
+        with open(job.out / f"overlap-rank{rank}.json") as f:
+            recorded = json.load(f)
+        marks = recorded["marks"]  # when the forward of step s reached the marker behind the first layer
+        assert len(marks) == OVERLAP_STEPS
+        key = {short(name): k for name, k in recorded["keys"].items()}
+        first, last = key["afirst_weight"], key["zlast_weight"]
+        events = job.trace("worker", rank)
+
+        def at(event, k, iteration, events=events):
+            times = [e["ns"] for e in events if e["event"] == event and e["key"] == k and e["iteration"] == iteration]
+            assert times, (event, k, iteration)
+            return min(times)
+
+        report, during_backward, overtakes, overlaps_forward = [], [], [], []
+        # Iteration 1 is special (the first step initialises every key, so backward has ended before the
+        # first pushpull is queued); from iteration 2 on the engine starts each pushpull as its gradient is
+        # written, last layer first.
+        for t in range(2, OVERLAP_STEPS + 1):
+            # (a) the last layer's first slice is on the wire while backward still computes earlier layers.
+            ahead = at("enqueue", first, t) - at("send", last, t)
+            during_backward.append(ahead > 0)
+            # The first layer's one slice overtakes the queued slices of the (much larger) last layer.
+            overtakes.append(at("complete", first, t) < at("complete", last, t))
+            report.append(f"it {t}: last layer sent {ahead / 1e6:.1f} ms before the first layer's gradient was "
+                          f"ready; first layer done first: {overtakes[-1]}")
+            if t < OVERLAP_STEPS:
+                # (b) forward of step t+1 (marks[t]) ran past the first layer before the last layer's update of
+                # iteration t arrived.
+                margin = at("complete", last, t) - marks[t]
+                overlaps_forward.append(margin > 0)
+                report.append(f"it {t}: next forward passed layer 1 {margin / 1e6:.1f} ms before the last layer "
+                              "completed")
+        print(f"worker {rank}:", "; ".join(report))
+        assert all(during_backward), report
+        # Both below hold in every iteration on an idle machine; a worker starved of CPU by other processes can
+        # push its first layer so late that the last layer is done first, so one iteration is required.
+        assert any(overtakes), report
+        assert any(overlaps_forward), report
+
+
+# ---- 6. Optimizer states ----
+
+RESUME_CONFIGS = {"sgd": [], "adam": ["--optimizer", "adam"]}
+
+
+@pytest.mark.parametrize("config", list(RESUME_CONFIGS))
+def test_states_saved_mid_training_resume_exactly(jobs, config):
+    full = jobs.gluon(config, "p3")  # 20 steps, states saved after step 10 (pushpulls still in flight)
+    resumed = jobs.run(f"{config}-resumed", lambda d: [
+        GLUON, "p3", d, "--steps", STEPS - CHECKPOINT, "--resume", full.out, "--start-step", CHECKPOINT,
+        *RESUME_CONFIGS[config]], env=(f"P3_SLICE_SIZE={SLICE}",)).check()
+    for r in range(WORKERS):
+        assert_close(resumed.arrays(f"p3-rank{r}.npz"), full.arrays(f"p3-rank{r}.npz"),
+                     f"10 + resumed 10 steps vs 20 steps, rank {r} ({config})", rtol=1e-6)
+
+    # The file is MXNet's Updater format: per key states of the whole parameter, and the optimizer, which
+    # carries the servers' update counts (Adam's bias correction continues from them).
+    with open(full.out / "states-rank0", "rb") as f:
+        data = f.read()
+    updater = mx.optimizer.get_updater(mx.optimizer.SGD())
+    updater.set_states(data)
+    expected_type = mx.optimizer.Adam if config == "adam" else mx.optimizer.SGD
+    assert type(updater.optimizer) is expected_type
+    assert updater.optimizer._index_update_count == {k: CHECKPOINT for k in FORWARD_ORDER}
+    shapes = {KEY[short(n)]: v.shape for n, v in full.arrays("checkpoint-rank0.npz").items()}
+    assert sorted(updater.states) == sorted(FORWARD_ORDER)
+    for k, state in updater.states.items():
+        parts = state if isinstance(state, tuple) else (state,)
+        assert len(parts) == (2 if config == "adam" else 1)
+        for part in parts:
+            assert isinstance(part, mx.nd.NDArray) and part.shape == shapes[k], (k, part.shape)
+            assert np.isfinite(part.asnumpy()).all() and np.abs(part.asnumpy()).max() > 0, k
+    states, optimizer = pickle.loads(data)
+    assert set(states) == set(FORWARD_ORDER) and optimizer.num_update == CHECKPOINT
+
+
+def test_states_carry_gluon_lr_and_wd_multipliers(jobs):
+    # Gluon keeps lr_mult/wd_mult in optimizer.param_dict, which pickling drops (dist_sync's servers ignore
+    # them): p3's servers honour them, also after load_states. gluon_train --mults freezes cdense_weight
+    # (lr_mult 0), halves bconv_weight's learning rate and turns off dbn_gamma's weight decay.
+    env = (f"P3_SLICE_SIZE={SLICE}",)
+    full = jobs.run("mults", lambda d: [GLUON, "p3", d, "--steps", 6, "--checkpoint-at", 3, "--mults"],
+                    env=env).check()
+    resumed = jobs.run("mults-resumed", lambda d: [
+        GLUON, "p3", d, "--steps", 3, "--resume", full.out, "--start-step", 3, "--mults"], env=env).check()
+    start, end = full.arrays("p3-start-rank0.npz"), full.arrays("p3-rank0.npz")
+    frozen, trained = "hybridsequential0_cdense_weight", "hybridsequential0_cdense_bias"
+    assert np.array_equal(end[frozen], start[frozen]) and not np.array_equal(end[trained], start[trained])
+    for r in range(WORKERS):
+        assert_close(resumed.arrays(f"p3-rank{r}.npz"), full.arrays(f"p3-rank{r}.npz"),
+                     f"3 + resumed 3 steps vs 6 steps with multipliers, rank {r}", rtol=1e-6)
+    with open(full.out / "states-rank0", "rb") as f:
+        _, optimizer = pickle.loads(f.read())
+    assert optimizer.lr_mult == {KEY["bconv_weight"]: 0.5, KEY["cdense_weight"]: 0.0} | {
+        k: 1.0 for k in KEY.values() if k not in (KEY["bconv_weight"], KEY["cdense_weight"])}
+    assert optimizer.wd_mult[KEY["dbn_gamma"]] == 0.0
+
+
+# ---- 7. A failing server-side optimizer ----
+
+def test_server_optimizer_error_surfaces_as_mxnet_error(jobs):
+    job = jobs.run("exploding", lambda d: [GLUON, "p3", d, "--fail-optimizer"],
+                   env=(f"PYTHONPATH={SCRIPTS}",), timeout=60)
+    assert job.returncode not in (0, 124), job.output[-6000:]  # failed, and not by the launcher's timeout
+    found = re.findall(r"rank (\d): MXNetError after ([\d.]+) s of training: (.*)", job.output)
+    assert found, job.output[-6000:]
+    for _, seconds, message in found:
+        assert float(seconds) < 20, found
+        # e.g. "p3kv: server 1 at ... rejected key '3' (iteration 3): the update function failed: ValueError:
+        # exploding optimizer at step 3"
+        assert re.search(r"p3kv: server \d .*\(iteration 3\): the update function failed: ValueError: "
+                         r"exploding optimizer at step 3", message), message
+    assert job.seconds < JOB_TIMEOUT / 2, job.seconds
+
+
+# ---- 8. Bad input ----
+
+def test_bad_kvstore_calls_raise_clear_errors(jobs):
+    job = jobs.run("misuse", lambda d: [MISUSE], timeout=60)
+    results = [json.loads(line.split("RESULT ", 1)[1]) for line in job.output.splitlines() if "RESULT " in line]
+    by_case: dict[str, list] = {}
+    for r in results:
+        by_case.setdefault(r["case"], []).append(r)
+    assert set(by_case) == {"uninitialised key", "gradient shape", "out shape", "init twice"}, job.output[-4000:]
+    for case, outcomes in by_case.items():
+        assert len(outcomes) == WORKERS, (case, outcomes)
+        for o in outcomes:
+            assert o["raised"] == "ConfigError" and o["seconds"] < 5, (case, o)
+    assert "was never initialised" in by_case["uninitialised key"][0]["message"]
+    assert "(2, 3)" in by_case["out shape"][0]["message"] and "(2, 2)" in by_case["out shape"][0]["message"]
+    # Workers disagreeing on a key's size: only a server can tell. The worker whose init it rejects gets
+    # P3Error naming the key and exits non-zero, which ends the job: no hang.
+    assert job.returncode not in (0, 124), job.output[-4000:]
+    assert re.search(r"P3Error: server \d .*rejected key '1'.*every worker must use the same shape", job.output)
+    assert job.seconds < 40, job.seconds
+
