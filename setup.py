@@ -18,7 +18,8 @@ core = Pybind11Extension(
     cxx_std=17,
     extra_compile_args=["-O2", "-Wall", "-Wextra"],
     extra_link_args=["-pthread"],
-    libraries=["dl"],  # the engine bridge finds libmxnet's C API at run time
+    # dl: the engine bridge finds libmxnet's C API at run time; crypto: HMAC for the connection handshake.
+    libraries=["dl", "crypto"],
 )
 
 setup(ext_modules=[core], cmdclass={"build_ext": build_ext})

@@ -64,6 +64,13 @@ VARIABLES: tuple[Variable, ...] = (
              "rejected before any allocation."),
     Variable("P3_SERVER_QUEUE_BYTES", int, 64 << 20, "Server: payload bytes it holds received but not yet "
              "aggregated; beyond this it stops reading from workers (bounds server memory)."),
+    Variable("P3_SECRET", str, "", "The job's shared secret: every connection proves it with an HMAC "
+             "challenge-response. The launcher generates one per job. Empty (and no P3_SECRET_FILE): connections "
+             "are checked against an empty secret, i.e. not protected."),
+    Variable("P3_SECRET_FILE", str, "", "A file holding the shared secret (used when P3_SECRET is empty)."),
+    Variable("P3_HEARTBEAT_INTERVAL", float, 1.0, "Seconds between heartbeats of each node and the scheduler."),
+    Variable("P3_HEARTBEAT_TIMEOUT", float, 10.0, "Seconds of silence after which the scheduler declares a node "
+             "dead (and a node the scheduler); every process then exits non-zero naming it."),
     Variable("P3_TRACE", str, "", "If set, a path prefix: each node writes its per-slice events as "
              "Chrome-trace JSON to PREFIX.<role><rank>.json when it closes."),
     Variable("P3_BASELINE", str, "", "Set by the launcher in baseline jobs (dist_sync or mxnet-p3) so a training "
@@ -91,6 +98,10 @@ class Config:
     timeout: float = 600.0
     max_message_bytes: int = 1 << 30
     server_queue_bytes: int = 64 << 20
+    secret: str = dataclasses.field(default="", repr=False)
+    secret_file: str = ""
+    heartbeat_interval: float = 1.0
+    heartbeat_timeout: float = 10.0
     trace: str = ""
     baseline: str = ""
     log_level: str = "WARNING"
@@ -156,6 +167,18 @@ def load(environ: Mapping[str, str] | None = None, role: Role | None = None, **o
     for name in ("num_worker", "num_server", "slice_size", "socket_buffer", "max_message_bytes",
                  "server_queue_bytes"):
         _positive("P3_" + name.upper(), int(values[name]))
+    if float(values["heartbeat_interval"]) <= 0 or float(values["heartbeat_timeout"]) <= float(
+            values["heartbeat_interval"]):
+        raise ConfigError(f"P3_HEARTBEAT_TIMEOUT={values['heartbeat_timeout']} must exceed P3_HEARTBEAT_INTERVAL="
+                          f"{values['heartbeat_interval']} (> 0)")
+    if not values["secret"] and values["secret_file"]:
+        try:
+            with open(str(values["secret_file"])) as f:
+                values["secret"] = f.read().strip()
+        except OSError as e:
+            raise ConfigError(f"P3_SECRET_FILE={values['secret_file']!r} cannot be read: {e.strerror}") from None
+        if not values["secret"]:
+            raise ConfigError(f"P3_SECRET_FILE={values['secret_file']!r} is empty")
     if not 0 < int(values["root_port"]) < 65536:
         raise ConfigError(f"P3_ROOT_PORT={values['root_port']} is not a TCP port (1-65535)")
     if not 0 <= int(values["port"]) < 65536:
@@ -207,6 +230,8 @@ def environment_for(config: Config, role: Role) -> dict[str, str]:
         value = getattr(config, var.name[3:].lower())
         if var.name == "P3_ROLE":
             value = role.value
+        if var.name == "P3_SECRET" and config.secret_file:
+            continue  # the children read the file themselves: keep the secret out of environments
         if value is None or value == "":
             continue
         env[var.name] = str(value)

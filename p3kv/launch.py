@@ -19,6 +19,7 @@ import errno
 import logging
 import math
 import os
+import secrets
 import shlex
 import socket
 import sys
@@ -190,6 +191,9 @@ def plan(job: Job, host: str, port: int, environ: Mapping[str, str]) -> list[Pro
     base = dict(environ)
     base.setdefault("PYTHONUNBUFFERED", "1")  # so output is forwarded as it is written, not at exit
     base.update(job.env)
+    if job.kvstore is KVStore.P3 and not base.get("P3_SECRET") and not base.get("P3_SECRET_FILE"):
+        # A fresh secret per job: only this job's processes can connect to its scheduler and servers.
+        base["P3_SECRET"] = secrets.token_hex(32)
     specs = [ProcessSpec("scheduler", job.scheduler_command or _default_command(job.kvstore, Role.SCHEDULER),
                          _role_environment(job, Role.SCHEDULER, host, port, base), "scheduler", primary=False)]
     server_env = _role_environment(job, Role.SERVER, host, port, base)

@@ -42,6 +42,9 @@ def node_config(config: Config) -> _p3.NodeConfig:
     node.max_message_bytes = config.max_message_bytes
     node.server_queue_bytes = config.server_queue_bytes
     node.trace = bool(config.trace)
+    node.secret = config.secret
+    node.heartbeat_interval = config.heartbeat_interval
+    node.heartbeat_timeout = config.heartbeat_timeout
     return node
 
 

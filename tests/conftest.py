@@ -25,3 +25,13 @@ def run_job(workers, servers, worker_args, *, env=None, server_script=None, time
 @pytest.fixture
 def job_runner():
     return run_job
+
+
+@pytest.fixture
+def nodes():
+    """The processes a test started (objects with a kill() method, e.g. test_failures.Node); whatever still runs
+    at teardown is killed."""
+    started: list = []
+    yield started
+    for node in started:
+        node.kill()

@@ -1,7 +1,8 @@
 """Failure behaviour of real p3kv processes on loopback: bad configuration fails fast with a message naming the
-variable; malformed connections to a server are refused and logged while a job keeps computing correct sums; a
-node killed with SIGKILL or an update function that raises makes every blocked wait raise P3Error within a bound
-and every process exit non-zero.
+variable; malformed connections to a server (failing the secret handshake, or authenticated with the job's secret
+but sending bad frames) are refused and logged while a job keeps computing correct sums; a node killed with
+SIGKILL or an update function that raises makes every blocked wait raise P3Error within a bound and every process
+exit non-zero. tests/test_security_liveness.py covers the secret and heartbeats further.
 
 Jobs are started process by process (scheduler, servers, workers) with explicit P3_* environments, so each exit
 code and each process's output can be checked. The servers run tests/scripts/report_server.py, which prints its
@@ -15,6 +16,7 @@ from __future__ import annotations
 import os
 import queue
 import re
+import secrets
 import signal
 import socket
 import struct
@@ -22,9 +24,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
+import p3auth
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -36,6 +38,7 @@ RAISING_SERVER = str(SCRIPTS / "raising_server.py")
 STEP = 20.0  # seconds: no single wait of these tests may take longer
 FAILURE_BOUND = 10.0  # seconds from a node's death to every other process's exit
 HOST = "127.0.0.1"
+SECRET = secrets.token_hex(16)  # P3_SECRET of the jobs these tests start node by node
 
 MAGIC = 0x564B3350
 HELLO, PUSH = 9, 11
@@ -70,9 +73,10 @@ def base_env(**extra: str) -> dict[str, str]:
 
 
 def node_env(role: str, root_port: int | None, workers: int = 2, servers: int = 2, **extra: str) -> dict[str, str]:
-    """`base_env` plus the description of a job on loopback for a node of `role` (no P3_ROOT_PORT if None)."""
+    """`base_env` plus the description of a job on loopback for a node of `role` (no P3_ROOT_PORT if None), with
+    P3_SECRET=SECRET unless `extra` says otherwise."""
     job = {"P3_ROLE": role, "P3_ROOT_URI": HOST, "P3_NODE_HOST": HOST, "P3_NUM_WORKER": str(workers),
-           "P3_NUM_SERVER": str(servers)}
+           "P3_NUM_SERVER": str(servers), "P3_SECRET": SECRET}
     if root_port is not None:
         job["P3_ROOT_PORT"] = str(root_port)
     return base_env(**{**job, **extra})
@@ -144,15 +148,6 @@ class Node:
         self.proc.wait(timeout=STEP)
 
 
-@pytest.fixture
-def nodes() -> Iterator[list[Node]]:
-    """The test's processes; whatever still runs at teardown is killed."""
-    started: list[Node] = []
-    yield started
-    for node in started:
-        node.kill()
-
-
 def run_node(argv: list[str], env: dict[str, str]) -> tuple[int, str, float]:
     """Run a process to its end (hard timeout STEP); its exit code, merged output and running time."""
     start = time.monotonic()
@@ -165,16 +160,18 @@ class Job:
     """A scheduler, `servers` servers and `workers` workers started as separate processes."""
 
     def __init__(self, nodes: list[Node], *, workers: int = 2, servers: int = 2,
-                 server_script: str = REPORT_SERVER, worker_args: tuple[str, ...] = ()):
+                 server_script: str = REPORT_SERVER, worker_args: tuple[str, ...] = (), **env: str):
+        """`env`: extra variables for every process (e.g. P3_HEARTBEAT_TIMEOUT)."""
         port = free_port()  # another process could take it first; then the scheduler fails and the test shows why
+        self.port = port  # the scheduler's (P3_ROOT_PORT)
         self.scheduler = Node("scheduler", [sys.executable, "-m", "p3kv.scheduler"],
-                              node_env("scheduler", port, workers, servers))
+                              node_env("scheduler", port, workers, servers, **env))
         nodes.append(self.scheduler)
         self.servers = [Node(f"server process {i}", [sys.executable, server_script],
-                             node_env("server", port, workers, servers)) for i in range(servers)]
+                             node_env("server", port, workers, servers, **env)) for i in range(servers)]
         nodes.extend(self.servers)
         self.workers = [Node(f"worker process {i}", [sys.executable, FAILURE_WORKER, *worker_args],
-                             node_env("worker", port, workers, servers)) for i in range(workers)]
+                             node_env("worker", port, workers, servers, **env)) for i in range(workers)]
         nodes.extend(self.workers)
 
     def server_ports(self) -> dict[int, tuple[Node, int, int]]:
@@ -314,8 +311,22 @@ def test_shape_dtype_and_unknown_keys_raise_config_error_and_the_job_completes()
 
 # ---- malformed connections to a server during a job ----
 
-BAD_CONNECTIONS = {
-    # name: (bytes to send before closing, the reason the server must log)
+UNAUTHENTICATED = "the peer does not know the job's secret (P3_SECRET)"
+HANDSHAKE_ENDED = "connection ended during the handshake (answer to the challenge)"
+
+# Connections that fail the handshake: name -> (a function that behaves badly on a fresh socket, the reason).
+BAD_HANDSHAKES = {
+    "garbage": (lambda s: s.sendall(bytes(range(256))), UNAUTHENTICATED),
+    "silent": (lambda s: None, HANDSHAKE_ENDED),
+    "truncated answer": (lambda s: s.sendall(bytes(30)), HANDSHAKE_ENDED),
+    "frame instead of answer": (lambda s: s.sendall(header(HELLO)), UNAUTHENTICATED),
+    "wrong secret": (lambda s: p3auth.authenticate(s, "not the job's secret"), UNAUTHENTICATED),
+    "no secret": (lambda s: p3auth.authenticate(s, ""), UNAUTHENTICATED),
+}
+
+# Connections that authenticate with the job's secret, then send bytes that are not a valid HELLO.
+BAD_FRAMES = {
+    # name: (bytes to send after the handshake, before closing; the reason the server must log)
     "garbage": (bytes(range(256)), "bad magic"),
     "bad magic": (header(HELLO, magic=0x12345678), "bad magic"),
     "bad version": (header(HELLO, version=7), "protocol version 7, expected 1"),
@@ -324,9 +335,36 @@ BAD_CONNECTIONS = {
     "truncated frame": (header(PUSH, count=250, payload_bytes=1000) + bytes(10), "expected HELLO, got PUSH"),
     "truncated header": (header(HELLO)[:30], "connection closed in the middle of a frame (truncated)"),
     "silent": (b"", "connection closed by peer"),
+    "HELLO with payload": (header(HELLO, payload_bytes=8) + bytes(8), "HELLO with a 8-byte payload"),
     "unknown worker": (header(HELLO, sender=7), "HELLO from worker rank 7, but the job has 2 workers"),
     "impostor": (header(HELLO, sender=0), "a second connection claims to be worker 0"),
 }
+
+
+def refused_reason(node: Node, who: str, local_port: int) -> str:
+    """The reason `node` (whose logs say `who`: "server 0", "scheduler") logged for refusing the connection
+    from our `local_port`."""
+    return node.wait_for(rf"p3kv\.core\[{who}\]: refused the connection from {HOST}:{local_port}: (.*)$").group(1)
+
+
+def bad_handshake(port: int, behave) -> int:
+    """Connect to `port`, misbehave during the handshake, close; our local port."""
+    with socket.create_connection((HOST, port), timeout=STEP) as s:
+        local_port = s.getsockname()[1]
+        try:
+            behave(s)
+        except ConnectionError:
+            pass  # the acceptor hung up on a wrong answer: what we test
+    return local_port
+
+
+def bad_frame(port: int, data: bytes, secret: str = SECRET) -> int:
+    """Connect to `port`, pass the handshake, send `data`, close; our local port."""
+    with socket.create_connection((HOST, port), timeout=STEP) as s:
+        local_port = s.getsockname()[1]
+        p3auth.authenticate(s, secret)
+        s.sendall(data)
+    return local_port
 
 
 def test_malformed_connections_are_refused_while_the_job_computes_correct_sums(nodes, tmp_path):
@@ -334,13 +372,9 @@ def test_malformed_connections_are_refused_while_the_job_computes_correct_sums(n
     job = Job(nodes, worker_args=("--stop-file", str(stop)))
     rank0, _, port = job.server_ports()[0]
     job.wait_iteration(2)  # both workers are connected and pushing
-    reasons = {}
-    for name, (data, _) in BAD_CONNECTIONS.items():
-        with socket.create_connection((HOST, port), timeout=STEP) as s:
-            local_port = s.getsockname()[1]
-            s.sendall(data)
-        m = rank0.wait_for(rf"p3kv\.core\[server 0\]: refused the connection from {HOST}:{local_port}: (.*)$")
-        reasons[name] = m.group(1)
+    handshakes = {name: refused_reason(rank0, "server 0", bad_handshake(port, behave))
+                  for name, (behave, _) in BAD_HANDSHAKES.items()}
+    frames = {name: refused_reason(rank0, "server 0", bad_frame(port, data)) for name, (data, _) in BAD_FRAMES.items()}
     # The job kept going: every worker completes further iterations (each checked against numpy), then stops.
     last = max(int(n) for n in re.findall(r"^iteration (\d+) ok$", job.workers[0].output, re.MULTILINE))
     job.wait_iteration(last + 3)
@@ -352,8 +386,9 @@ def test_malformed_connections_are_refused_while_the_job_computes_correct_sums(n
     assert len(done) == 1 and int(done.pop()) >= last + 3
     for node in job.servers + [job.scheduler]:
         assert node.finish() == 0, node.output
-    for name, (_, reason) in BAD_CONNECTIONS.items():
-        assert reason in reasons[name], f"{name}: the server logged {reasons[name]!r}, expected {reason!r}"
+    for logged, expected in ((handshakes, BAD_HANDSHAKES), (frames, BAD_FRAMES)):
+        for name, (_, reason) in expected.items():
+            assert reason in logged[name], f"{name}: the server logged {logged[name]!r}, expected {reason!r}"
 
 
 # ---- a node dies ----

@@ -90,6 +90,7 @@ const char* CommandName(Command c) {
     case Command::kBye: return "BYE";
     case Command::kRequest: return "REQUEST";
     case Command::kReply: return "REPLY";
+    case Command::kHeartbeat: return "HEARTBEAT";
   }
   return "?";
 }

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "p3/codec.h"
+#include "p3/handshake.h"
 
 namespace p3 {
 
@@ -35,6 +36,10 @@ void Connection::SendLastWords(const Header& h, const void* payload, double time
   if (socket_.SendVec(iov, h.payload_bytes > 0 ? 2 : 1).ok()) {
     counters_->CountSent(h.command, kHeaderBytes + h.payload_bytes);
   }
+}
+
+Status Connection::Authenticate(const std::string& secret, double timeout_s) const {
+  return AuthenticateConnector(socket_, secret, timeout_s);
 }
 
 Status Connection::ReadHeader(Header* h) {

@@ -6,12 +6,14 @@
 
 #include <chrono>
 
+#include "p3/handshake.h"
 #include "p3/log.h"
 
 namespace p3 {
 
 struct Scheduler::Member {
   std::shared_ptr<Connection> conn;
+  std::chrono::steady_clock::time_point last_seen;
   bool registered = false;
   Registration reg;
   int rank = -1;
@@ -20,8 +22,10 @@ struct Scheduler::Member {
 };
 
 namespace {
-// A peer that starts a frame must finish it promptly; the scheduler serves everyone on one thread.
+// A peer that starts a frame (or the handshake) must finish it promptly; the scheduler serves everyone on
+// one thread.
 constexpr double kFrameTimeoutS = 10.0;
+constexpr double kHandshakeTimeoutS = 2.0;
 }  // namespace
 
 Scheduler::Scheduler(NodeConfig config) : config_(std::move(config)) {}
@@ -121,6 +125,7 @@ Status Scheduler::SendTables() {
     if (!st.ok()) return Status::PeerLost(Describe(*m) + " left during rendezvous: " + st.message());
   }
   tables_sent_ = true;
+  for (auto& m : members_) m->last_seen = std::chrono::steady_clock::now();  // heartbeats start now
   Log(LogLevel::kInfo, "scheduler", "all " + std::to_string(members_.size()) + " nodes registered");
   return Status::Ok();
 }
@@ -161,6 +166,11 @@ Status Scheduler::HandleFrame(Member* m, const Header& h, std::string payload) {
 Status Scheduler::Run(const InterruptCheck& interrupted) {
   using Clock = std::chrono::steady_clock;
   const auto deadline = Clock::now() + std::chrono::duration<double>(config_.connect_timeout);
+  const auto heartbeat_interval =
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(config_.heartbeat_interval));
+  const auto heartbeat_timeout =
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(config_.heartbeat_timeout));
+  auto next_heartbeat = Clock::now();
   Status failure;
   while (failure.ok()) {
     if (tables_sent_ && finished_workers_ == config_.num_worker) {
@@ -181,6 +191,24 @@ Status Scheduler::Run(const InterruptCheck& interrupted) {
           "with the same P3_ROOT_URI/P3_ROOT_PORT and check they can reach it");
       break;
     }
+    if (tables_sent_) {
+      const auto now = Clock::now();
+      if (now >= next_heartbeat) {
+        Broadcast(Command::kHeartbeat, "", true, true);
+        next_heartbeat = now + heartbeat_interval;
+      }
+      for (auto& m : members_) {
+        // A member whose frames are waiting was only not read yet (e.g. during a slow handshake): alive.
+        if (m->registered && now - m->last_seen > heartbeat_timeout && !m->conn->WaitReadable(0)) {
+          failure = Status::PeerLost(Describe(*m) + " sent nothing for " +
+                                     std::to_string(static_cast<int>(config_.heartbeat_timeout)) +
+                                     " s (P3_HEARTBEAT_TIMEOUT): the process hung, its host died, or the network "
+                                     "to it failed");
+          break;
+        }
+      }
+      if (!failure.ok()) break;
+    }
     std::vector<pollfd> fds;
     fds.push_back({listener_.fd(), POLLIN, 0});
     fds.push_back({wake_pipe_[0], POLLIN, 0});
@@ -193,8 +221,15 @@ Status Scheduler::Run(const InterruptCheck& interrupted) {
       Socket s;
       std::string peer;
       if (listener_.Accept(0, &s, &peer).ok()) {
+        const Status auth = AuthenticateConnector(s, config_.secret, kHandshakeTimeoutS);
+        if (!auth.ok()) {
+          counters_.rejected_frames.fetch_add(1, std::memory_order_relaxed);
+          Log(LogLevel::kWarning, "scheduler", "refused the connection from " + peer + ": " + auth.message());
+          continue;
+        }
         s.SetReceiveTimeout(kFrameTimeoutS);
         auto m = std::make_unique<Member>();
+        m->last_seen = Clock::now();
         m->conn = std::make_shared<Connection>(std::move(s), peer, kMaxControlBytes, &counters_);
         members_.push_back(std::move(m));
       }
@@ -206,6 +241,8 @@ Status Scheduler::Run(const InterruptCheck& interrupted) {
       Status st = m->conn->ReadHeader(&h);
       std::string payload;
       if (st.ok()) st = m->conn->ReadPayload(&payload, h.payload_bytes);
+      if (st.ok()) m->last_seen = Clock::now();
+      if (st.ok() && h.command == Command::kHeartbeat) continue;
       if (st.ok()) {
         const Status handled = HandleFrame(m, h, std::move(payload));
         if (handled.ok()) continue;

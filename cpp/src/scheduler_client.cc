@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "p3/handshake.h"
 #include "p3/log.h"
 
 namespace p3 {
@@ -18,6 +19,8 @@ Status SchedulerClient::Join(const std::string& host, uint16_t listen_port, Node
     return st.WithContext("cannot reach the scheduler at P3_ROOT_URI=" + config_.root_uri +
                           " P3_ROOT_PORT=" + std::to_string(config_.root_port) + " (is it running?)");
   }
+  st = AuthenticateToAcceptor(s, config_.secret, config_.connect_timeout);
+  if (!st.ok()) return st.WithContext("the scheduler at " + config_.root_uri + ":" + std::to_string(config_.root_port));
   link_ = std::make_shared<Connection>(std::move(s), "scheduler at " + config_.root_uri + ":" +
                                        std::to_string(config_.root_port), kMaxControlBytes, counters_);
   Registration reg;
@@ -51,12 +54,30 @@ Status SchedulerClient::Join(const std::string& host, uint16_t listen_port, Node
     return Status::Invalid(std::string("expected NODE_TABLE from the scheduler, got ") +
                            CommandName(reply.command));
   }
-  return DecodeNodeTable(body, table);
+  st = DecodeNodeTable(body, table);
+  if (!st.ok()) return st;
+  // From now on the scheduler speaks at least every heartbeat interval: silence means it (or the network
+  // to it) is gone.
+  link_->SetReceiveTimeout(config_.heartbeat_timeout);
+  return st;
 }
 
 void SchedulerClient::Start(Handlers handlers) {
   handlers_ = std::move(handlers);
   reader_ = std::thread([this] { ReadLoop(); });
+  heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+}
+
+void SchedulerClient::HeartbeatLoop() {
+  const auto interval = std::chrono::duration<double>(config_.heartbeat_interval);
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!cv_.wait_for(lock, interval, [&] { return stopping_ || !failure_.ok(); })) {
+    lock.unlock();
+    Header h;
+    h.command = Command::kHeartbeat;
+    link_->Send(h, nullptr);  // a failed send shows up as a read failure on the reader thread
+    lock.lock();
+  }
 }
 
 void SchedulerClient::ReadLoop() {
@@ -70,8 +91,13 @@ void SchedulerClient::ReadLoop() {
       if (stopping_) return;
     }
     if (!st.ok()) {
-      Status failure = Status::PeerLost("lost the connection to the scheduler (" + st.message() +
-                                        "): the scheduler died or the network failed");
+      Status failure = st.code() == Status::Code::kTimeout
+                           ? Status::PeerLost("no word from the scheduler for " +
+                                              std::to_string(static_cast<int>(config_.heartbeat_timeout)) +
+                                              " s (P3_HEARTBEAT_TIMEOUT): it hung, its host died, or the network "
+                                              "to it failed")
+                           : Status::PeerLost("lost the connection to the scheduler (" + st.message() +
+                                              "): the scheduler died or the network failed");
       {
         std::lock_guard<std::mutex> lock(mu_);
         failure_ = failure;
@@ -81,6 +107,8 @@ void SchedulerClient::ReadLoop() {
       return;
     }
     switch (h.command) {
+      case Command::kHeartbeat:
+        break;
       case Command::kBarrierDone: {
         std::lock_guard<std::mutex> lock(mu_);
         ++barriers_done_;
@@ -162,6 +190,8 @@ void SchedulerClient::Stop() {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
   }
+  cv_.notify_all();
+  if (heartbeat_.joinable()) heartbeat_.join();
   if (link_) link_->Shutdown();
   // A handler running on the reader thread may end up here; the thread is about to return then.
   if (reader_.joinable() && reader_.get_id() != std::this_thread::get_id()) reader_.join();

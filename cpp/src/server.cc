@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <climits>
+#include <thread>
 #include <cstring>
 
 #include "p3/log.h"
@@ -81,30 +82,55 @@ Status Server::Start() {
   return Status::Ok();
 }
 
+void Server::ReapReceiversLocked() {
+  for (auto it = receivers_.begin(); it != receivers_.end();) {
+    if (it->done->load()) {
+      it->thread.join();  // already returned
+      it = receivers_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
 void Server::AcceptLoop() {
   while (!stopping_) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ReapReceiversLocked();  // refused connections must not pile up descriptors
+    }
     Socket s;
     std::string peer;
     Status st = listener_.Accept(-1, &s, &peer);
     if (stopping_) return;
     if (!st.ok()) {
       Log(LogLevel::kWarning, "server " + std::to_string(rank_), st.message());
+      // Out of descriptors (or a similar transient error): back off instead of spinning on accept().
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
       continue;
     }
-    auto conn = std::make_shared<Connection>(std::move(s), peer, config_.max_message_bytes,
-                                             &counters_);
+    auto conn = std::make_shared<Connection>(std::move(s), peer, config_.max_message_bytes, &counters_);
+    auto done = std::make_shared<std::atomic<bool>>(false);
     std::lock_guard<std::mutex> lock(mu_);
-    accepted_.push_back(conn);
-    receivers_.emplace_back([this, conn] { ReceiveLoop(conn); });
+    receivers_.push_back(Receiver{std::thread([this, conn, done] {
+                                    ReceiveLoop(conn);
+                                    done->store(true);
+                                  }),
+                                  conn, done});
   }
 }
 
 void Server::ReceiveLoop(std::shared_ptr<Connection> conn) {
   const std::string who = "server " + std::to_string(rank_);
-  // The first frame must be a HELLO from a worker of this job, promptly.
+  // The peer must prove the job's secret, then say HELLO as a worker of this job, promptly.
   Header h;
-  Status st = conn->WaitReadable(config_.connect_timeout) ? conn->ReadHeader(&h)
-                                                          : Status::Timeout("no HELLO within P3_CONNECT_TIMEOUT");
+  Status st = conn->Authenticate(config_.secret, config_.connect_timeout);
+  bool counted = false;  // Connection::ReadHeader counts the frames it fails to decode itself
+  if (st.ok()) {
+    st = conn->WaitReadable(config_.connect_timeout) ? conn->ReadHeader(&h)
+                                                     : Status::Timeout("no HELLO within P3_CONNECT_TIMEOUT");
+    counted = st.code() == Status::Code::kInvalid;
+  }
   if (st.ok() && h.command != Command::kHello) {
     st = Status::Invalid(std::string("expected HELLO, got ") + CommandName(h.command));
   } else if (st.ok() && h.payload_bytes != 0) {
@@ -124,7 +150,9 @@ void Server::ReceiveLoop(std::shared_ptr<Connection> conn) {
     }
   }
   if (!st.ok()) {
-    if (st.code() == Status::Code::kInvalid) counters_.rejected_frames.fetch_add(1, std::memory_order_relaxed);
+    if (!counted && st.code() != Status::Code::kPeerLost) {
+      counters_.rejected_frames.fetch_add(1, std::memory_order_relaxed);
+    }
     if (!stopping_) Log(LogLevel::kWarning, who, "refused the connection from " + conn->peer() + ": " + st.message());
     conn->Shutdown();
     return;
@@ -453,11 +481,11 @@ Status Server::Run(const InterruptCheck& interrupted) {
   inbox_.Abort();  // after SHUTDOWN every worker has all its broadcasts; after a failure nothing matters
   if (consumer_.joinable()) consumer_.join();
   std::vector<std::shared_ptr<Connection>> conns;
-  std::vector<std::thread> receivers;
+  std::vector<Receiver> receivers;
   {
     std::lock_guard<std::mutex> lock(mu_);
     conns = workers_;
-    conns.insert(conns.end(), accepted_.begin(), accepted_.end());
+    for (const Receiver& r : receivers_) conns.push_back(r.conn);
     receivers.swap(receivers_);
   }
   if (result.ok()) {
@@ -486,7 +514,7 @@ Status Server::Run(const InterruptCheck& interrupted) {
   for (auto& c : conns) {
     if (c) c->Shutdown();
   }
-  for (auto& t : receivers) t.join();
+  for (auto& r : receivers) r.thread.join();
   scheduler_.Stop();
   return result;
 }

@@ -5,6 +5,7 @@
 #include <climits>
 #include <set>
 
+#include "p3/handshake.h"
 #include "p3/log.h"
 
 namespace p3 {
@@ -46,6 +47,7 @@ Status Worker::Start() {
     const std::string peer = "server " + std::to_string(n.rank) + " at " + n.host + ":" + std::to_string(n.port);
     Socket s;
     st = Socket::Connect(n.host, n.port, config_.socket_buffer, config_.connect_timeout, &s);
+    if (st.ok()) st = AuthenticateToAcceptor(s, config_.secret, config_.connect_timeout);
     if (!st.ok()) return st.WithContext("worker " + std::to_string(rank_) + " cannot reach " + peer);
     auto conn = std::make_shared<Connection>(std::move(s), peer, config_.max_message_bytes, &counters_);
     Header hello;

@@ -8,8 +8,11 @@
 #include <thread>
 #include <vector>
 
+#include <sys/socket.h>
+
 #include "p3/codec.h"
 #include "p3/dtype.h"
+#include "p3/handshake.h"
 #include "p3/priority_queue.h"
 #include "p3/slicer.h"
 
@@ -210,6 +213,42 @@ void TestAggregation() {
   CHECK(ax[0] == 2 && ax[1] == -10);
 }
 
+// Runs both ends of the handshake over a socket pair; returns (acceptor's status, connector's status).
+std::pair<p3::Status, p3::Status> Handshake(const std::string& acceptor_secret, const std::string& connector_secret) {
+  int fds[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) return {p3::Status::IoError("socketpair"), p3::Status()};
+  p3::Socket acceptor(fds[0]), connector(fds[1]);
+  p3::Status a;
+  std::thread t([&] {
+    a = p3::AuthenticateConnector(acceptor, acceptor_secret, 2.0);
+    if (!a.ok()) acceptor.Shutdown();  // a refusing acceptor hangs up, as the servers do
+  });
+  const p3::Status c = p3::AuthenticateToAcceptor(connector, connector_secret, 2.0);
+  t.join();
+  return {a, c};
+}
+
+void TestHandshake() {
+  auto [a, c] = Handshake("s3cret", "s3cret");
+  CHECK(a.ok() && c.ok());
+  std::tie(a, c) = Handshake("s3cret", "wrong");
+  CHECK(a.code() == p3::Status::Code::kRejected && !c.ok());
+  std::tie(a, c) = Handshake("", "s3cret");
+  CHECK(!a.ok() && !c.ok());
+  // A peer that does not speak the handshake: garbage instead of the answer.
+  int fds[2];
+  CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
+  p3::Socket acceptor(fds[0]), peer(fds[1]);
+  std::thread t([&] {
+    unsigned char challenge[41];
+    peer.RecvAll(challenge, sizeof challenge);
+    std::vector<unsigned char> garbage(64, 0xab);
+    peer.SendAll(garbage.data(), garbage.size());
+  });
+  CHECK(p3::AuthenticateConnector(acceptor, "s3cret", 2.0).code() == p3::Status::Code::kRejected);
+  t.join();
+}
+
 }  // namespace
 
 int main() {
@@ -227,6 +266,7 @@ int main() {
       {"slicer", TestSlicer},
       {"half", TestHalf},
       {"aggregation", TestAggregation},
+      {"handshake", TestHandshake},
   };
   int passed = 0, failed = 0;
   for (auto& [name, fn] : tests) {

@@ -10,10 +10,14 @@ so every worker stops after the same iteration. Then it closes and prints ``done
 
 Exit 3 with ``FAILED <exception class> after <seconds> s: <message>`` when an operation raises P3Error (the
 seconds are how long the failing call blocked); exit 4 with ``WRONG ...`` when a broadcast is not the sum.
+
+With --straggle S the last worker is a straggler: before each iteration's push of "weight" (odd iterations) or of
+"stop" (even iterations) it sleeps a random 0-S seconds (seeded by --seed, printed as ``straggle seed=N``).
 """
 
 import argparse
 import os
+import random
 import sys
 import time
 
@@ -29,10 +33,17 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=0, help="stop after this many (0: no limit)")
     parser.add_argument("--stop-file")
     parser.add_argument("--min-iterations", type=int, default=1)
+    parser.add_argument("--straggle", type=float, default=0.0, help="max seconds the last worker sleeps")
+    parser.add_argument("--seed", type=int, default=None)
     args = parser.parse_args()
     worker = P3Worker()
     rank, size = worker.rank, worker.num_workers
     print(f"ready rank={rank} pid={os.getpid()}", flush=True)
+    straggle = args.straggle if rank == size - 1 else 0.0
+    seed = random.randrange(2**32) if args.seed is None else args.seed
+    if straggle:
+        print(f"straggle seed={seed}", flush=True)
+    rng = random.Random(seed)
     iteration = 0
     started = time.monotonic()
     try:
@@ -47,7 +58,11 @@ def main() -> int:
             asked = rank == 0 and args.stop_file and iteration >= args.min_iterations and \
                 os.path.exists(args.stop_file)
             stop[:] = 1.0 if asked else 0.0
+            if straggle and iteration % 2:
+                time.sleep(rng.uniform(0, straggle))
             worker.push("weight", grad, out=weight, priority=0)
+            if straggle and not iteration % 2:
+                time.sleep(rng.uniform(0, straggle))
             worker.push("stop", stop, priority=-1)
             started = time.monotonic()
             worker.wait("weight")

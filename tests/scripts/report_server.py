@@ -1,5 +1,6 @@
 """A p3kv server that prints ``server rank=R pid=P port=N`` once it has joined the job, then serves as
-``python -m p3kv.server`` does (same exit codes). Tests use the port to reach it and the pid to kill it."""
+``python -m p3kv.server`` does (same exit codes). Tests use the port to reach it and the pid to kill it. After a
+clean end it prints ``server rank=R rejected_frames=N`` (its counter of refused frames and connections)."""
 
 import os
 import sys
@@ -14,6 +15,7 @@ def main() -> int:
         server.start()
         print(f"server rank={server.rank} pid={os.getpid()} port={server.port}", flush=True)
         server.run()
+        print(f"server rank={server.rank} rejected_frames={server.counters()['rejected_frames']}", flush=True)
     except P3Error as e:
         print(f"server failed: {e}", file=sys.stderr, flush=True)
         return 1

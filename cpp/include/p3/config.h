@@ -21,6 +21,9 @@ struct NodeConfig {
   uint64_t max_message_bytes = 1ull << 30;
   uint64_t server_queue_bytes = 64ull << 20;  // server: payload bytes received but not yet aggregated
   bool trace = false;              // record per-slice trace events
+  std::string secret;              // the job's shared secret: every connection proves it (handshake.h)
+  double heartbeat_interval = 1.0;  // seconds between heartbeats node <-> scheduler
+  double heartbeat_timeout = 10.0;  // silence after which a node (or the scheduler) is declared dead
 };
 
 }  // namespace p3

@@ -28,6 +28,10 @@ class Connection {
   Status ReadPayload(std::string* dst, uint64_t len);
   Status SkipPayload(uint64_t len);
   int fd() const { return socket_.fd(); }
+  // Receiver thread, before any frame: checks that the connecting peer holds `secret` (handshake.h).
+  Status Authenticate(const std::string& secret, double timeout_s) const;
+  // Receiver thread: a read that sees no byte for this long fails with Timeout (0: wait forever).
+  void SetReceiveTimeout(double timeout_s) const { socket_.SetReceiveTimeout(timeout_s); }
   bool WaitReadable(double timeout_s) const { return socket_.WaitReadable(timeout_s); }
 
   // Any thread. Unblocks the receiver; later sends fail.

@@ -32,8 +32,9 @@ enum class Command : uint16_t {
   kBye = 13,         // worker -> server: orderly end of the data connection
   kRequest = 14,     // worker -> server: control request (key = type, iteration = request id), e.g. optimizer
   kReply = 15,       // server -> worker: answer to kRequest (same id); reserved8 = 1 marks an error text
+  kHeartbeat = 16,   // node <-> scheduler, every heartbeat_interval: silence means a hung node or a cut network
 };
-constexpr int kNumCommands = 16;  // array bound for per-command counters (index = value)
+constexpr int kNumCommands = 17;  // array bound for per-command counters (index = value)
 
 const char* CommandName(Command c);
 bool IsValidCommand(uint16_t raw);

@@ -1,5 +1,6 @@
-// Internal. A node's link to the scheduler: registration, the node table, barriers, and the two ways a
-// job ends (SHUTDOWN, NODE_FAILED or a dropped link). Owns its reader thread.
+// Internal. A node's link to the scheduler: registration, the node table, barriers, heartbeats both ways
+// (liveness), and the ways a job ends (SHUTDOWN; NODE_FAILED, a dropped link or a silent scheduler). Owns
+// its reader and heartbeat threads.
 #pragma once
 
 #include <condition_variable>
@@ -41,6 +42,7 @@ class SchedulerClient {
 
  private:
   void ReadLoop();
+  void HeartbeatLoop();
 
   const NodeConfig config_;
   const Role role_;
@@ -48,6 +50,7 @@ class SchedulerClient {
   std::shared_ptr<Connection> link_;
   Handlers handlers_;
   std::thread reader_;
+  std::thread heartbeat_;  // sends HEARTBEAT every heartbeat_interval until Stop
   std::mutex mu_;
   std::condition_variable cv_;
   uint64_t barriers_sent_ = 0;

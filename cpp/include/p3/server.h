@@ -111,8 +111,14 @@ class Server {
   std::vector<std::shared_ptr<Connection>> workers_;  // by rank, set on HELLO
   std::vector<std::string> worker_hosts_;
   std::vector<bool> said_bye_;
-  std::vector<std::thread> receivers_;
-  std::vector<std::shared_ptr<Connection>> accepted_;  // every accepted connection, for shutdown
+  struct Receiver {  // one accepted connection and the thread reading it
+    std::thread thread;
+    std::shared_ptr<Connection> conn;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  // Joins the receivers of refused or closed connections, releasing their sockets. Holds mu_.
+  void ReapReceiversLocked();
+  std::vector<Receiver> receivers_;
   Status fatal_;
   bool fatal_from_scheduler_ = false;
   bool shutdown_ = false;
