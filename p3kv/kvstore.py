@@ -248,13 +248,17 @@ class P3(mx.kvstore.KVStoreBase):
     # -- optimizer -------------------------------------------------------------------------------------
     def set_optimizer(self, optimizer) -> None:
         """Ships the optimizer to every server (from worker 0); servers then update each slice they own."""
+        self._use_optimizer(optimizer)
+        self._worker.barrier()
+
+    def _use_optimizer(self, optimizer) -> None:
+        """Makes `optimizer` this kvstore's; worker 0 sends it to every server."""
         self._optimizer = optimizer
         self._updater = mx.optimizer.get_updater(optimizer)
         if self.rank == 0:
             body = pickle.dumps(_server_copy(optimizer), protocol=4)
             for s in range(self._worker.num_servers):
                 self._worker.request(s, requests.SET_OPTIMIZER, body)
-        self._worker.barrier()
 
     def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
         """Collects every slice's optimizer state from the servers and writes them per key, in the format of
@@ -305,12 +309,7 @@ class P3(mx.kvstore.KVStoreBase):
                 # Pickling dropped Gluon's param_dict; Trainer.load_states puts the current one back, but only
                 # after this returns: the servers need its lr_mult/wd_mult now.
                 optimizer.param_dict = getattr(self._optimizer, "param_dict", {})
-            self._optimizer = optimizer
-            self._updater = mx.optimizer.get_updater(optimizer)
-            if self.rank == 0:
-                body = pickle.dumps(_server_copy(optimizer), protocol=4)
-                for s in range(self._worker.num_servers):
-                    self._worker.request(s, requests.SET_OPTIMIZER, body)
+            self._use_optimizer(optimizer)
         if self.rank == 0:
             per_server: list[dict] = [{} for _ in range(self._worker.num_servers)]
             for info in self._keys.values():
