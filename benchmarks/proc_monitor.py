@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import signal
+import subprocess
 import threading
 
 LOG = logging.getLogger("proc_monitor")
@@ -121,3 +123,19 @@ class TreeMonitor:
                 LOG.exception("sampling /proc failed; memory peaks will be incomplete")
                 return
             self._stopped.wait(self._interval)
+
+
+def stop_tree(launcher: subprocess.Popen, pids: set[int]) -> None:
+    """Backstop when a launcher's own --timeout did not end its job: SIGTERM the launcher (it stops its
+    children), then SIGKILL it and every process in `pids` (those it had started) that is left."""
+    launcher.send_signal(signal.SIGTERM)
+    try:
+        launcher.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        launcher.kill()
+        launcher.wait()
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            continue

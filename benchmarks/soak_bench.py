@@ -24,7 +24,6 @@ import json
 import logging
 import os
 import pathlib
-import signal
 import statistics
 import subprocess
 import sys
@@ -95,21 +94,6 @@ def _rss_kib(pid: int) -> int | None:
     return None  # a zombie has no VmRSS
 
 
-def stop_tree(launcher: subprocess.Popen, pids: set[int]) -> None:
-    """SIGTERM the launcher (it stops its children); then SIGKILL it and every process it had started."""
-    launcher.send_signal(signal.SIGTERM)
-    try:
-        launcher.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        launcher.kill()
-        launcher.wait()
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            continue
-
-
 def run_job(args: argparse.Namespace, scratch: pathlib.Path) -> tuple[int, float, dict | None, list]:
     """The launcher's exit code, the wall time, worker 0's result row and the RSS samples."""
     out = scratch / "result.jsonl"
@@ -130,7 +114,7 @@ def run_job(args: argparse.Namespace, scratch: pathlib.Path) -> tuple[int, float
             code = launcher.wait(timeout=args.timeout + 60)
         except subprocess.TimeoutExpired:
             LOG.error("the launcher outlived its own --timeout %s s; stopping the job", args.timeout)
-            stop_tree(launcher, sampler.known_pids())
+            proc_monitor.stop_tree(launcher, sampler.known_pids())
             code = 124
         finally:
             samples = sampler.stop()

@@ -18,7 +18,6 @@ import logging
 import os
 import pathlib
 import platform
-import signal
 import subprocess
 import sys
 import tempfile
@@ -50,23 +49,6 @@ def worker_command(args: argparse.Namespace, model: str, out: pathlib.Path) -> l
     return command
 
 
-def stop_tree(launcher: subprocess.Popen, monitor: proc_monitor.TreeMonitor) -> None:
-    """Backstop when the launcher's own --timeout did not end the job: SIGTERM the launcher (it stops its
-    children), then SIGKILL it and whatever is left of the processes it had started."""
-    tree = set(proc_monitor.descendants(launcher.pid)) | monitor.known_pids()
-    launcher.send_signal(signal.SIGTERM)
-    try:
-        launcher.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        launcher.kill()
-        launcher.wait()
-    for pid in tree:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            continue
-
-
 def run_one(args: argparse.Namespace, model: str, kvstore: str, repeat: int, scratch: pathlib.Path) -> dict:
     out = scratch / f"{model}.{kvstore}.{repeat}.jsonl"
     log_path = scratch / f"{model}.{kvstore}.{repeat}.log"
@@ -85,7 +67,7 @@ def run_one(args: argparse.Namespace, model: str, kvstore: str, repeat: int, scr
             exit_code = launcher.wait(timeout=args.timeout + 60)
         except subprocess.TimeoutExpired:
             LOG.error("the launcher outlived its own --timeout %s s; stopping the job", args.timeout)
-            stop_tree(launcher, monitor)
+            proc_monitor.stop_tree(launcher, set(proc_monitor.descendants(launcher.pid)) | monitor.known_pids())
             exit_code = 124
         finally:
             peaks = monitor.stop()
