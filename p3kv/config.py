@@ -54,6 +54,8 @@ VARIABLES: tuple[Variable, ...] = (
              "P3_INTERFACE)."),
     Variable("P3_PORT", int, 0, "Port a server listens on for workers; 0 picks a free port."),
     Variable("P3_SLICE_SIZE", int, 50_000, "Maximum elements per slice (the paper's optimum is 50,000)."),
+    Variable("P3_PRIORITY", str, "forward", "Send order of slices: forward (the most urgent layer first, P3) or "
+             "none (first come, first served: the slicing-only ablation of the benchmarks)."),
     Variable("P3_SOCKET_BUFFER", int, 131_072, "Kernel send/receive buffer per data socket in bytes. Small "
              "buffers let an urgent slice overtake queued ones (the paper's send high-water mark of 1)."),
     Variable("P3_CONNECT_TIMEOUT", float, 60.0, "Seconds to wait for the scheduler and for all nodes to "
@@ -93,6 +95,7 @@ class Config:
     node_host: str = ""
     port: int = 0
     slice_size: int = 50_000
+    priority: str = "forward"
     socket_buffer: int = 131_072
     connect_timeout: float = 60.0
     timeout: float = 600.0
@@ -179,6 +182,8 @@ def load(environ: Mapping[str, str] | None = None, role: Role | None = None, **o
             raise ConfigError(f"P3_SECRET_FILE={values['secret_file']!r} cannot be read: {e.strerror}") from None
         if not values["secret"]:
             raise ConfigError(f"P3_SECRET_FILE={values['secret_file']!r} is empty")
+    if values["priority"] not in ("forward", "none"):
+        raise ConfigError(f"P3_PRIORITY={values['priority']!r} is not an order: use forward (P3) or none (FIFO)")
     if not 0 < int(values["root_port"]) < 65536:
         raise ConfigError(f"P3_ROOT_PORT={values['root_port']} is not a TCP port (1-65535)")
     if not 0 <= int(values["port"]) < 65536:

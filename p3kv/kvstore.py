@@ -57,16 +57,20 @@ class ForwardOrder:
 
     Gluon blocks read every parameter through Parameter.data() as the forward pass reaches it (also when
     hybridized: the cached graph's inputs are in topological order). mxnet_hook wraps Parameter.data to
-    call `used()`; the most recent use of each array wins, so the forward pass just before the first
-    pushpull defines the order, whatever was read earlier. Keys are matched to arrays through the `out`
-    arrays of init/broadcast (the parameters' data). Module never calls Parameter.data; its keys are already
-    numbered in forward order, so MXNet's priority hint (-index) is right there and is kept.
+    call `used()`, and autograd.record() calls `new_pass()`. The forward pass just before the first pushpull
+    defines the order, whatever was read earlier: it starts where the last recording scope opened (without
+    one, at the earliest of the keys' last reads), and each key ranks by its first read from there (a weight
+    shared by two layers, e.g. a tied embedding and output layer, is needed by the first).
+    Keys are matched to arrays through the `out` arrays of init/broadcast (the parameters' data). Module
+    never calls Parameter.data; its keys are already numbered in forward order, so MXNet's priority hint
+    (-index) is right there and is kept.
     """
 
     recorder: ForwardOrder | None = None  # the instance Parameter.data reports to (one kvstore per process)
 
     def __init__(self):
-        self._last_use: dict[int, None] = {}  # array handle -> None, in order of last use
+        self._uses: list[int] = []  # array handles in the order they were read, until the order is learned
+        self._pass_start: int | None = None  # index into _uses where the last forward pass began
         self._handle_of: dict[int, int] = {}  # key index -> handle of its parameter array
         self.priority: dict[int, int] = {}
         self.learned = False
@@ -74,9 +78,11 @@ class ForwardOrder:
 
     def used(self, array) -> None:
         if not self.learned:
-            handle = array.handle.value
-            self._last_use.pop(handle, None)
-            self._last_use[handle] = None
+            self._uses.append(array.handle.value)
+
+    def new_pass(self) -> None:
+        if not self.learned:
+            self._pass_start = len(self._uses)
 
     def bind(self, index: int, array) -> None:
         """Remembers which parameter array a key stands for."""
@@ -84,15 +90,23 @@ class ForwardOrder:
 
     def learn(self) -> None:
         """Called before pushes: fixes priorities once the forward pass has read the keys' arrays."""
-        if self.learned or not self._last_use:
+        if self.learned or not self._uses:
             return
-        position = {h: i for i, h in enumerate(self._last_use)}
-        ranked = sorted((position[h], index) for index, h in self._handle_of.items() if h in position)
-        if not ranked:
+        last = {h: i for i, h in enumerate(self._uses)}
+        keyed = {h for h in self._handle_of.values() if h in last}
+        if not keyed:
             return
+        start = min(last[h] for h in keyed)  # where the last forward pass began, at the latest
+        if self._pass_start is not None and self._pass_start <= start:
+            start = self._pass_start
+        first: dict[int, int] = {}
+        for i in range(start, len(self._uses)):
+            first.setdefault(self._uses[i], i)
+        ranked = sorted((first[h], index) for index, h in self._handle_of.items() if h in first)
         # First layer first: priority 0 is the most urgent, then -1, -2, ...
         self.priority = {index: -rank for rank, (_, index) in enumerate(ranked)}
         self.learned = True
+        self._uses, self._pass_start = [], None
         log.info("priorities from the forward pass (first layer first): keys %s", [i for _, i in ranked][:12])
 
     def of(self, index: int, hint: int) -> int:
@@ -212,6 +226,8 @@ class P3(mx.kvstore.KVStoreBase):
                 info.latest.copyto(dst)
 
     def _pushpull_one(self, info: _Key, values: list, outs: list, priority: int) -> None:
+        if self._worker.config.priority == "none":
+            priority = 0  # FIFO (P3_PRIORITY=none)
         # `out` too: the engine operation writes the key's whole size into it, whatever its shape.
         for what, arrays in (("got", values), ("out has", outs)):
             for v in arrays:

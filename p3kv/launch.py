@@ -3,6 +3,13 @@
     python -m p3kv.launch -n 2 -s 2 -- python train.py --kvstore p3
     python -m p3kv.launch -n 2 -s 1 --kvstore dist_sync -- python train.py
 
+A job across hosts runs one launcher per host, each starting only its own share of the processes; every host
+gives the same -n/-s, --root and --port, and the same secret (P3_SECRET or P3_SECRET_FILE)::
+
+    host0$ python -m p3kv.launch -n 2 -s 2 --host 10.0.0.1 --port 9000 --local-workers 1 --local-servers 1 -- ...
+    host1$ python -m p3kv.launch -n 2 -s 2 --host 10.0.0.2 --root 10.0.0.1 --port 9000 --no-scheduler \
+               --local-workers 1 --local-servers 1 -- ...
+
 Starts one scheduler, S servers and W workers (the command), gives each the environment of its role, prefixes
 their output with "[worker 0] " etc., and exits with 0 when every worker exited 0 and then the scheduler and
 servers exited 0. The first process to fail stops the whole job; the launcher then exits with its code.
@@ -74,6 +81,16 @@ class Job:
     log_dir: str | None = None
     grace: float = DEFAULT_GRACE
     kill_grace: float = DEFAULT_KILL_GRACE
+    # A job across hosts: this host's share of the processes (None: all of them) and where the scheduler is.
+    local_workers: int | None = None
+    local_servers: int | None = None
+    scheduler: bool = True  # run the scheduler here (at `host`); False: it runs at `root`
+    root: str | None = None
+
+    @property
+    def spans_hosts(self) -> bool:
+        return (not self.scheduler or (self.local_workers is not None and self.local_workers < self.num_workers)
+                or (self.local_servers is not None and self.local_servers < self.num_servers))
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -90,6 +107,18 @@ class Job:
         for key in self.env:
             if key in _MANAGED:
                 raise ConfigError(f"--env {key}: the launcher sets {key} itself; use {_MANAGED[key]} instead")
+        for flag, local, total in (("--local-workers", self.local_workers, self.num_workers),
+                                   ("--local-servers", self.local_servers, self.num_servers)):
+            if local is not None and not 0 <= local <= total:
+                raise ConfigError(f"{flag} {local} must be between 0 and the job's total ({total})")
+        if not self.scheduler and (not self.port or not self.root):
+            raise ConfigError("--no-scheduler: give the scheduler's address and port with --root and --port "
+                              "(the same on every host)")
+        if self.scheduler and self.root:
+            raise ConfigError("--root is for hosts without the scheduler: add --no-scheduler, or leave --root "
+                              "out on the scheduler's host (it runs at --host)")
+        if self.spans_hosts and not self.port:
+            raise ConfigError("a job across hosts needs a fixed scheduler port: pass the same --port on every host")
         for flag, argv in (("--server-command", self.server_command),
                            ("--scheduler-command", self.scheduler_command)):
             if argv is not None and not argv:
@@ -156,13 +185,14 @@ AUTOLOAD_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "autoloa
 
 def _role_environment(job: Job, role: Role, host: str, port: int, base: Mapping[str, str]) -> dict[str, str]:
     env = dict(base)
+    root = job.root or host
     if role is Role.WORKER:
         env.setdefault(BULK_VARIABLE, "1")
     if job.kvstore is KVStore.P3:
         if role is Role.WORKER:
             # `import p3kv` at start-up (autoload/sitecustomize.py): unmodified scripts find kvstore 'p3'.
             env["PYTHONPATH"] = os.pathsep.join(p for p in (AUTOLOAD_DIR, env.get("PYTHONPATH", "")) if p)
-        cfg = config.load(env, role=role, root_uri=host, root_port=port, num_worker=job.num_workers,
+        cfg = config.load(env, role=role, root_uri=root, root_port=port, num_worker=job.num_workers,
                           num_server=job.num_servers, node_host=host)
         env.update(config.environment_for(cfg, role))
         # An inherited DMLC_ROLE=server would turn a worker's `import mxnet` into an MXNet server.
@@ -170,7 +200,7 @@ def _role_environment(job: Job, role: Role, host: str, port: int, base: Mapping[
         env.pop(BASELINE_VARIABLE, None)
         return env
     env.update({
-        "DMLC_ROLE": role.value, "DMLC_PS_ROOT_URI": host, "DMLC_PS_ROOT_PORT": str(port),
+        "DMLC_ROLE": role.value, "DMLC_PS_ROOT_URI": root, "DMLC_PS_ROOT_PORT": str(port),
         "DMLC_NUM_WORKER": str(job.num_workers), "DMLC_NUM_SERVER": str(job.num_servers), "DMLC_NODE_HOST": host,
     })
     if job.kvstore is KVStore.MXNET_P3:
@@ -192,17 +222,31 @@ def plan(job: Job, host: str, port: int, environ: Mapping[str, str]) -> list[Pro
     base.setdefault("PYTHONUNBUFFERED", "1")  # so output is forwarded as it is written, not at exit
     base.update(job.env)
     if job.kvstore is KVStore.P3 and not base.get("P3_SECRET") and not base.get("P3_SECRET_FILE"):
+        if job.spans_hosts:
+            raise ConfigError("a p3 job across hosts needs the same secret on every host: set P3_SECRET_FILE to "
+                              "a file only you can read (or P3_SECRET) on each host, e.g. from "
+                              "python -c 'import secrets; print(secrets.token_hex(32))'")
         # A fresh secret per job: only this job's processes can connect to its scheduler and servers.
         base["P3_SECRET"] = secrets.token_hex(32)
-    specs = [ProcessSpec("scheduler", job.scheduler_command or _default_command(job.kvstore, Role.SCHEDULER),
-                         _role_environment(job, Role.SCHEDULER, host, port, base), "scheduler", primary=False)]
+    workers = job.num_workers if job.local_workers is None else job.local_workers
+    servers = job.num_servers if job.local_servers is None else job.local_servers
+    # With no worker here, this host's share is done when its services exit 0 (they stop when the job ends).
+    services_primary = workers == 0
+    specs = []
+    if job.scheduler:
+        specs.append(ProcessSpec("scheduler", job.scheduler_command or _default_command(job.kvstore, Role.SCHEDULER),
+                                 _role_environment(job, Role.SCHEDULER, host, port, base), "scheduler",
+                                 primary=services_primary))
     server_env = _role_environment(job, Role.SERVER, host, port, base)
     server_argv = job.server_command or _default_command(job.kvstore, Role.SERVER)
-    specs += [ProcessSpec(f"server {i}", server_argv, server_env, f"server{i}", primary=False)
-              for i in range(job.num_servers)]
+    specs += [ProcessSpec(f"server {i}", server_argv, server_env, f"server{i}", primary=services_primary)
+              for i in range(servers)]
     worker_env = _role_environment(job, Role.WORKER, host, port, base)
     specs += [ProcessSpec(f"worker {i}", job.command, worker_env, f"worker{i}", primary=True)
-              for i in range(job.num_workers)]
+              for i in range(workers)]
+    if not specs:
+        raise ConfigError("nothing to run on this host: --no-scheduler with --local-workers 0 and "
+                          "--local-servers 0")
     return specs
 
 
@@ -212,7 +256,7 @@ def launch(job: Job, out: TextIO | None = None) -> int:
     Raises ConfigError for a job that cannot start (bad host, port in use, bad P3_* variable, bad log dir).
     Called from the main thread, it handles SIGINT/SIGTERM/SIGHUP itself (stops the job) until it returns."""
     host = local_address(job.host)
-    if job.port:
+    if job.port and job.scheduler:
         check_port(host, job.port)
     port = job.port or free_port(host)
     specs = plan(job, host, port, os.environ)
@@ -222,8 +266,8 @@ def launch(job: Job, out: TextIO | None = None) -> int:
         except OSError as e:
             raise ConfigError(f"--log-dir {job.log_dir}: cannot create it ({e.strerror}); pass a writable "
                               "directory") from None
-    LOG.info("%s job on %s:%d: 1 scheduler, %d servers, %d workers", job.kvstore.value, host, port,
-             job.num_servers, job.num_workers)
+    LOG.info("%s job with scheduler at %s:%d, %d servers, %d workers; here (%s): %s", job.kvstore.value,
+             job.root or host, port, job.num_servers, job.num_workers, host, ", ".join(s.name for s in specs))
     supervisor = Supervisor(specs, out=sys.stdout if out is None else out, log_dir=job.log_dir,
                             timeout=job.timeout, grace=job.grace, kill_grace=job.kill_grace)
     try:
@@ -267,6 +311,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address of this machine the processes use "
                    "(default 127.0.0.1)")
     p.add_argument("--port", type=int, default=0, help="scheduler port (default: a free one)")
+    p.add_argument("--local-workers", type=int, metavar="K", help="a job across hosts: start K of the W "
+                   "workers on this host (default: all)")
+    p.add_argument("--local-servers", type=int, metavar="K", help="start K of the S servers on this host "
+                   "(default: all)")
+    p.add_argument("--no-scheduler", action="store_true", help="the scheduler runs on another host, at --root "
+                   "and --port")
+    p.add_argument("--root", metavar="ADDRESS", help="with --no-scheduler: the scheduler's address")
     p.add_argument("--server-command", type=_command, metavar="CMD", help="run CMD as each server instead of "
                    "the default (split like a shell does)")
     p.add_argument("--scheduler-command", type=_command, metavar="CMD", help="run CMD as the scheduler")
@@ -289,7 +340,8 @@ def job_from_args(argv: Sequence[str]) -> tuple[Job, bool]:
     job = Job(command=tuple(command), num_workers=args.num_workers, num_servers=args.num_servers,
               kvstore=KVStore(args.kvstore), host=args.host, port=args.port, env=dict(args.env),
               server_command=args.server_command, scheduler_command=args.scheduler_command,
-              timeout=args.timeout, log_dir=args.log_dir, grace=args.grace)
+              timeout=args.timeout, log_dir=args.log_dir, grace=args.grace, local_workers=args.local_workers,
+              local_servers=args.local_servers, scheduler=not args.no_scheduler, root=args.root)
     return job, args.verbose
 
 

@@ -65,6 +65,18 @@ def register() -> None:
 
     mxnet.gluon.Parameter.data = _data
 
+    # A forward pass starts when the outermost autograd.record() scope opens.
+    scope = mxnet.autograd._RecordingStateScope
+    enter = scope.__enter__
+
+    def _enter(self):
+        enter(self)
+        recorder = p3kv.kvstore.ForwardOrder.recorder
+        if recorder is not None and not recorder.learned and self._enter_is_record and not self._prev_is_record:
+            recorder.new_pass()
+
+    scope.__enter__ = _enter
+
 
 class _AfterMXNetImport(importlib.abc.MetaPathFinder):
     """Finds the real `mxnet` package and arranges for register() to run once it has been executed."""

@@ -217,6 +217,37 @@ def test_priorities_follow_the_forward_pass_not_key_order(jobs):
         assert [int(k) for k in keys.split(",") if int(k) in FORWARD_ORDER] == FORWARD_ORDER, keys
 
 
+def test_forward_order_ranks_a_shared_weight_by_its_first_use_in_the_last_pass():
+    from types import SimpleNamespace
+
+    from p3kv.kvstore import ForwardOrder
+
+    def array(handle):
+        return SimpleNamespace(handle=SimpleNamespace(value=handle))
+
+    order = ForwardOrder()
+    embed, layer, out_bias = array(1), array(2), array(3)
+    for index, a in enumerate((out_bias, layer, embed)):  # keys numbered alphabetically, not in forward order
+        order.bind(index, a)
+    order.used(out_bias)  # a read before training (e.g. printing a weight): not part of the order
+    order.new_pass()  # autograd.record() opens
+    for a in (embed, layer, embed, out_bias):  # the forward pass: the tied embedding is read again at the end
+        order.used(a)
+    order.learn()
+    assert order.learned
+    assert order.of(2, 99) == 0 and order.of(1, 99) == -1 and order.of(0, 99) == -2  # embed, layer, out_bias
+    assert order.of(7, 99) == 99  # unknown keys keep MXNet's hint
+    # The hook: autograd.record() marks the start of a pass.
+    order = ForwardOrder()
+    with mx.autograd.record():
+        with mx.autograd.record():  # nested scopes do not restart the pass
+            pass
+    assert order._pass_start == 0
+    order.used(embed)
+    with mx.autograd.record():
+        assert order._pass_start == 1
+
+
 # ---- 5. Overlap ----
 
 OVERLAP_STEPS = 4

@@ -4,7 +4,8 @@ Authentication: a node or a raw connection that does not know the job's P3_SECRE
 answer from an earlier connection) is refused and the refusal logged; P3_SECRET_FILE works; the launcher gives each
 job a fresh secret. Liveness: a node stopped with SIGSTOP (hung: its sockets stay open) is declared dead after
 P3_HEARTBEAT_TIMEOUT and every other process exits non-zero naming it; a scheduler killed or hung fails every node;
-a server killed during the rendezvous fails the job. A straggling worker does not change the sums.
+a server killed during the rendezvous fails the job; connections that never answer the handshake do not hold up
+the rendezvous. A straggling worker does not change the sums.
 
 Built on the node-by-node helpers of tests/test_failures.py (Node, Job, node_env) and the Python handshake of
 tests/p3auth.py. Every wait has a hard timeout; processes are synchronized through their output.
@@ -312,3 +313,33 @@ def test_a_straggling_worker_changes_nothing_but_the_time(nodes):
         assert node.finish() == 0, node.output
     # Exactly one process got the last rank and straggled (ranks follow registration order, not start order).
     assert sum("straggle seed=" in node.output for node in job.workers) == 1, [n.output for n in job.workers]
+
+
+def test_silent_connections_do_not_hold_up_the_rendezvous(nodes):
+    # Handshakes run beside the scheduler's loop: ten connections that never answer the challenge (each may
+    # take the 2 s handshake deadline) must not delay the real nodes. Served one after the other they would
+    # need 20 s, past this job's P3_CONNECT_TIMEOUT of 8 s, and the rendezvous would fail.
+    port = free_port()
+    env = {"P3_CONNECT_TIMEOUT": "8"}
+    scheduler = Node("scheduler", ROLE_COMMANDS["scheduler"], node_env("scheduler", port, 1, 1, **env))
+    nodes.append(scheduler)
+    deadline = time.monotonic() + STEP
+    silent = []
+    while not silent:
+        try:
+            silent.append(connect(port)[0])
+        except OSError:
+            assert time.monotonic() < deadline, scheduler.output
+            time.sleep(0.05)
+    silent += [connect(port)[0] for _ in range(9)]
+    try:
+        server = Node("server", [sys.executable, REPORT_SERVER], node_env("server", port, 1, 1, **env))
+        worker = Node("worker", [sys.executable, FAILURE_WORKER, "--iterations", "3"],
+                      node_env("worker", port, 1, 1, **env))
+        nodes.extend([server, worker])
+        assert worker.finish() == 0, worker.output + scheduler.output
+        assert "done iterations=3" in worker.output
+        assert server.finish() == 0 and scheduler.finish() == 0, scheduler.output
+    finally:
+        for s in silent:
+            s.close()

@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace p3 {
@@ -19,6 +20,8 @@ struct Context {
 };
 // mxnet::FnProperty::kCPUPrioritized: runs on the engine's prioritised CPU pool, ahead of compute.
 constexpr int kCPUPrioritized = 3;
+// mxnet::FnProperty::kNormal: an ordinary (compute) operation.
+constexpr int kNormal = 0;
 // mxnet::engine::CallbackOnComplete: copied by value, invoked later from any thread.
 struct OnComplete {
   void (*callback)(void* engine, void* param, const std::runtime_error* error);
@@ -86,11 +89,34 @@ void DeletePushPull(void* param) {
   delete op;
 }
 
+// One emulated layer kernel; owned by the engine (freed by DeleteCompute).
+struct ComputeOp {
+  EngineBridge::Api* api;
+  VirtualStream* stream;
+  VirtualStream::Clock::duration duration;
+  std::vector<mx::NDArrayHandle> arrays;  // our own references to every array read or written
+};
+
+void RunCompute(void* /*run_ctx*/, void* on_complete, void* param) {
+  auto* op = static_cast<ComputeOp*>(param);
+  const mx::OnComplete done = *static_cast<mx::OnComplete*>(on_complete);
+  op->stream->Run(op->duration, [done] { done.callback(done.engine, done.param, nullptr); });
+}
+
+void DeleteCompute(void* param) {
+  auto* op = static_cast<ComputeOp*>(param);
+  for (mx::NDArrayHandle h : op->arrays) {
+    if (h != nullptr) op->api->free_nd(h);
+  }
+  delete op;
+}
+
 }  // namespace
 
 EngineBridge::EngineBridge(std::unique_ptr<Api> api) : api_(std::move(api)) {}
 
-EngineBridge::~EngineBridge() = default;  // the library stays loaded: MXNet owns it
+// The library stays loaded: MXNet owns it. Pending emulated kernels complete at once when the stream goes.
+EngineBridge::~EngineBridge() = default;
 
 Status EngineBridge::Load(const std::string& libmxnet_path, std::unique_ptr<EngineBridge>* out) {
   auto api = std::make_unique<Api>();
@@ -126,6 +152,49 @@ Status EngineBridge::PushPull(Worker* worker, uint64_t key, void* grad, void* ou
   const int num_reads = grad == out ? 0 : 1;
   const int rc = api_->push_async_nd(RunPushPull, op, DeletePushPull, &kCpu, reads, num_reads, writes, 1, &kProperty,
                                      priority, "P3PushPull", false);
+  if (rc != 0) return Status::Invalid(std::string("MXEnginePushAsyncND failed: ") + api_->last_error());
+  return Status::Ok();
+}
+
+}  // namespace p3
+
+namespace p3 {
+
+Status EngineBridge::EmulateCompute(const std::vector<void*>& reads, const std::vector<void*>& writes,
+                                    double seconds) {
+  if (!(seconds >= 0) || seconds > 3600) return Status::Invalid("emulated compute time must be 0..3600 s");
+  if (writes.empty()) return Status::Invalid("emulated compute needs at least one array to write");
+  if (!stream_) stream_ = std::make_unique<VirtualStream>();
+  // An array both read and written is only declared written (declaring it twice deadlocks the engine).
+  std::vector<void*> only_read;
+  for (void* r : reads) {
+    if (std::find(writes.begin(), writes.end(), r) == writes.end() &&
+        std::find(only_read.begin(), only_read.end(), r) == only_read.end()) {
+      only_read.push_back(r);
+    }
+  }
+  auto* op = new ComputeOp{api_.get(), stream_.get(),
+                           std::chrono::duration_cast<VirtualStream::Clock::duration>(
+                               std::chrono::duration<double>(seconds)),
+                           {}};
+  bool referenced = true;
+  for (const std::vector<void*>* list : {static_cast<const std::vector<void*>*>(&only_read), &writes}) {
+    for (void* h : *list) {
+      op->arrays.push_back(nullptr);
+      referenced = referenced && api_->shallow_copy(h, &op->arrays.back()) == 0;
+    }
+  }
+  if (!referenced) {
+    const std::string why = api_->last_error();
+    DeleteCompute(op);
+    return Status::Invalid("cannot reference the arrays: " + why);
+  }
+  static const mx::Context kCpu{1, 0};
+  static const int kProperty = mx::kNormal;
+  const int num_reads = static_cast<int>(only_read.size());
+  const int rc = api_->push_async_nd(RunCompute, op, DeleteCompute, &kCpu, op->arrays.data(), num_reads,
+                                     op->arrays.data() + num_reads, static_cast<int>(writes.size()), &kProperty,
+                                     0, "P3EmulatedCompute", false);
   if (rc != 0) return Status::Invalid(std::string("MXEnginePushAsyncND failed: ") + api_->last_error());
   return Status::Ok();
 }

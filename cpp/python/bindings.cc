@@ -247,7 +247,19 @@ PYBIND11_MODULE(_p3, m) {
           st = b.PushPull(&w, key, reinterpret_cast<void*>(grad), reinterpret_cast<void*>(out), priority);
         }
         Check(st);
-      }, "Engine-asynchronous push of NDArray `grad` (handle) whose broadcast lands in NDArray `out`");
+      }, "Engine-asynchronous push of NDArray `grad` (handle) whose broadcast lands in NDArray `out`")
+      .def("emulate_compute", [](p3::EngineBridge& b, const std::vector<uintptr_t>& reads,
+                                 const std::vector<uintptr_t>& writes, double seconds) {
+        std::vector<void*> r, w;
+        for (uintptr_t h : reads) r.push_back(reinterpret_cast<void*>(h));
+        for (uintptr_t h : writes) w.push_back(reinterpret_cast<void*>(h));
+        Status st;
+        {
+          py::gil_scoped_release nogil;
+          st = b.EmulateCompute(r, w, seconds);
+        }
+        Check(st);
+      }, "Engine operation that reads/writes the NDArrays (handles) and takes `seconds` on the virtual device");
 
   py::class_<p3::Worker>(m, "Worker")
       .def(py::init<p3::NodeConfig>())

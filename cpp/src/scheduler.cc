@@ -26,12 +26,15 @@ namespace {
 // one thread.
 constexpr double kFrameTimeoutS = 10.0;
 constexpr double kHandshakeTimeoutS = 2.0;
+// Connections in handshake at once; more are refused at once (a flood of idle connections costs threads).
+constexpr size_t kMaxHandshakes = 64;
 }  // namespace
 
 Scheduler::Scheduler(NodeConfig config) : config_(std::move(config)) {}
 
 Scheduler::~Scheduler() {
-  for (int fd : wake_pipe_) {
+  for (Handshake& h : handshakes_) h.thread.join();  // each ends within kHandshakeTimeoutS
+  for (int fd : {wake_pipe_[0], wake_pipe_[1], admit_pipe_[0], admit_pipe_[1]}) {
     if (fd >= 0) close(fd);
   }
 }
@@ -39,8 +42,64 @@ Scheduler::~Scheduler() {
 Status Scheduler::Bind() {
   Status st = Socket::Listen(config_.root_uri, config_.root_port, 0, &listener_);
   if (!st.ok()) return st.WithContext("scheduler cannot listen on P3_ROOT_URI:P3_ROOT_PORT");
-  if (pipe2(wake_pipe_, O_CLOEXEC) != 0) return Status::IoError("pipe2 failed");
+  if (pipe2(wake_pipe_, O_CLOEXEC) != 0 || pipe2(admit_pipe_, O_CLOEXEC | O_NONBLOCK) != 0) {
+    return Status::IoError("pipe2 failed");
+  }
   return Status::Ok();
+}
+
+void Scheduler::StartHandshake(Socket s, std::string peer) {
+  if (handshakes_.size() >= kMaxHandshakes) {
+    counters_.rejected_frames.fetch_add(1, std::memory_order_relaxed);
+    Log(LogLevel::kWarning, "scheduler", "refused the connection from " + peer + ": " +
+                                             std::to_string(kMaxHandshakes) + " connections are in handshake already");
+    return;
+  }
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  std::thread t([this, done, s = std::move(s), peer = std::move(peer)]() mutable {
+    const Status auth = AuthenticateConnector(s, config_.secret, kHandshakeTimeoutS);
+    if (auth.ok()) {
+      {
+        std::lock_guard<std::mutex> lock(authenticated_mu_);
+        authenticated_.emplace_back(std::move(s), std::move(peer));
+      }
+      const char c = 1;
+      if (write(admit_pipe_[1], &c, 1) < 0) {
+        // The pipe is full of wake-ups already: the loop will look.
+      }
+    } else {
+      counters_.rejected_frames.fetch_add(1, std::memory_order_relaxed);
+      Log(LogLevel::kWarning, "scheduler", "refused the connection from " + peer + ": " + auth.message());
+    }
+    done->store(true);
+  });
+  handshakes_.push_back(Handshake{std::move(t), std::move(done)});
+}
+
+void Scheduler::AdmitAuthenticated() {
+  char buf[64];
+  while (read(admit_pipe_[0], buf, sizeof buf) > 0) {
+  }
+  std::vector<std::pair<Socket, std::string>> ready;
+  {
+    std::lock_guard<std::mutex> lock(authenticated_mu_);
+    ready.swap(authenticated_);
+  }
+  for (auto& [s, peer] : ready) {
+    s.SetReceiveTimeout(kFrameTimeoutS);
+    auto m = std::make_unique<Member>();
+    m->last_seen = std::chrono::steady_clock::now();
+    m->conn = std::make_shared<Connection>(std::move(s), peer, kMaxControlBytes, &counters_);
+    members_.push_back(std::move(m));
+  }
+  for (size_t i = 0; i < handshakes_.size();) {
+    if (handshakes_[i].done->load()) {
+      handshakes_[i].thread.join();
+      handshakes_.erase(handshakes_.begin() + static_cast<long>(i));
+    } else {
+      ++i;
+    }
+  }
 }
 
 void Scheduler::Stop() {
@@ -209,9 +268,12 @@ Status Scheduler::Run(const InterruptCheck& interrupted) {
       }
       if (!failure.ok()) break;
     }
+    AdmitAuthenticated();
     std::vector<pollfd> fds;
     fds.push_back({listener_.fd(), POLLIN, 0});
     fds.push_back({wake_pipe_[0], POLLIN, 0});
+    fds.push_back({admit_pipe_[0], POLLIN, 0});
+    constexpr size_t kFirstMember = 3;
     for (auto& m : members_) fds.push_back({m->conn->fd(), POLLIN, 0});
     const int rc = poll(fds.data(), fds.size(), 200);
     if (interrupted && interrupted()) return Status::Aborted("scheduler interrupted");
@@ -220,23 +282,11 @@ Status Scheduler::Run(const InterruptCheck& interrupted) {
     if (fds[0].revents & POLLIN) {
       Socket s;
       std::string peer;
-      if (listener_.Accept(0, &s, &peer).ok()) {
-        const Status auth = AuthenticateConnector(s, config_.secret, kHandshakeTimeoutS);
-        if (!auth.ok()) {
-          counters_.rejected_frames.fetch_add(1, std::memory_order_relaxed);
-          Log(LogLevel::kWarning, "scheduler", "refused the connection from " + peer + ": " + auth.message());
-          continue;
-        }
-        s.SetReceiveTimeout(kFrameTimeoutS);
-        auto m = std::make_unique<Member>();
-        m->last_seen = Clock::now();
-        m->conn = std::make_shared<Connection>(std::move(s), peer, kMaxControlBytes, &counters_);
-        members_.push_back(std::move(m));
-      }
+      if (listener_.Accept(0, &s, &peer).ok()) StartHandshake(std::move(s), std::move(peer));
     }
-    for (size_t i = 2; i < fds.size() && failure.ok(); ++i) {
+    for (size_t i = kFirstMember; i < fds.size() && failure.ok(); ++i) {
       if (fds[i].revents == 0) continue;
-      Member* m = members_[i - 2].get();
+      Member* m = members_[i - kFirstMember].get();
       Header h;
       Status st = m->conn->ReadHeader(&h);
       std::string payload;
@@ -264,7 +314,7 @@ Status Scheduler::Run(const InterruptCheck& interrupted) {
         failure = Status::PeerLost(Describe(*m) + " disconnected: " + st.message());
         break;
       }
-      members_.erase(members_.begin() + static_cast<long>(i - 2));
+      members_.erase(members_.begin() + static_cast<long>(i - kFirstMember));
       break;  // indices shifted; poll again
     }
   }

@@ -46,10 +46,9 @@ Status SchedulerClient::Join(const std::string& host, uint16_t listen_port, Node
   std::string body;
   st = link_->ReadHeader(&reply);
   if (st.ok()) st = link_->ReadPayload(&body, reply.payload_bytes);
-  if (!st.ok()) return st.WithContext("rendezvous with the scheduler failed");
-  if (reply.command == Command::kError || reply.command == Command::kNodeFailed) {
-    return Status::Rejected("the scheduler refused this node: " + body);
-  }
+  if (!st.ok()) return st.WithContext("rendezvous with the " + link_->peer() + " failed");
+  if (reply.command == Command::kError) return Status::Rejected("the " + link_->peer() + " refused this node: " + body);
+  if (reply.command == Command::kNodeFailed) return Status::PeerLost("the job failed during the rendezvous: " + body);
   if (reply.command != Command::kNodeTable) {
     return Status::Invalid(std::string("expected NODE_TABLE from the scheduler, got ") +
                            CommandName(reply.command));
@@ -92,12 +91,12 @@ void SchedulerClient::ReadLoop() {
     }
     if (!st.ok()) {
       Status failure = st.code() == Status::Code::kTimeout
-                           ? Status::PeerLost("no word from the scheduler for " +
+                           ? Status::PeerLost("no word from the " + link_->peer() + " for " +
                                               std::to_string(static_cast<int>(config_.heartbeat_timeout)) +
                                               " s (P3_HEARTBEAT_TIMEOUT): it hung, its host died, or the network "
                                               "to it failed")
-                           : Status::PeerLost("lost the connection to the scheduler (" + st.message() +
-                                              "): the scheduler died or the network failed");
+                           : Status::PeerLost("lost the connection to the " + link_->peer() + " (" +
+                                              st.message() + "): the scheduler died or the network failed");
       {
         std::lock_guard<std::mutex> lock(mu_);
         failure_ = failure;

@@ -12,6 +12,7 @@ namespace {
 constexpr int32_t kErrorPriority = INT32_MAX;  // rejections and replies should not wait behind data
 // Pushes for later iterations that a slice holds back, per worker; more means a broken or hostile peer.
 constexpr size_t kMaxDeferredPerWorker = 8;
+constexpr uint64_t kMaxReasonBytes = 64 << 10;  // a failing worker's explanation
 }  // namespace
 
 struct Server::SliceState {
@@ -162,10 +163,14 @@ void Server::ReceiveLoop(std::shared_ptr<Connection> conn) {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_ || shutdown_ || said_bye_[static_cast<size_t>(rank)]) return;
   }
-  Fail(st.code() == Status::Code::kPeerLost
-           ? Status::PeerLost(WorkerName(rank) + " disconnected without saying goodbye (" + st.message() +
-                              "): the worker died or the network failed")
-           : st.WithContext("bad frame from " + WorkerName(rank) + "; closed its connection"));
+  if (st.code() == Status::Code::kAborted) {
+    Fail(Status::PeerLost(st.message()));  // the worker said why it left
+  } else if (st.code() == Status::Code::kPeerLost) {
+    Fail(Status::PeerLost(WorkerName(rank) + " disconnected without saying goodbye (" + st.message() +
+                          "): the worker died or the network failed"));
+  } else {
+    Fail(st.WithContext("bad frame from " + WorkerName(rank) + "; closed its connection"));
+  }
 }
 
 Status Server::ReadWorkerFrames(int rank, Connection* conn) {
@@ -180,6 +185,12 @@ Status Server::ReadWorkerFrames(int rank, Connection* conn) {
       std::lock_guard<std::mutex> lock(mu_);
       said_bye_[static_cast<size_t>(rank)] = true;
       return Status::Ok();
+    }
+    if (h.command == Command::kNodeFailed) {  // the worker's last words: why it is leaving
+      if (h.payload_bytes > kMaxReasonBytes) return Status::Invalid("oversized NODE_FAILED reason");
+      std::string why(h.payload_bytes, '\0');
+      st = conn->ReadPayload(why.data(), h.payload_bytes);
+      return Status::Aborted(st.ok() ? why : WorkerName(rank) + " failed");
     }
     if (h.command != Command::kInit && h.command != Command::kPush && h.command != Command::kRequest) {
       return Status::Invalid(std::string("unexpected ") + CommandName(h.command) + " from a worker");

@@ -315,12 +315,27 @@ Status Worker::Request(int server, uint32_t type, const std::string& body, std::
 void Worker::Fail(const Status& status, bool from_scheduler) {
   std::vector<Callback> callbacks;
   bool report = false;
+  std::vector<std::shared_ptr<Connection>> conns;
   {
-    std::unique_lock<std::mutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     if (!fatal_.ok() || closed_) return;
     fatal_ = status;
     report = started_ && !closing_ && !from_scheduler;
     if (started_ && !closing_) Log(LogLevel::kError, "worker " + std::to_string(rank_), status.message());
+    if (started_ && !closing_) conns = servers_;  // also when the scheduler told us: a server may hear us first
+  }
+  // Tell the servers why this worker is leaving, so that none of them blames the closed connection on this
+  // worker (outside mu_: each send may wait up to 1 s for a connection busy with a slice).
+  const std::string why = "worker " + std::to_string(rank_) + " failed: " + status.message();
+  Header note;
+  note.command = Command::kNodeFailed;
+  note.sender = rank_;
+  note.payload_bytes = why.size();
+  for (auto& conn : conns) {
+    if (conn) conn->SendLastWords(note, why.data(), 1.0);
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu_);
     for (auto& conn : servers_) {
       if (conn) conn->Shutdown();  // receivers blocked mid-payload return now
     }

@@ -3,7 +3,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <chrono>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -15,6 +17,7 @@
 #include "p3/handshake.h"
 #include "p3/priority_queue.h"
 #include "p3/slicer.h"
+#include "p3/virtual_stream.h"
 
 namespace {
 
@@ -249,6 +252,39 @@ void TestHandshake() {
   t.join();
 }
 
+// Items queued together run back to back (a serial device); after an idle gap the clock restarts from now.
+void TestVirtualStream() {
+  using Clock = p3::VirtualStream::Clock;
+  using std::chrono::milliseconds;
+  std::mutex mu;
+  std::vector<std::pair<int, Clock::time_point>> done;
+  const Clock::time_point t0 = Clock::now();
+  {
+    p3::VirtualStream stream;
+    for (int i = 0; i < 3; ++i) {
+      stream.Run(milliseconds(20), [&, i] {
+        std::lock_guard<std::mutex> lock(mu);
+        done.emplace_back(i, Clock::now());
+      });
+    }
+    std::this_thread::sleep_for(milliseconds(150));
+    const Clock::time_point t1 = Clock::now();
+    stream.Run(milliseconds(10), [&] {
+      std::lock_guard<std::mutex> lock(mu);
+      done.emplace_back(3, Clock::now());
+    });
+    std::this_thread::sleep_for(milliseconds(100));
+    std::lock_guard<std::mutex> lock(mu);
+    CHECK(done.size() == 4);
+    if (done.size() != 4) return;
+    for (int i = 0; i < 4; ++i) CHECK(done[i].first == i);
+    CHECK(done[0].second - t0 >= milliseconds(20));
+    CHECK(done[2].second - t0 >= milliseconds(60));  // serial: 3 x 20 ms, not 20 ms in parallel
+    CHECK(done[3].second - t1 >= milliseconds(10));
+    CHECK(done[3].second - t1 < milliseconds(60));  // idle time is not owed: it starts at submission
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -267,6 +303,7 @@ int main() {
       {"half", TestHalf},
       {"aggregation", TestAggregation},
       {"handshake", TestHandshake},
+      {"virtual_stream", TestVirtualStream},
   };
   int passed = 0, failed = 0;
   for (auto& [name, fn] : tests) {

@@ -11,6 +11,10 @@ so every worker stops after the same iteration. Then it closes and prints ``done
 Exit 3 with ``FAILED <exception class> after <seconds> s: <message>`` when an operation raises P3Error (the
 seconds are how long the failing call blocked); exit 4 with ``WRONG ...`` when a broadcast is not the sum.
 
+With --hold-close PREFIX it prints ``holding close after iteration N`` after its last iteration and calls close()
+only once the file PREFIX<rank> exists; with --hold-exit PREFIX it waits for PREFIX<rank> after ``done`` before it
+exits (so a test can kill a node while the job is closing). It gives up after 120 s (exit 5).
+
 With --straggle S the last worker is a straggler: before each iteration's push of "weight" (odd iterations) or of
 "stop" (even iterations) it sleeps a random 0-S seconds (seeded by --seed, printed as ``straggle seed=N``).
 """
@@ -26,6 +30,19 @@ import numpy as np
 from p3kv import P3Error, P3Worker
 
 SIZE = 3000  # several slices with a small P3_SLICE_SIZE, so every server holds part of the key
+HOLD_LIMIT = 120.0  # seconds a worker waits for a --hold-close/--hold-exit file
+
+
+def hold(prefix: str, rank: int) -> bool:
+    """Wait until the file <prefix><rank> exists; False after HOLD_LIMIT. A short poll: this is a test's go-ahead,
+    not a guess at how long something takes."""
+    deadline = time.monotonic() + HOLD_LIMIT
+    while not os.path.exists(f"{prefix}{rank}"):
+        if time.monotonic() > deadline:
+            print(f"gave up waiting for {prefix}{rank}", flush=True)
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def main() -> int:
@@ -35,6 +52,8 @@ def main() -> int:
     parser.add_argument("--min-iterations", type=int, default=1)
     parser.add_argument("--straggle", type=float, default=0.0, help="max seconds the last worker sleeps")
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--hold-close", metavar="PREFIX", help="before close(), wait for the file PREFIX<rank>")
+    parser.add_argument("--hold-exit", metavar="PREFIX", help="before exiting, wait for the file PREFIX<rank>")
     args = parser.parse_args()
     worker = P3Worker()
     rank, size = worker.rank, worker.num_workers
@@ -76,12 +95,18 @@ def main() -> int:
             print(f"iteration {iteration} ok", flush=True)
             if stop[0] != 0:
                 break
+        if args.hold_close:
+            print(f"holding close after iteration {iteration}", flush=True)
+            if not hold(args.hold_close, rank):
+                return 5
         started = time.monotonic()
         worker.close()
     except P3Error as e:
         print(f"FAILED {type(e).__name__} after {time.monotonic() - started:.2f} s: {e}", flush=True)
         return 3
     print(f"done iterations={iteration}", flush=True)
+    if args.hold_exit and not hold(args.hold_exit, rank):
+        return 5
     return 0
 
 

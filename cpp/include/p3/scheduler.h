@@ -2,11 +2,16 @@
 // assigns ranks in registration order, sends every node the node table, runs worker barriers, watches
 // every node's connection, and ends the job: cleanly (SHUTDOWN to all) once every worker has finished, or
 // with NODE_FAILED naming the node whose connection dropped.
-// Single-threaded: Run() is a poll loop on the calling thread; Stop() may be called from any thread.
+// Run() is a poll loop on the calling thread; Stop() may be called from any thread. Handshakes run on
+// short-lived threads of their own, so a silent or slow peer cannot stall the loop (and so the job).
 #pragma once
 
+#include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "p3/codec.h"
@@ -39,10 +44,20 @@ class Scheduler {
   Status HandleFrame(Member* m, const Header& h, std::string payload);
   void Broadcast(Command c, const std::string& payload, bool servers, bool workers);
   std::string Describe(const Member& m) const;
+  void StartHandshake(Socket s, std::string peer);
+  void AdmitAuthenticated();  // loop thread: authenticated connections become members; finished threads joined
 
   const NodeConfig config_;
   Socket listener_;
   int wake_pipe_[2] = {-1, -1};
+  int admit_pipe_[2] = {-1, -1};  // a handshake thread's "connection authenticated" wake-up of the loop
+  struct Handshake {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  std::vector<Handshake> handshakes_;  // loop thread only
+  std::mutex authenticated_mu_;
+  std::vector<std::pair<Socket, std::string>> authenticated_;  // guarded by authenticated_mu_
   Counters counters_;
   std::vector<std::unique_ptr<Member>> members_;
   bool tables_sent_ = false;
