@@ -23,18 +23,18 @@ COLUMNS = (
 )
 
 
-def append_csv(path: pathlib.Path, rows: Iterable[dict]) -> None:
+def append_csv(path: pathlib.Path, rows: Iterable[dict], columns: Sequence[str] = COLUMNS) -> None:
     """Append rows; write the header if the file is new. A file with another header is an error (move it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     new = not path.exists() or path.stat().st_size == 0
     if not new:
         with path.open(newline="") as f:
             header = next(csv.reader(f), [])
-        if tuple(header) != COLUMNS:
+        if tuple(header) != tuple(columns):
             raise SystemExit(f"{path} has different columns than this version of the benchmark writes; move it "
                              "aside (e.g. rename it) and run again")
     with path.open("a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        writer = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
         if new:
             writer.writeheader()
         writer.writerows(rows)

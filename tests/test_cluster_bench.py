@@ -1,0 +1,200 @@
+"""The emulated-cluster benchmark's parts: the cluster helper (namespaces, capped links, teardown), the emulated
+compute layer (profiled times, backward order) and a smoke run of the runner for every kvstore on 2 hosts.
+Ratios between systems are results (benchmarks/results/), never asserted here."""
+
+import csv
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import ROOT
+
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import cluster_bench  # noqa: E402
+import emulated_cluster  # noqa: E402
+import emulated_compute  # noqa: E402
+
+RECEIVER = r"""
+import socket, sys, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], 5001)); s.listen(1); print("listening", flush=True)
+c, _ = s.accept(); n = 0; start = None
+while True:
+    b = c.recv(1 << 20)
+    if not b: break
+    if start is None: start = time.monotonic()
+    n += len(b)
+print(n * 8 / (time.monotonic() - start))
+"""
+SENDER = r"""
+import socket, sys, time
+s = socket.create_connection((sys.argv[1], 5001)); buf = b"x" * (1 << 20); end = time.monotonic() + 2
+while time.monotonic() < end: s.sendall(buf)
+s.close()
+"""
+
+
+def _require_cluster():
+    reason = emulated_cluster.why_unavailable()
+    if reason:
+        pytest.skip(reason)
+
+
+def _our_namespaces(cluster):
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    return [line.split()[0] for line in listed.splitlines() if line.startswith(cluster.name)]
+
+
+def _measure(cluster, src, dst):
+    receiver = cluster.popen(dst, [sys.executable, "-c", RECEIVER, cluster.address(dst)], stdout=subprocess.PIPE,
+                             text=True)
+    assert receiver.stdout.readline().strip() == "listening"
+    cluster.run(src, [sys.executable, "-c", SENDER, cluster.address(dst)], check=True)
+    out, _ = receiver.communicate(timeout=30)
+    return float(out.strip())
+
+
+def test_parse_rate():
+    assert emulated_cluster.parse_rate("1gbit") == 1e9
+    assert emulated_cluster.parse_rate("300mbit") == 300e6
+    assert emulated_cluster.parse_rate("10Gbit") == 10e9
+    assert emulated_cluster.parse_rate("1mbps") == 8e6  # tc: bps is bytes per second
+    with pytest.raises(ValueError, match="not a rate"):
+        emulated_cluster.parse_rate("fast")
+
+
+def test_cluster_caps_links_and_tears_down():
+    _require_cluster()
+    with emulated_cluster.EmulatedCluster(3, "200mbit") as cluster:
+        assert len(_our_namespaces(cluster)) == 4  # 3 hosts + the bridge
+        # Addresses exist only inside the namespaces.
+        assert cluster.address(1) not in subprocess.run(["ip", "-4", "addr"], capture_output=True, text=True).stdout
+        before = cluster.counters()
+        rate = _measure(cluster, 0, 2)
+        assert 0.9 * 200e6 <= rate <= 1.1 * 200e6, rate
+        sent = cluster.counters()[0][0] - before[0][0]
+        assert sent >= 0.9 * rate / 8 * 2 * 0.9  # the counters saw (about) what was sent
+        cluster.set_bandwidth("50mbit")
+        rate = _measure(cluster, 1, 0)
+        assert 0.9 * 50e6 <= rate <= 1.1 * 50e6, rate
+        sleeper = cluster.popen(1, ["sleep", "600"])
+    assert sleeper.wait(timeout=10) != 0  # killed with its namespace
+    assert _our_namespaces(cluster) == []
+
+
+def test_cut_link_blocks_traffic():
+    _require_cluster()
+    with emulated_cluster.EmulatedCluster(2) as cluster:
+        ping = ["ping", "-c", "1", "-W", "1", cluster.address(1)]
+        if subprocess.run(["which", "ping"], capture_output=True).returncode != 0:
+            ping = [sys.executable, "-c", f"import socket; socket.create_connection(('{cluster.address(1)}', 9), 1)"]
+        cluster.set_link(1, up=False)
+        assert cluster.run(0, ping, capture_output=True).returncode != 0
+
+
+def test_stale_namespaces_of_dead_processes_are_removed():
+    _require_cluster()
+    # A cluster created by a process that was SIGKILLed leaves namespaces behind; the next cluster removes them.
+    code = ("import sys, os, time; sys.path.insert(0, sys.argv[1]); import emulated_cluster as e; "
+            "c = e.EmulatedCluster(2).start(); print(c.name, flush=True); time.sleep(600)")
+    child = subprocess.Popen([sys.executable, "-c", code, os.path.join(ROOT, "benchmarks")], stdout=subprocess.PIPE,
+                             text=True)
+    name = child.stdout.readline().strip()
+    assert name.startswith(emulated_cluster.PREFIX)
+    child.kill()
+    child.wait()
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert name in listed
+    removed = emulated_cluster.cleanup_stale()
+    assert {f"{name}h0", f"{name}h1", f"{name}br"} <= set(removed)
+    assert name not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+
+
+def _toy(layers=5, fwd_flops=0.02):
+    """A model whose layer k has one 10-element parameter and takes `fwd_flops` x batch "seconds"."""
+    return {"model": "toy", "params": [{"name": f"p{k}", "shape": [10], "dtype": "float32"} for k in range(layers)],
+            "layers": [{"name": f"l{k}", "params": [k], "fwd_flops": fwd_flops} for k in range(layers)]}
+
+
+def test_emulated_layers_take_their_profiled_time_and_run_backward_last_to_first():
+    import mxnet as mx
+
+    profile = emulated_compute.Profile("p100", 1 / (emulated_compute.GPU_PEAK_FLOPS["p100"] *
+                                                    emulated_compute.EFFICIENCY))  # 1 FLOP = 1 s
+    model = emulated_compute.EmulatedModel(_toy(), 1, profile)
+    assert model.layers[0].forward_s == pytest.approx(0.02)
+    assert model.layers[0].backward_s == pytest.approx(0.04)
+    assert model.compute_seconds == pytest.approx(0.3)
+    assert [model.priority(i) for i in range(5)] == [0, -1, -2, -3, -4]
+    mx.nd.waitall()
+    start = time.perf_counter()
+    loss = model.forward()
+    model.backward()
+    loss.wait_to_read()
+    forward_done = time.perf_counter() - start
+    ready = []
+    for k in reversed(range(5)):  # last layer's gradient first
+        model.grads[k].wait_to_read()
+        ready.append(time.perf_counter() - start)
+    assert forward_done >= 0.1  # 5 layers x 20 ms, one after the other
+    # Layer k's gradient is ready after the forward pass and the backward of layers 4..k (40 ms each).
+    for i, t in enumerate(ready):
+        assert t >= 0.1 + 0.04 * (i + 1) - 0.002, ready
+    assert ready == sorted(ready)
+    assert ready[-1] < 0.3 * 1.5, ready  # emulated compute costs time on the virtual device only
+    # A parameter the kvstore writes holds back the next forward of its layer (the dependency P3 relies on).
+    blocker = mx.nd.zeros((10,))
+    engine_bridge = model._bridge
+    engine_bridge.emulate_compute([], [model.weights[2].handle.value, blocker.handle.value], 0.2)
+    start = time.perf_counter()
+    model.forward().wait_to_read()
+    assert time.perf_counter() - start >= 0.2
+    mx.nd.waitall()
+
+
+def test_shape_files_have_a_profile_for_every_model():
+    for model in cluster_bench.MODELS:
+        description = emulated_compute.load_description(model)
+        layers = emulated_compute.layers_of(description, 32, emulated_compute.Profile())
+        covered = sorted(i for layer in layers for i in layer.params)
+        assert covered == list(range(len(description["params"])))
+        assert all(layer.forward_s > 0 for layer in layers[1:]) or model == "sockeye"
+
+
+def test_comm_bound():
+    # 4 hosts, 100 MB model, 1 Gbit: each link carries 2 x 3/4 x 100 MB each way = 1.2 s.
+    assert cluster_bench.comm_bound_seconds(100_000_000, 4, 1e9) == pytest.approx(1.2)
+    assert cluster_bench.comm_bound_seconds(100_000_000, 4, None) == 0.0
+
+
+def test_runner_smoke_every_kvstore_on_two_hosts(tmp_path):
+    _require_cluster()
+    out = tmp_path / "cluster.csv"
+    plot = tmp_path / "compare.png"
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "cluster_bench.py"), "--model", "resnet50",
+           "--hosts", "2", "--bandwidth", "2gbit", "--kvstore", "p3", "dist_sync", "mxnet-p3", "p3-slicing-only",
+           "--warmup", "1", "--iters", "2", "--log-interval", "1", "--batch-size", "4", "--csv", str(out),
+           "--plot", str(plot), "--timeout", "240"]
+    runner = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    output, _ = runner.communicate(timeout=600)
+    assert runner.returncode == 0, output[-5000:]
+    assert re.search(r"^\[host0\] .* iter 3: [\d.]+ images/s", output, re.MULTILINE)  # host 0's progress is shown live
+    with out.open() as f:
+        reader = csv.DictReader(f)
+        assert tuple(reader.fieldnames) == cluster_bench.COLUMNS
+        rows = list(reader)
+    assert [r["kvstore"] for r in rows] == ["p3", "dist_sync", "mxnet-p3", "p3-slicing-only"]
+    for r in rows:
+        assert r["status"] == "ok" and r["exit_code"] == "0"
+        assert r["hosts"] == "2" and r["bandwidth"] == "2gbit" and r["mxnet"] == "1.9.1"
+        assert float(r["throughput"]) > 0 and float(r["bound_throughput"]) > 0
+        # Nothing beats the physical bound (a little slack: the bound counts payload bytes only).
+        assert float(r["throughput"]) <= 1.05 * float(r["bound_throughput"])
+        assert float(r["compute_s"]) == pytest.approx(float(rows[0]["compute_s"]))
+    assert plot.stat().st_size > 10_000
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"{emulated_cluster.PREFIX}{runner.pid}x" not in listed  # the runner removed its cluster
