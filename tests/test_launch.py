@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from p3kv.errors import ConfigError
 from p3kv.launch import BASELINE_VARIABLE, Job, KVStore, launch, main, plan
 
 REPO = Path(__file__).resolve().parent.parent
@@ -136,6 +137,32 @@ def test_plan_env_option_overrides_water_mark():
     assert (env["DMLC_PS_WATER_MARK"], env["MXNET_KVSTORE_SLICE_THRESHOLD"]) == ("3", "40000")
 
 
+def test_plan_of_one_host_of_a_job_across_hosts():
+    # Host 1 of 2: its own worker and server; the scheduler is on host 0. Both advertise their own address.
+    job = Job(command=("train",), num_workers=2, num_servers=2, port=4242, env={"P3_SECRET": "s"},
+              local_workers=1, local_servers=1, scheduler=False, root="10.0.0.1")
+    specs = {s.name: s for s in plan(job, "127.0.0.1", 4242, {})}
+    assert list(specs) == ["server 0", "worker 0"]
+    for spec in specs.values():
+        assert (spec.env["P3_ROOT_URI"], spec.env["P3_NODE_HOST"], spec.env["P3_NUM_WORKER"]) == \
+            ("10.0.0.1", "127.0.0.1", "2")
+        assert spec.env["P3_SECRET"] == "s"
+    # A host with only a server: it is done when the server exits 0 (the job ended elsewhere).
+    server_only = Job(command=("train",), num_workers=1, num_servers=2, port=4242, env={"P3_SECRET": "s"},
+                      local_workers=0, local_servers=1, scheduler=False, root="10.0.0.1")
+    assert [(s.name, s.primary) for s in plan(server_only, "127.0.0.1", 4242, {})] == [("server 0", True)]
+    baseline = Job(command=("train",), num_workers=2, num_servers=2, port=4242, kvstore=KVStore.DIST_SYNC,
+                   local_workers=1, local_servers=0, scheduler=False, root="10.0.0.1")
+    env = plan(baseline, "127.0.0.1", 4242, {})[0].env
+    assert (env["DMLC_PS_ROOT_URI"], env["DMLC_NODE_HOST"], env["DMLC_ROLE"]) == ("10.0.0.1", "127.0.0.1", "worker")
+
+
+def test_a_p3_job_across_hosts_needs_a_shared_secret():
+    job = Job(command=("train",), num_workers=2, num_servers=2, port=4242, local_workers=1, local_servers=1)
+    with pytest.raises(ConfigError, match="the same secret on every host: set P3_SECRET_FILE"):
+        plan(job, "127.0.0.1", 4242, {})
+
+
 # ---- bad arguments: exit 2 with a message that names the fix ----
 
 @pytest.fixture
@@ -164,6 +191,12 @@ def busy_port():
     (["-n", "1", "-s", "1", "--timeout", "0", "--", "true"], "--timeout must be a positive number of seconds"),
     (["-n", "1", "-s", "1", "--server-command", "", "--", "true"], "--server-command is empty"),
     (["-n", "1", "-s", "1", "--server-command", "'unclosed", "--", "true"], "No closing quotation"),
+    (["-n", "2", "-s", "1", "--local-workers", "3", "--", "true"], "--local-workers 3 must be between 0 and"),
+    (["-n", "2", "-s", "1", "--no-scheduler", "--", "true"], "--no-scheduler: give the scheduler's address"),
+    (["-n", "2", "-s", "1", "--root", "10.0.0.1", "--", "true"], "--root is for hosts without the scheduler"),
+    (["-n", "2", "-s", "1", "--local-workers", "1", "--", "true"], "a job across hosts needs a fixed scheduler port"),
+    (["-n", "1", "-s", "1", "--port", "4242", "--no-scheduler", "--root", "10.0.0.1", "--local-workers", "0",
+      "--local-servers", "0", "--env", "P3_SECRET=x", "--", "true"], "nothing to run on this host"),
 ])
 def test_bad_arguments_fail_with_a_clear_message(argv, message, caplog):
     assert main(argv) == 2
