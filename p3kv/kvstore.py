@@ -32,7 +32,7 @@ import mxnet as mx
 import numpy as np
 
 from p3kv import _p3, requests
-from p3kv.errors import ConfigError
+from p3kv.errors import ConfigError, P3Error
 from p3kv.worker import P3Worker
 
 log = logging.getLogger("p3kv.kvstore")
@@ -352,7 +352,16 @@ class P3(mx.kvstore.KVStoreBase):
         if self._closed:
             return
         self._closed = True
-        mx.nd.waitall()
+        try:
+            mx.nd.waitall()
+        except mx.base.MXNetError as e:
+            # Usually the script met this error already; one line here instead of a second traceback at exit.
+            log.warning("kvstore 'p3' closes after a failed operation: %s", str(e).strip().splitlines()[0])
+            try:
+                self._worker.close()
+            except P3Error:
+                pass  # the same failure, reported above
+            return
         self._worker.close()
 
     def _known(self, key) -> _Key:

@@ -373,6 +373,9 @@ def test_a_server_killed_under_gluon_raises_mxnet_error_and_fails_the_launcher(n
     error = job.wait_for(r"^\[worker 0\] MXNETERROR after [\d.]+ s: (.*)$").group(1)
     assert re.search(rf"server 0 (at |\(){HOST}:{victim_port}\b", error), error
     assert f"worker 0 exited with code {EXIT_MXNET_ERROR}; stopped all other processes" in job.output
+    # At exit the kvstore says once, in one line, that it closed after the failure (no second traceback).
+    assert "Exception ignored in atexit" not in job.output, job.output
+    assert "kvstore 'p3' closes after a failed operation" in job.output, job.output
     for node in (scheduler, ports[1][0]):
         assert node.finish(FAILURE_BOUND) == 1, node.output
     assert victim.finish() == -signal.SIGKILL
