@@ -1,0 +1,171 @@
+"""Fabric tasks that deploy p3kv to the machines of a hosts file (see hosts.example and the README).
+
+    fab -f deploy/fabfile.py install --hosts-file hosts
+    fab -f deploy/fabfile.py launch --command "python train.py --kvstore p3"
+    fab -f deploy/fabfile.py bandwidth --rate 10gbit
+    fab -f deploy/fabfile.py status | logs | stop | bench
+
+Fabric's own options apply to every connection, e.g. ``fab -i ~/.ssh/cluster_key -t 5 ...`` (key, connect
+timeout). Each task exits non-zero with one line per failed host saying what to do.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import sys
+
+from fabric import task
+from invoke.exceptions import Exit
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import deploy  # noqa: E402 (needs the repository root on sys.path, set just above)
+from deploy.install import DEFAULT_PATH  # noqa: E402
+from deploy.job import DEFAULT_PORT  # noqa: E402
+from deploy.state import DEFAULT_STATE_DIR  # noqa: E402
+
+LOG = logging.getLogger("p3kv.deploy")
+HOSTS_HELP = "the hosts file (default: hosts; see hosts.example)"
+PATH_HELP = f"where the project lives on every host (default {DEFAULT_PATH})"
+
+
+def _setup(ctx, hosts_file: str):
+    logging.basicConfig(format="%(name)s: %(levelname)s: %(message)s", level=logging.INFO)
+    logging.getLogger("paramiko").setLevel(logging.WARNING)
+    try:
+        hosts = deploy.read_hosts_file(hosts_file)
+    except deploy.HostsFileError as e:
+        raise Exit(str(e), code=2) from None
+    return hosts, deploy.default_connect(ctx.config, int(ctx.config.timeouts.connect or 10))
+
+
+def _call(fn, *args, **kwargs):
+    """fn(*args, **kwargs), with deploy's errors turned into a message and a non-zero exit."""
+    try:
+        return fn(*args, **kwargs)
+    except deploy.DeployError as e:
+        raise Exit(str(e), code=1) from None
+    except (ValueError, FileNotFoundError) as e:
+        raise Exit(str(e), code=2) from None
+
+
+def _job(state_dir: str, job: str | None):
+    return _call(deploy.JobState.load, state_dir, job)
+
+
+@task(help={"hosts_file": HOSTS_HELP, "path": PATH_HELP,
+            "venv": "use this existing virtualenv on the hosts instead of creating PATH/.venv",
+            "python": "the Python that creates PATH/.venv (default python3)",
+            "mxnet": "pip install MXNet into the virtualenv: cpu (default for a new one), cu112 or none",
+            "prebuilt": "ship this machine's built C++ extension instead of building it on every host",
+            "system_site_packages": "create PATH/.venv with --system-site-packages"})
+def install(ctx, hosts_file="hosts", path=DEFAULT_PATH, venv=None, python="python3", mxnet=None, prebuilt=False,
+            system_site_packages=False):
+    """Copy the project to every host, give it a virtualenv, build p3kv and check it imports."""
+    hosts, connect = _setup(ctx, hosts_file)
+    done = _call(deploy.install, hosts, connect, path=path, venv=venv, python=python, mxnet=mxnet,
+                 prebuilt=prebuilt, system_site_packages=system_site_packages)
+    for label, result in done.items():
+        print(f"{label}: {result.path} with {result.python} (mxnet {result.mxnet})"
+              f"{'' if result.copied else ', shared filesystem: not copied again'}")
+
+
+_LAUNCH_HELP = {"hosts_file": HOSTS_HELP, "path": PATH_HELP,
+                "kvstore": "p3 (default), dist_sync or mxnet-p3 (MXNet's parameter servers as baselines)",
+                "workers": "workers per host (default 1; workers= in the hosts file wins)",
+                "servers": "servers per host (default 1; servers= in the hosts file wins)",
+                "port": f"the scheduler's port on the first host (default {DEFAULT_PORT})",
+                "timeout": "stop the job after this many seconds (exit code 124)",
+                "env": "KEY=VALUE,... set for every process (e.g. P3_SLICE_SIZE=40000)",
+                "detach": "return once the job runs instead of following its output",
+                "state_dir": f"where this machine keeps the job's state (default {DEFAULT_STATE_DIR})"}
+
+
+def _launch_options(path, kvstore, workers, servers, port, timeout, env, detach, state_dir) -> dict:
+    pairs = [item.partition("=") for item in env.split(",") if item] if env else []
+    if any(not sep for _, sep, _ in pairs):
+        raise Exit(f"--env {env!r}: give KEY=VALUE pairs separated by commas", code=2)
+    return dict(path=path, kvstore=kvstore, workers=int(workers), servers=int(servers), port=int(port),
+                timeout=float(timeout) if timeout else None, env={k: v for k, _, v in pairs}, follow=not detach,
+                state_dir=state_dir)
+
+
+@task(help={"command": "the training command each worker runs ({job_dir}: the job's folder on the host)",
+            **_LAUNCH_HELP})
+def launch(ctx, command, hosts_file="hosts", path=DEFAULT_PATH, kvstore="p3", workers=1, servers=1,
+           port=DEFAULT_PORT, timeout=None, env=None, detach=False, state_dir=DEFAULT_STATE_DIR):
+    """Run a training command across the hosts: the scheduler on the first, workers and servers on each."""
+    hosts, connect = _setup(ctx, hosts_file)
+    options = _launch_options(path, kvstore, workers, servers, port, timeout, env, detach, state_dir)
+    result = _call(deploy.launch, hosts, connect, shlex.split(command), **options)
+    print(f"job {result.job.job_id}: " + ("running" if detach else f"exit code {result.exit_code}"))
+    if result.exit_code:
+        raise Exit(code=result.exit_code)
+
+
+@task(help={"dest": "local folder for the results (default bench-<job id>)", "model": "resnet50_v1 (default), "
+            "vgg19 or inceptionv3", "warmup": "untimed iterations (default 1)", "iters": "timed iterations "
+            "(default 5)", **{k: v for k, v in _LAUNCH_HELP.items() if k != "detach"}})
+def bench(ctx, hosts_file="hosts", path=DEFAULT_PATH, kvstore="p3", model="resnet50_v1", warmup=1, iters=5,
+          dest=None, workers=1, servers=1, port=DEFAULT_PORT, timeout=None, env=None, state_dir=DEFAULT_STATE_DIR):
+    """Run the transport benchmark (benchmarks/bench_worker.py) across the hosts and collect its results."""
+    hosts, connect = _setup(ctx, hosts_file)
+    options = _launch_options(path, kvstore, workers, servers, port, timeout, env, False, state_dir)
+    folder = dest or f"bench-{kvstore}-{model}"
+    result = _call(deploy.bench, hosts, connect, folder, model=model, warmup=int(warmup), iters=int(iters),
+                   **options)
+    for row in result.rows:
+        print(f"{row['mode']} {row['model']} {row['n_workers']}w/{row['n_servers']}s: median "
+              f"{row['median_s']:.4f} s/iteration, {row['goodput']:.2f} Gbit/s per worker")
+    print(f"logs and results in {result.folder}")
+    if result.exit_code:
+        raise Exit(code=result.exit_code)
+
+
+@task(help={"hosts_file": HOSTS_HELP, "rate": "cap every host's egress, e.g. 10gbit, 1gbit, 500mbit",
+            "clear": "remove the cap", "show": "only show the current qdiscs (the default with no rate)"})
+def bandwidth(ctx, hosts_file="hosts", rate=None, clear=False, show=False):
+    """Set, clear or show an egress bandwidth cap (tc tbf) on each host's interface."""
+    hosts, connect = _setup(ctx, hosts_file)
+    if show and (rate or clear):
+        raise Exit("--show only shows: leave out --rate and --clear", code=2)
+    for label, text in _call(deploy.bandwidth, hosts, connect, rate=rate, clear=clear).items():
+        print(f"{label}: {text}")
+
+
+@task(help={"hosts_file": HOSTS_HELP, "job": "the job id (default: the latest)",
+            "state_dir": _LAUNCH_HELP["state_dir"]})
+def status(ctx, hosts_file="hosts", job=None, state_dir=DEFAULT_STATE_DIR):
+    """Whether the job runs on each host, its exit code and the last lines of its output."""
+    hosts, connect = _setup(ctx, hosts_file)
+    state = _job(state_dir, job)
+    for label, info in _call(deploy.status, hosts, connect, state).items():
+        what = "running" if info["running"] else f"exited with code {info['exit_code']}"
+        print(f"[{label}] job {state.job_id}: {what}")
+        for line in info["log"].splitlines():
+            print(f"[{label}]   {line}")
+
+
+@task(help={"hosts_file": HOSTS_HELP, "job": "the job id (default: the latest)", "dest": "local folder (default "
+            "logs-<job id>)", "state_dir": _LAUNCH_HELP["state_dir"]})
+def logs(ctx, hosts_file="hosts", job=None, dest=None, state_dir=DEFAULT_STATE_DIR):
+    """Copy the job's logs and results from every host into DEST/<host>/."""
+    hosts, connect = _setup(ctx, hosts_file)
+    state = _job(state_dir, job)
+    folder = dest or f"logs-{state.job_id}"
+    for label, paths in _call(deploy.logs, hosts, connect, state, folder).items():
+        print(f"{label}: {len(paths)} files")
+    print(f"in {folder}")
+
+
+@task(help={"hosts_file": HOSTS_HELP, "job": "the job id (default: the latest)", "grace": "seconds the launchers "
+            "get to stop their processes before they are killed (default 20)", "state_dir": _LAUNCH_HELP["state_dir"]})
+def stop(ctx, hosts_file="hosts", job=None, grace=20.0, state_dir=DEFAULT_STATE_DIR):
+    """Stop the job on every host (exactly its recorded processes)."""
+    hosts, connect = _setup(ctx, hosts_file)
+    state = _job(state_dir, job)
+    for label, info in _call(deploy.stop, hosts, connect, state, float(grace)).items():
+        print(f"{label}: {json.dumps(info)}")
