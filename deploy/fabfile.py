@@ -1,9 +1,9 @@
 """Fabric tasks that deploy p3kv to the machines of a hosts file (see hosts.example and the README).
 
-    fab -f deploy/fabfile.py install --hosts-file hosts
-    fab -f deploy/fabfile.py launch --command "python train.py --kvstore p3"
-    fab -f deploy/fabfile.py bandwidth --rate 10gbit
-    fab -f deploy/fabfile.py status | logs | stop | bench
+    fab -r deploy install --hosts-file hosts          # (or: cd deploy && fab install ...)
+    fab -r deploy launch --command "python train.py --kvstore p3"
+    fab -r deploy bandwidth --rate 10gbit
+    fab -r deploy status | logs | stop | bench
 
 Fabric's own options apply to every connection, e.g. ``fab -i ~/.ssh/cluster_key -t 5 ...`` (key, connect
 timeout). Each task exits non-zero with one line per failed host saying what to do.
