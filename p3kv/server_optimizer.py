@@ -94,8 +94,9 @@ class OptimizerHost:
         import mxnet as mx
 
         opt = self.optimizer
-        weight = mx.nd.array(value, dtype=value.dtype)
-        grad = mx.nd.array(aggregated, dtype=aggregated.dtype)
+        # Zero-copy views of the server's buffers: the update writes the new weights straight into `value`.
+        weight = mx.nd.from_numpy(value, zero_copy=True)
+        grad = mx.nd.from_numpy(aggregated, zero_copy=True)
         state = self.states.get((key, slc))
         if state is None and (key, slc) not in self.states:
             state = self.states[(key, slc)] = opt.create_state_multi_precision(key, weight)
@@ -104,7 +105,7 @@ class OptimizerHost:
         opt._index_update_count[key] = self._count(key, slc)
         opt.update_multi_precision(key, weight, grad, state)
         self.updates[(key, slc)] = self.updates.get((key, slc), 0) + 1
-        value[...] = weight.asnumpy()
+        weight.wait_to_read()  # the engine has written `value` before the server broadcasts it
 
     def _count(self, key: int, slc: int) -> int:
         """Updates of `key` done so far, as the slice `slc` has seen them."""
