@@ -216,7 +216,9 @@ def test_a_node_killed_before_it_registered_fails_the_rest_after_the_connect_tim
     scheduler, servers, worker = start_rendezvous(nodes, port)
     counts = r"only 2 of 2 servers and 1 of 2 workers registered within 4 s \(P3_CONNECT_TIMEOUT\)"
     assert scheduler.finish(CONNECT_TIMEOUT + MARGIN) == 1, scheduler.output
-    naming.check(scheduler, counts)
+    # Under load the registered worker's own wait for the node table (the same 4 s) may run out first: it leaves,
+    # and the scheduler fails on that instead.
+    naming.check(scheduler, counts + rf"|worker 0 \({re.escape(HOST)}\) disconnected")
     for node in [*servers, worker]:
         # The scheduler's verdict, or (under load) the node's own wait for the node table ran out first.
         assert node.finish(CONNECT_TIMEOUT + MARGIN) == 1, node.output
