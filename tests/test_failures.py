@@ -197,6 +197,26 @@ class Job:
             node.wait_for(rf"^iteration {iteration} ok$")
 
 
+def start_node(nodes: list[Node], name: str, argv: list[str], role: str, port: int, **env: str) -> Node:
+    """One node of a job on `port`, started now and killed at teardown (`nodes` fixture)."""
+    node = Node(name, argv, node_env(role, port, **env))
+    nodes.append(node)
+    return node
+
+
+def start_rendezvous(nodes: list[Node], port: int, **env: str) -> tuple[Node, list[Node], Node]:
+    """The scheduler (P3_LOG_LEVEL=INFO), both servers and one of two workers; returns when the scheduler has
+    registered all three, so the rendezvous waits for the last worker."""
+    env = {"P3_LOG_LEVEL": "INFO", **env}
+    scheduler = start_node(nodes, "scheduler", ROLE_COMMANDS["scheduler"], "scheduler", port, **env)
+    servers = [start_node(nodes, f"server process {i}", [sys.executable, REPORT_SERVER], "server", port, **env)
+               for i in range(2)]
+    worker = start_node(nodes, "worker process 0", [sys.executable, FAILURE_WORKER], "worker", port, **env)
+    for name in ("server 0", "server 1", "worker 0"):
+        scheduler.wait_for(rf"registered {name} ")
+    return scheduler, servers, worker
+
+
 def assert_failed_with(node: Node, pattern: str) -> re.Match:
     """The worker's wait raised P3Error (not a timeout) whose message matches `pattern`; exit code 3."""
     code = node.finish(FAILURE_BOUND)

@@ -49,6 +49,7 @@ from test_failures import (
     base_env,
     free_port,
     node_env,
+    start_rendezvous,
 )
 
 REPO = SCRIPTS.parent.parent
@@ -145,23 +146,6 @@ def scheduler_named(port: int, host: str = HOST) -> str:
 
 # ---- rendezvous: a node dies before every node has registered ----
 
-def start_rendezvous(nodes: list, port: int) -> tuple[Node, list[Node], Node]:
-    """The scheduler, both servers and one of the two workers; returns when the scheduler registered all three."""
-    env = {"P3_LOG_LEVEL": "INFO", "P3_CONNECT_TIMEOUT": str(CONNECT_TIMEOUT)}
-
-    def start(name: str, argv: list[str], role: str) -> Node:
-        node = Node(name, argv, node_env(role, port, **env))
-        nodes.append(node)
-        return node
-
-    scheduler = start("scheduler", ROLE_COMMANDS["scheduler"], "scheduler")
-    servers = [start(f"server process {i}", [sys.executable, REPORT_SERVER], "server") for i in range(2)]
-    worker = start("worker process 0", [sys.executable, FAILURE_WORKER], "worker")
-    for name in ("server 0", "server 1", "worker 0"):
-        scheduler.wait_for(rf"registered {name} ")
-    return scheduler, servers, worker
-
-
 def assert_late_worker_cannot_join(nodes: list, port: int) -> None:
     """A worker that comes after the job failed finds no scheduler: it fails after P3_CONNECT_TIMEOUT."""
     late = Node("worker process 1", [sys.executable, FAILURE_WORKER],
@@ -177,7 +161,7 @@ def assert_late_worker_cannot_join(nodes: list, port: int) -> None:
 
 def test_a_worker_killed_at_the_rendezvous_fails_every_registered_node(nodes, naming):
     port = free_port()
-    scheduler, servers, worker = start_rendezvous(nodes, port)
+    scheduler, servers, worker = start_rendezvous(nodes, port, P3_CONNECT_TIMEOUT=str(CONNECT_TIMEOUT))
     worker.proc.kill()
     killed = time.monotonic()
     assert worker.finish() == -signal.SIGKILL
@@ -191,7 +175,7 @@ def test_a_worker_killed_at_the_rendezvous_fails_every_registered_node(nodes, na
 
 def test_a_scheduler_killed_at_the_rendezvous_fails_every_registered_node(nodes, naming):
     port = free_port()
-    scheduler, servers, worker = start_rendezvous(nodes, port)
+    scheduler, servers, worker = start_rendezvous(nodes, port, P3_CONNECT_TIMEOUT=str(CONNECT_TIMEOUT))
     scheduler.proc.kill()
     killed = time.monotonic()
     named = scheduler_named(port)
@@ -213,7 +197,7 @@ def test_a_node_killed_before_it_registered_fails_the_rest_after_the_connect_tim
     victim.proc.kill()
     assert victim.finish() == -signal.SIGKILL
     started = time.monotonic()
-    scheduler, servers, worker = start_rendezvous(nodes, port)
+    scheduler, servers, worker = start_rendezvous(nodes, port, P3_CONNECT_TIMEOUT=str(CONNECT_TIMEOUT))
     counts = r"only 2 of 2 servers and 1 of 2 workers registered within 4 s \(P3_CONNECT_TIMEOUT\)"
     # The registered worker's own wait for the node table (the same 4 s) races the scheduler's: when it runs out
     # first, the worker leaves and the scheduler (and so the servers) fail on that instead.

@@ -41,6 +41,8 @@ from test_failures import (
     node_env,
     refused_reason,
     run_node,
+    start_node,
+    start_rendezvous,
 )
 
 UNAUTHENTICATED = "the peer does not know the job's secret (P3_SECRET)"
@@ -274,17 +276,7 @@ def test_killed_scheduler_fails_every_node(nodes):
 def test_a_server_killed_during_the_rendezvous_fails_the_job(nodes):
     port = free_port()
     env = dict(HEARTBEAT, P3_LOG_LEVEL="INFO", P3_CONNECT_TIMEOUT="4")
-
-    def start(name: str, argv: list[str], role: str) -> Node:
-        node = Node(name, argv, node_env(role, port, **env))
-        nodes.append(node)
-        return node
-
-    scheduler = start("scheduler", ROLE_COMMANDS["scheduler"], "scheduler")
-    servers = [start(f"server process {i}", [sys.executable, REPORT_SERVER], "server") for i in range(2)]
-    early = start("worker process 0", [sys.executable, FAILURE_WORKER], "worker")
-    for name in ("server 0", "server 1", "worker 0"):
-        scheduler.wait_for(rf"registered {name} ")
+    scheduler, servers, early = start_rendezvous(nodes, port, **env)
     # Three of four nodes have registered; the rendezvous waits for the last worker. Kill a server now.
     servers[0].proc.kill()
     killed = time.monotonic()
@@ -294,7 +286,7 @@ def test_a_server_killed_during_the_rendezvous_fails_the_job(nodes):
     assert re.search(r"server \d", failure), scheduler.output
     assert re.search(r"server \d", early.output), early.output
     # A worker that comes after the scheduler gave up cannot reach it: it fails after P3_CONNECT_TIMEOUT.
-    late = start("worker process 1", [sys.executable, FAILURE_WORKER], "worker")
+    late = start_node(nodes, "worker process 1", [sys.executable, FAILURE_WORKER], "worker", port, **env)
     started = time.monotonic()
     assert late.finish() == 1, late.output
     assert "cannot reach the scheduler" in late.output, late.output
