@@ -13,8 +13,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 core = Pybind11Extension(
     "p3kv._p3",
-    sorted(glob.glob("cpp/src/*.cc")) + ["cpp/mxnet/engine_bridge.cc", "cpp/python/bindings.cc"],
-    include_dirs=[os.path.join(HERE, "cpp", "include"), os.path.join(HERE, "cpp", "mxnet")],
+    sorted(glob.glob("cpp/src/*.cc")) + ["cpp/mxnet/engine_bridge.cc"] + sorted(glob.glob("cpp/python/*.cc")),
+    include_dirs=[os.path.join(HERE, "cpp", "include"), os.path.join(HERE, "cpp", "mxnet"),
+                  os.path.join(HERE, "cpp", "python")],
     cxx_std=17,
     extra_compile_args=["-O2", "-Wall", "-Wextra"],
     extra_link_args=["-pthread"],

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "engine_bridge.h"
+#include "optimizer_bindings.h"
 #include "p3/log.h"
 #include "p3/scheduler.h"
 #include "p3/server.h"
@@ -133,6 +134,7 @@ struct PyCallable {
 
 PYBIND11_MODULE(_p3, m) {
   m.doc() = "p3kv core: priority-based parameter propagation transport (C++)";
+  p3py::BindOptimizer(m);
 
   m.def("set_log_level", [](int level) { p3::SetLogLevel(static_cast<p3::LogLevel>(level)); },
         "0=DEBUG 1=INFO 2=WARNING 3=ERROR");
