@@ -34,14 +34,13 @@ class P3Server:
         sends (p3kv.server_optimizer), and broadcasts summed gradients until one arrives."""
         self.config = config if config is not None else load(role=Role.SERVER, **overrides)
         node.configure_logging(self.config)
-        host = None
+        self.optimizer_host: OptimizerHost | None = None
         if updater is None and on_request is None:
-            host = OptimizerHost()
-            updater, on_request = host.update, host.on_request
+            # The slices' MXNet optimizer, in C++ (aggregate only until worker 0 sends an optimizer).
+            native = _p3.SliceOptimizer()
+            self.optimizer_host = OptimizerHost(native)
+            updater, on_request = native, self.optimizer_host.on_request
         self._core = _p3.Server(node.node_config(self.config), updater, on_request)
-        if host is not None:
-            self._core.enable_updater(False)  # aggregate only until worker 0 sends an optimizer
-            host.on_optimizer = lambda: self._core.enable_updater(True)
         self._started = False
 
     def start(self) -> None:
@@ -74,6 +73,10 @@ class P3Server:
 
     def counters(self) -> dict:
         return self._core.counters()
+
+    def buffer_stats(self) -> dict:
+        """Receive buffers reused from the pool and allocated, and updates that copied a value being sent."""
+        return self._core.buffer_stats()
 
     def trace_events(self) -> list:
         return self._core.trace()

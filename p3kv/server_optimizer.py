@@ -1,13 +1,17 @@
 """Runs an MXNet optimizer on the slices a server owns (the paper's server-side update, per slice).
 
-Worker 0 ships the optimizer (as MXNet's dist_sync does); each slice then gets its own optimizer state,
-while learning-rate multipliers, weight decay multipliers, update counts and schedulers work per key: the
-key id is the optimizer's parameter index, and every slice of a key sees the key's update count. So any
-element-wise optimizer (SGD, NAG, Adam, RMSProp, ...) gives the same weights as updating whole arrays.
+Worker 0 ships the optimizer (as MXNet's dist_sync does). Optimizers with a native kernel (SGD, NAG, Adam,
+RMSProp, AdaGrad, AdaDelta, Adamax, Signum, FTRL, FTML: p3kv.server_kernels) update every slice in C++ without
+the GIL; Python runs once per key and iteration, not per slice, to compute what MXNet computes per parameter
+and update (learning rate after the scheduler and lr_mult, wd after wd_mult, the update count, bias
+corrections) — so counts, schedules and multipliers work per key, as on a dist_sync server, and the weights
+equal dist_sync's. Other optimizers (user-defined ones) run MXNet's own update on each slice, in Python: exact,
+but slow (one warning says so). Optimizers whose update is not element-wise, or whose state is shared across
+parameters (LARS, LAMB, LBSGD, Nadam), are refused with a message naming update_on_kvstore=False.
+
 A key's update count continues from the optimizer's `_index_update_count` when it arrives (an optimizer saved
 with its states, then loaded: Adam's bias correction and lr schedules go on where they were), and GET_STATES
 reports the counts so the saved optimizer carries them.
-Optimizers that need the whole array (LARS, LAMB: per-layer norms) are refused.
 
 mxnet is imported only when an optimizer arrives: a server that only aggregates does not need it.
 """
@@ -19,12 +23,9 @@ import pickle
 
 import numpy as np
 
-from p3kv import requests
+from p3kv import requests, server_kernels
 
 log = logging.getLogger("p3kv.server")
-
-# Optimizers whose update of one element depends on other elements of the array.
-NOT_ELEMENTWISE = ("lars", "lamb", "lans")
 
 
 def _to_numpy(state):
@@ -46,51 +47,91 @@ def _to_ndarray(state):
 
 
 class OptimizerHost:
-    """The request handler and update function of a P3Server that runs MXNet optimizers."""
+    """The request handler of a P3Server that runs MXNet optimizers through its SliceOptimizer (`native`)."""
 
-    def __init__(self):
-        self.on_optimizer = lambda: None  # called once an optimizer is set (enables the per-slice update)
+    def __init__(self, native):
+        self.native = native  # p3kv._p3.SliceOptimizer, the server's update function
         self.optimizer = None
+        self.kernel: dict | None = None  # the kernel's spec while one runs
+        # The per-slice MXNet path (optimizers without a kernel):
         self.states: dict = {}  # (key, slice) -> optimizer state of that slice
         self.base_counts: dict = {}  # key -> updates done before this optimizer arrived (its _index_update_count)
         self.updates: dict = {}  # (key, slice) -> updates this optimizer made to the slice
 
+    # -- control requests (the server's consumer thread) -------------------------------------------------
     def on_request(self, kind: int, body: bytes) -> bytes:
         if kind == requests.SET_OPTIMIZER:
-            import mxnet  # noqa: F401  (unpickling needs the optimizer classes)
-
-            try:
-                optimizer = pickle.loads(body)
-            except (AttributeError, ImportError) as e:
-                # A custom optimizer class defined in the training script pickles as __main__.Name.
-                raise ValueError(f"cannot unpickle the optimizer on this server ({e}): its class must be "
-                                 "importable here; define it in a module on the servers' PYTHONPATH, not in the "
-                                 "training script") from e
-            name = type(optimizer).__name__.lower()
-            if name in NOT_ELEMENTWISE:
-                raise ValueError(f"optimizer {type(optimizer).__name__} needs whole arrays (layer-wise norms) and "
-                                 "cannot run per slice: use update_on_kvstore=False with it")
-            self.optimizer = optimizer
-            self.base_counts = dict(optimizer._index_update_count)
-            self.updates = {}
-            self.on_optimizer()
-            log.info("server optimizer: %s", type(optimizer).__name__)
+            self._set_optimizer(self._unpickle(body))
             return b""
         if kind == requests.GET_STATES:
-            return pickle.dumps({"states": {k: _to_numpy(s) for k, s in self.states.items()},
-                                 "counts": {**self.base_counts,
-                                            **{key: self._count(key, slc) for key, slc in self.updates}}},
-                                protocol=4)
+            return pickle.dumps(self._get_states(), protocol=4)
         if kind == requests.SET_STATES:
-            self.states = {k: _to_ndarray(s) for k, s in pickle.loads(body).items()}
+            self._set_states(pickle.loads(body))
             return b""
         raise ValueError(f"unknown request type {kind}")
 
+    @staticmethod
+    def _unpickle(body: bytes):
+        import mxnet  # noqa: F401  (unpickling needs the optimizer classes)
+
+        try:
+            return pickle.loads(body)
+        except (AttributeError, ImportError) as e:
+            # A custom optimizer class defined in the training script pickles as __main__.Name.
+            raise ValueError(f"cannot unpickle the optimizer on this server ({e}): its class must be importable "
+                             "here; define it in a module on the servers' PYTHONPATH, not in the training script") from e
+
+    def _set_optimizer(self, optimizer) -> None:
+        spec = server_kernels.kernel_spec(optimizer)  # raises ValueError for optimizers refused on servers
+        self.optimizer = optimizer
+        self.kernel = spec
+        self.states, self.updates = {}, {}
+        self.base_counts = dict(optimizer._index_update_count)
+        name = type(optimizer).__name__
+        if spec is not None:
+            self.native.use_kernel(spec, self._step)
+            log.info("server optimizer: %s (native kernel, %s)", name, spec["kind"])
+        else:
+            self.native.use_function(self.update)
+            log.warning("server optimizer: %s has no native kernel, so this server runs MXNet's update in Python "
+                        "for every slice (GIL, an engine call and a wait per slice; typically several times slower "
+                        "per iteration than a kernel). Use one of %s, or update_on_kvstore=False to update on the "
+                        "workers", name, ", ".join(server_kernels.KERNEL_OPTIMIZERS))
+
+    def _step(self, key: int) -> tuple:
+        """Once per key and iteration: what MXNet computes per parameter and update."""
+        return server_kernels.step_params(self.optimizer, key)
+
+    def _get_states(self) -> dict:
+        if self.kernel is None:
+            return {"states": {k: _to_numpy(s) for k, s in self.states.items()},
+                    "counts": {**self.base_counts, **{key: self._count(key, slc) for key, slc in self.updates}}}
+        import mxnet as mx
+
+        templates: dict = {}
+        states = {}
+        for key, slc in self.native.slices():
+            weight_dtype, arrays = self.native.states(key, slc)
+            if (key, weight_dtype) not in templates:
+                templates[(key, weight_dtype)] = self.optimizer.create_state_multi_precision(
+                    key, mx.nd.zeros((1,), dtype=weight_dtype))
+            states[(key, slc)] = server_kernels.unflatten_state(templates[(key, weight_dtype)], arrays)
+        return {"states": states, "counts": dict(self.optimizer._index_update_count)}
+
+    def _set_states(self, states: dict) -> None:
+        if self.kernel is None:
+            self.states = {k: _to_ndarray(s) for k, s in states.items()}
+            return
+        for (key, slc), state in states.items():
+            arrays = [np.ascontiguousarray(a) for a in server_kernels.flatten_state(state)]
+            if not arrays:
+                continue  # a stateless optimizer (SGD without momentum)
+            weight_dtype = _weight_dtype(self.kernel, arrays)
+            self.native.set_states(key, slc, weight_dtype, str(arrays[0].dtype), arrays)
+
+    # -- the per-slice MXNet path ------------------------------------------------------------------------
     def update(self, key: int, slc: int, offset: int, iteration: int, aggregated: np.ndarray,
                value: np.ndarray) -> None:
-        if self.optimizer is None:  # update_on_kvstore=False: broadcast the summed gradient
-            value[...] = aggregated
-            return
         import mxnet as mx
 
         opt = self.optimizer
@@ -110,3 +151,15 @@ class OptimizerHost:
     def _count(self, key: int, slc: int) -> int:
         """Updates of `key` done so far, as the slice `slc` has seen them."""
         return self.base_counts.get(key, self.optimizer.begin_num_update) + self.updates.get((key, slc), 0)
+
+
+def _weight_dtype(spec: dict, arrays: list) -> str:
+    """The weights' dtype of a slice whose states are `arrays` (float32 states under multi_precision belong to
+    float16 weights when the state list includes the master copy)."""
+    dtype = str(arrays[0].dtype)
+    if spec.get("multi_precision") and dtype == "float32":
+        from p3kv import _p3
+
+        if _p3.num_states(spec, "float16") == len(arrays) != _p3.num_states(spec, "float32"):
+            return "float16"
+    return dtype

@@ -7,6 +7,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -15,6 +16,7 @@
 #include "p3/log.h"
 #include "p3/scheduler.h"
 #include "p3/server.h"
+#include "p3/slice_optimizer.h"
 #include "p3/worker.h"
 
 namespace py = pybind11;
@@ -130,6 +132,21 @@ struct PyCallable {
   py::object fn;
 };
 
+// A per-slice Python update function `fn(key, slice, offset, iteration, aggregated, value)`.
+p3::Updater PyUpdater(py::object f) {
+  auto callable = std::make_shared<PyCallable>(std::move(f));
+  return [callable](const p3::UpdateRequest& r) -> Status {
+    py::gil_scoped_acquire gil;  // the consumer thread takes the GIL only for the update itself
+    try {
+      callable->fn(r.key, r.slice, r.offset, r.iteration, View(r.dtype, r.aggregated, r.count, false),
+                   View(r.dtype, r.value, r.count, true));
+    } catch (py::error_already_set& e) {
+      return Status::Rejected(e.what());
+    }
+    return Status::Ok();
+  };
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_p3, m) {
@@ -179,21 +196,66 @@ PYBIND11_MODULE(_p3, m) {
       .def("stop", &p3::Scheduler::Stop)
       .def_property_readonly("port", &p3::Scheduler::port);
 
+  py::class_<p3::SliceOptimizer, std::shared_ptr<p3::SliceOptimizer>>(m, "SliceOptimizer",
+      "A server's MXNet optimizer per slice (kernels in C++); pass it to Server as the updater. Consumer thread "
+      "only: call its methods from the server's request handler.")
+      .def(py::init<>())
+      .def("use_kernel", [](p3::SliceOptimizer& o, const py::dict& spec, py::object step) {
+        const p3::OptimizerSpec parsed = p3py::SpecFromDict(spec);
+        auto callable = std::make_shared<PyCallable>(std::move(step));
+        Check(o.UseKernel(parsed, [callable](uint64_t key, p3::StepParams* out) -> Status {
+          py::gil_scoped_acquire gil;  // once per key and iteration, never per slice
+          try {
+            *out = p3py::StepFromTuple(callable->fn(key).cast<py::tuple>());
+          } catch (py::error_already_set& e) {
+            return Status::Rejected(e.what());
+          } catch (py::cast_error& e) {
+            return Status::Rejected(std::string("the step function must return a tuple: ") + e.what());
+          }
+          return Status::Ok();
+        }));
+      }, "Kernel from now on: spec dict (see optimizer_bindings.h), step(key) -> (lr, wd, rescale_grad, ...)")
+      .def("use_function", [](p3::SliceOptimizer& o, py::object fn) { o.UseFunction(PyUpdater(std::move(fn))); },
+           "Per-slice Python update function from now on (no kernel)")
+      .def("clear", &p3::SliceOptimizer::Clear)
+      .def_property_readonly("has_kernel", &p3::SliceOptimizer::has_kernel)
+      .def_property_readonly("step_calls", &p3::SliceOptimizer::step_calls)
+      .def("slices", &p3::SliceOptimizer::Slices)
+      .def("states", [](const p3::SliceOptimizer& o, uint64_t key, uint32_t slice) -> py::object {
+        const p3::SliceOptimizer::States* s = o.StatesOf(key, slice);
+        if (s == nullptr) return py::none();
+        py::list arrays;
+        py::dtype dt(std::string(p3::DTypeName(s->dtype)));
+        for (const auto& a : s->arrays) {
+          py::array copy(dt, std::vector<py::ssize_t>{static_cast<py::ssize_t>(s->count)});
+          std::memcpy(copy.mutable_data(), a.data(), a.size());
+          arrays.append(copy);
+        }
+        return py::make_tuple(p3::DTypeName(s->weight), arrays);
+      }, "(weight dtype, copies of one slice's state arrays), or None")
+      .def("set_states", [](p3::SliceOptimizer& o, uint64_t key, uint32_t slice, const std::string& weight_dtype,
+                            const std::string& dtype, const std::vector<py::buffer>& arrays) {
+        p3::SliceOptimizer::States s;
+        s.weight = ToDType(weight_dtype);
+        s.dtype = ToDType(dtype);
+        for (const py::buffer& b : arrays) {
+          Buffer buf = GetBuffer(b, "an optimizer state", s.dtype, false);
+          if (!s.arrays.empty() && buf.count != s.count) Raise(Status::Invalid("optimizer states differ in size"));
+          s.count = buf.count;
+          const char* p = static_cast<const char*>(buf.ptr);
+          s.arrays.emplace_back(p, p + buf.count * p3::DTypeSize(s.dtype));
+        }
+        o.SetStates(key, slice, std::move(s));
+      });
+
   py::class_<p3::Server>(m, "Server")
       .def(py::init([](p3::NodeConfig config, py::object updater, py::object on_request) {
         p3::Updater fn;
-        if (!updater.is_none()) {
-          auto callable = std::make_shared<PyCallable>(updater);
-          fn = [callable](const p3::UpdateRequest& r) -> Status {
-            py::gil_scoped_acquire gil;  // the consumer thread takes the GIL only for the update itself
-            try {
-              callable->fn(r.key, r.slice, r.offset, r.iteration, View(r.dtype, r.aggregated, r.count, false),
-                           View(r.dtype, r.value, r.count, true));
-            } catch (py::error_already_set& e) {
-              return Status::Rejected(e.what());
-            }
-            return Status::Ok();
-          };
+        if (py::isinstance<p3::SliceOptimizer>(updater)) {
+          auto native = updater.cast<std::shared_ptr<p3::SliceOptimizer>>();
+          fn = [native](const p3::UpdateRequest& r) { return native->Update(r); };
+        } else if (!updater.is_none()) {
+          fn = PyUpdater(updater);
         }
         p3::RequestHandler handler;
         if (!on_request.is_none()) {
@@ -233,6 +295,13 @@ PYBIND11_MODULE(_p3, m) {
       .def_property_readonly("rank", &p3::Server::rank)
       .def_property_readonly("port", &p3::Server::port)
       .def("counters", [](const p3::Server& s) { return CountersToDict(s.counters()); })
+      .def("buffer_stats", [](const p3::Server& s) {
+        py::dict d;
+        d["reused"] = s.buffers_reused();
+        d["allocated"] = s.buffers_allocated();
+        d["value_copies"] = s.value_copies();
+        return d;
+      }, "Receive buffers reused from the pool / allocated, and updates that copied a value being broadcast")
       .def("trace", [](const p3::Server& s) { return TraceToList(s.trace()); });
 
   py::class_<p3::EngineBridge>(m, "EngineBridge")

@@ -10,27 +10,8 @@
 namespace p3 {
 namespace {
 constexpr int32_t kErrorPriority = INT32_MAX;  // rejections and replies should not wait behind data
-// Pushes for later iterations that a slice holds back, per worker; more means a broken or hostile peer.
-constexpr size_t kMaxDeferredPerWorker = 8;
 constexpr uint64_t kMaxReasonBytes = 64 << 10;  // a failing worker's explanation
 }  // namespace
-
-struct Server::SliceState {
-  uint64_t key = 0;
-  uint32_t slice = 0;
-  uint64_t offset = 0;
-  uint64_t count = 0;
-  DType dtype = DType::kFloat32;
-  std::vector<char> value;  // the parameter slice (or the last aggregate)
-  std::vector<char> accum;  // sum of this iteration's contributions, in AccumulatorType(dtype)
-  std::vector<char> scratch;  // float16 only: the aggregate rounded back for the update function
-  std::vector<bool> contributed;
-  int arrived = 0;
-  bool initialized = false;
-  uint64_t iteration = 0;  // last completed iteration (0 = init)
-  std::deque<InMessage> deferred;
-  std::string broken;  // why the slice can never initialise (workers disagree on it); empty if fine
-};
 
 Server::Server(NodeConfig config, Updater updater, RequestHandler on_request)
     : config_(std::move(config)),
@@ -38,7 +19,15 @@ Server::Server(NodeConfig config, Updater updater, RequestHandler on_request)
       on_request_(std::move(on_request)),
       trace_(config_.trace),
       scheduler_(config_, Role::kServer, &counters_),
-      sender_(&trace_, [this](const OutMessage&, const Status& st) { Fail(st); }) {}
+      sender_(&trace_, [this](const OutMessage&, const Status& st) { Fail(st); }),
+      // Keep freed receive buffers up to the queue bound: enough for every frame in flight to be reused.
+      pool_(config_.server_queue_bytes),
+      admission_(config_.server_queue_bytes, config_.num_worker),
+      aggregator_(config_.num_worker,
+                  Aggregator::Hooks{[this](const UpdateRequest& r) { return Update(r); },
+                                    [this](const SliceEntry& e, int32_t priority) { Broadcast(e, priority); },
+                                    [this](int w, const Header& h, const std::string& why) { Reject(w, h, why); },
+                                    [this](Frame* f) { admission_.MarkHeld(&f->ticket); }}) {}
 
 Server::~Server() {
   Stop();
@@ -195,97 +184,35 @@ Status Server::ReadWorkerFrames(int rank, Connection* conn) {
     if (h.command != Command::kInit && h.command != Command::kPush && h.command != Command::kRequest) {
       return Status::Invalid(std::string("unexpected ") + CommandName(h.command) + " from a worker");
     }
-    {
-      // Bound the memory of queued frames; a frame larger than the bound is admitted alone.
-      std::unique_lock<std::mutex> lock(mu_);
-      inbox_cv_.wait(lock, [&] {
-        return inbox_bytes_ == 0 || inbox_bytes_ + h.payload_bytes <= config_.server_queue_bytes || stopping_ ||
-               !fatal_.ok();
-      });
-      inbox_bytes_ += h.payload_bytes;
-    }
-    InMessage m;
-    m.header = h;
-    m.payload.resize(h.payload_bytes);  // bounded by DecodeHeader's checks
-    st = conn->ReadPayload(m.payload.data(), h.payload_bytes);
+    Frame f;
+    f.header = h;
+    if (!admission_.Admit(rank, h.payload_bytes, &f.ticket)) return Status::Aborted("server stopping");
+    f.payload = pool_.Take(h.payload_bytes);  // bounded by DecodeHeader's checks
+    st = conn->ReadPayload(f.payload.data(), h.payload_bytes);
     if (!st.ok()) return st;
     trace_.Record(TraceEvent::kServerReceive, h.key, h.slice, h.priority, h.iteration, rank);
-    inbox_.Push(h.priority, std::move(m));
+    inbox_.Push(h.priority, std::move(f));
   }
 }
 
 void Server::ConsumeLoop() {
-  while (std::optional<InMessage> m = inbox_.Pop()) {
-    const uint64_t bytes = m->header.payload_bytes;
-    Process(std::move(*m));
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      inbox_bytes_ -= bytes;
-    }
-    inbox_cv_.notify_all();
-  }
+  while (std::optional<Frame> f = inbox_.Pop()) Process(std::move(*f));
 }
 
-void Server::Process(InMessage m) {
-  const Header& h = m.header;
+void Server::Process(Frame f) {
+  const Header& h = f.header;
   if (h.command == Command::kRequest) {
-    ProcessRequest(m);
+    ProcessRequest(f);
     return;
   }
   trace_.Record(TraceEvent::kAggregate, h.key, h.slice, h.priority, h.iteration, h.sender);
-  const auto id = std::make_pair(h.key, h.slice);
-  auto it = slices_.find(id);
-  if (it == slices_.end()) {
-    if (h.command != Command::kInit) {
-      Reject(h.sender, h, "key " + std::to_string(h.key) + " slice " + std::to_string(h.slice) +
-                              " was never initialised on this server: call init before push");
-      return;
-    }
-    auto s = std::make_unique<SliceState>();
-    s->key = h.key;
-    s->slice = h.slice;
-    s->offset = h.offset;
-    s->count = h.count;
-    s->dtype = h.dtype;
-    s->value.assign(h.count * DTypeSize(h.dtype), 0);
-    s->accum.assign(h.count * DTypeSize(AccumulatorType(h.dtype)), 0);
-    if (h.dtype == DType::kFloat16 && updater_) s->scratch.assign(s->value.size(), 0);
-    s->contributed.assign(static_cast<size_t>(config_.num_worker), false);
-    it = slices_.emplace(id, std::move(s)).first;
-  }
-  SliceState* s = it->second.get();
-  if (!s->broken.empty()) {
-    Reject(h.sender, h, s->broken);
-    return;
-  }
-  if (h.count != s->count || h.dtype != s->dtype || h.offset != s->offset) {
-    const std::string why = "slice " + std::to_string(h.slice) + " holds " + std::to_string(s->count) + " " +
-                            DTypeName(s->dtype) + " elements at offset " + std::to_string(s->offset) + ", got " +
-                            std::to_string(h.count) + " " + DTypeName(h.dtype) + " at " + std::to_string(h.offset) +
-                            " from " + WorkerName(h.sender) + ": every worker must use the same shape and dtype "
-                            "for a key, and init keys in the same order";
-    Reject(h.sender, h, why);
-    if (!s->initialized) {
-      // The workers disagree on the key itself: it can never initialise. Fail it for everyone who declared it,
-      // now and later, instead of leaving them waiting.
-      s->broken = why;
-      for (int w = 0; w < config_.num_worker; ++w) {
-        if (s->contributed[static_cast<size_t>(w)]) Reject(w, h, why);
-      }
-    }
-    return;
-  }
-  if (h.command == Command::kInit) {
-    ProcessInit(s, m);
-  } else {
-    ProcessPush(s, std::move(m));
-  }
+  aggregator_.OnFrame(std::move(f));
 }
 
-void Server::ProcessRequest(const InMessage& m) {
+void Server::ProcessRequest(const Frame& m) {
   std::string reply;
   Status st = on_request_ ? on_request_(static_cast<uint32_t>(m.header.key),
-                                        std::string(m.payload.begin(), m.payload.end()), &reply)
+                                        std::string(m.payload.data(), m.payload.size()), &reply)
                           : Status::Invalid("this server takes no requests (it runs without a request handler)");
   if (!st.ok()) reply = st.message();
   std::shared_ptr<Connection> conn;
@@ -307,99 +234,19 @@ void Server::ProcessRequest(const InMessage& m) {
   sender_.Enqueue(std::move(out));
 }
 
-void Server::ProcessInit(SliceState* s, const InMessage& m) {
-  const Header& h = m.header;
-  const size_t w = static_cast<size_t>(h.sender);
-  if (s->initialized || s->contributed[w]) {
-    Reject(h.sender, h, "key " + std::to_string(h.key) + " is already initialised");
-    return;
-  }
-  if (h.sender == 0) {
-    if (m.payload.size() != s->value.size()) {
-      Reject(h.sender, h, "worker 0's init carries no value");
-      return;
-    }
-    std::memcpy(s->value.data(), m.payload.data(), s->value.size());
-  }
-  s->contributed[w] = true;
-  if (++s->arrived < config_.num_worker) return;
-  s->initialized = true;
-  s->iteration = 0;
-  s->arrived = 0;
-  s->contributed.assign(s->contributed.size(), false);
-  Broadcast(*s, h.priority);
-  std::deque<InMessage> held;
-  held.swap(s->deferred);
-  for (InMessage& d : held) ProcessPush(s, std::move(d));
-}
-
-void Server::ProcessPush(SliceState* s, InMessage m) {
-  const Header& h = m.header;
-  const size_t w = static_cast<size_t>(h.sender);
-  if (s->initialized && h.iteration <= s->iteration) {
-    Reject(h.sender, h, "iteration " + std::to_string(h.iteration) + " of this slice is already complete "
-                        "(duplicate or out-of-order push)");
-    return;
-  }
-  if (!s->initialized || h.iteration > s->iteration + 1) {
-    // A fast worker is ahead: hold its push until the slice's current iteration completes.
-    if (s->deferred.size() >= kMaxDeferredPerWorker * static_cast<size_t>(config_.num_worker)) {
-      Reject(h.sender, h, "too many pushes ahead of the slice's current iteration " + std::to_string(s->iteration));
-      return;
-    }
-    s->deferred.push_back(std::move(m));
-    return;
-  }
-  if (s->contributed[w]) {
-    Reject(h.sender, h, "second push for iteration " + std::to_string(h.iteration));
-    return;
-  }
-  if (s->arrived == 0) {
-    CopyToAccumulator(s->dtype, m.payload.data(), s->accum.data(), s->count);
-  } else {
-    AddToAccumulator(s->dtype, m.payload.data(), s->accum.data(), s->count);
-  }
-  s->contributed[w] = true;
-  if (++s->arrived == config_.num_worker) CompleteIteration(s, h.priority);
-}
-
-void Server::CompleteIteration(SliceState* s, int32_t priority) {
-  s->iteration += 1;
-  s->arrived = 0;
-  s->contributed.assign(s->contributed.size(), false);
-  Status updated;
+Status Server::Update(const UpdateRequest& r) {
+  Status st;
   if (updater_ && updater_enabled_) {
-    const void* aggregated = s->accum.data();
-    if (s->dtype == DType::kFloat16) {
-      CopyFromAccumulator(s->dtype, s->accum.data(), s->scratch.data(), s->count);
-      aggregated = s->scratch.data();
-    }
-    const UpdateRequest req{s->key, s->slice, s->offset, s->count, s->iteration, s->dtype, aggregated,
-                            s->value.data()};
-    updated = updater_(req);
-    if (!updated.ok()) {
-      Header h;
-      h.key = s->key;
-      h.slice = s->slice;
-      h.iteration = s->iteration;
-      for (int w = 0; w < config_.num_worker; ++w) Reject(w, h, "the update function failed: " + updated.message());
-    }
-  } else {
-    CopyFromAccumulator(s->dtype, s->accum.data(), s->value.data(), s->count);
+    st = updater_(r);
+  } else {  // aggregate only: the value becomes the sum
+    std::memcpy(r.value, r.aggregated, r.count * DTypeSize(r.dtype));
   }
-  if (updated.ok()) {
-    trace_.Record(TraceEvent::kUpdate, s->key, s->slice, priority, s->iteration, -1);
-    Broadcast(*s, priority);
-  }
-  // Pushes held for the next iteration go on either way, so a failed update cannot strand them.
-  std::deque<InMessage> held;
-  held.swap(s->deferred);
-  for (InMessage& d : held) ProcessPush(s, std::move(d));
+  if (st.ok()) trace_.Record(TraceEvent::kUpdate, r.key, r.slice, 0, r.iteration, -1);
+  return st;
 }
 
-void Server::Broadcast(const SliceState& s, int32_t priority) {
-  // One snapshot shared by the W sends: the next iteration may update the value while they are queued.
-  auto snapshot = std::make_shared<const std::vector<char>>(s.value);
+void Server::Broadcast(const SliceEntry& s, int32_t priority) {
+  // The W sends share the slice's value buffer: no copy (the aggregator copies on write if it must).
   std::vector<std::shared_ptr<Connection>> targets;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -410,7 +257,7 @@ void Server::Broadcast(const SliceState& s, int32_t priority) {
     OutMessage m;
     m.conn = targets[static_cast<size_t>(w)];
     m.peer_rank = w;
-    m.owned = snapshot;
+    m.owned = s.value;
     Header& h = m.header;
     h.command = Command::kBroadcast;
     h.priority = priority;
@@ -421,7 +268,7 @@ void Server::Broadcast(const SliceState& s, int32_t priority) {
     h.offset = s.offset;
     h.count = s.count;
     h.iteration = s.iteration;
-    h.payload_bytes = snapshot->size();
+    h.payload_bytes = s.value->size();
     sender_.Enqueue(std::move(m));
   }
 }
@@ -456,7 +303,7 @@ void Server::Fail(const Status& status, bool from_scheduler) {
     fatal_ = status;
     fatal_from_scheduler_ = from_scheduler;
   }
-  inbox_cv_.notify_all();
+  admission_.Abort();
   Log(LogLevel::kError, "server " + std::to_string(rank_), status.message());
   cv_.notify_all();
 }
@@ -467,7 +314,7 @@ void Server::Stop() {
     if (fatal_.ok() && !shutdown_) fatal_ = Status::Aborted("server stopped");
   }
   cv_.notify_all();
-  inbox_cv_.notify_all();
+  admission_.Abort();
 }
 
 Status Server::Run(const InterruptCheck& interrupted) {
@@ -486,7 +333,7 @@ Status Server::Run(const InterruptCheck& interrupted) {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
   }
-  inbox_cv_.notify_all();
+  admission_.Abort();
   listener_.Shutdown();  // wakes the acceptor
   if (acceptor_.joinable()) acceptor_.join();
   inbox_.Abort();  // after SHUTDOWN every worker has all its broadcasts; after a failure nothing matters

@@ -1,11 +1,12 @@
-// Public. The server role (P3Server's core). Receiver threads (one per worker) put slices into a priority
-// queue keyed by the header's priority; one consumer thread takes the most urgent slice, adds it into the
-// slice's aggregation buffer and, once all workers' contributions for the iteration are in, applies the
-// update function and broadcasts the new value to every worker through the priority send queue.
-// A push for a later iteration is held until the current one completes, so iterations never mix.
+// Public. The server role (P3Server's core): I/O around the aggregation state machine (p3/aggregator.h).
+// Receiver threads (one per worker) read frames into pooled buffers and put them into a priority queue keyed by
+// the header's priority; one consumer thread takes the most urgent frame and hands it to the aggregator, which
+// sums it, and once all workers' contributions for the iteration are in, runs the update function and
+// broadcasts the new value to every worker through the priority send queue.
 //
-// Memory: the value and one aggregation buffer per slice, plus the frames in flight: received frames wait
-// in the priority queue up to server_queue_bytes, beyond which receivers stop reading (TCP backpressure).
+// Memory: the value and one aggregation buffer per slice, plus the frames in flight: payload bytes received
+// and not yet aggregated (queued or held for a later iteration) are bounded by server_queue_bytes, shared
+// equally by the workers, beyond which receivers stop reading (TCP backpressure; see p3/admission.h).
 #pragma once
 
 #include <atomic>
@@ -21,6 +22,9 @@
 #include <utility>
 #include <vector>
 
+#include "p3/admission.h"
+#include "p3/aggregator.h"
+#include "p3/buffer_pool.h"
 #include "p3/codec.h"
 #include "p3/config.h"
 #include "p3/connection.h"
@@ -29,25 +33,13 @@
 #include "p3/scheduler_client.h"
 #include "p3/sender.h"
 #include "p3/trace.h"
+#include "p3/update.h"
 
 namespace p3 {
 
-// What the update function sees for one slice of one iteration. `aggregated` holds the sum over workers
-// (in `dtype`); `value` is the stored slice to update in place; it is then broadcast.
-struct UpdateRequest {
-  uint64_t key;
-  uint32_t slice;
-  uint64_t offset;
-  uint64_t count;
-  uint64_t iteration;
-  DType dtype;
-  const void* aggregated;
-  void* value;
-};
-// Runs on the consumer thread. A non-Ok status is reported to every worker waiting on the key.
-using Updater = std::function<Status(const UpdateRequest&)>;
-// Answers a worker's control request (e.g. "use this optimizer", "return your optimizer states") on the
-// consumer thread, in priority order with the data. A non-Ok status is returned to the requester.
+// The update function's request and signature: p3/update.h. A request handler answers a worker's control
+// request (e.g. "use this optimizer", "return your optimizer states") on the consumer thread, in priority order
+// with the data. A non-Ok status is returned to the requester.
 using RequestHandler = std::function<Status(uint32_t type, const std::string& body, std::string* reply)>;
 
 class Server {
@@ -69,25 +61,22 @@ class Server {
   int rank() const { return rank_; }
   uint16_t port() const { return listener_.LocalPort(); }
   const Counters& counters() const { return counters_; }
+  // Any thread (after Run for exact numbers): receive buffers reused from the pool and newly allocated, and
+  // updates that copied a value still being broadcast.
+  uint64_t buffers_reused() const { return pool_.reused(); }
+  uint64_t buffers_allocated() const { return pool_.allocated(); }
+  uint64_t value_copies() const { return aggregator_.value_copies(); }
   const Trace& trace() const { return trace_; }
 
  private:
-  struct InMessage {
-    Header header;
-    std::vector<char> payload;
-  };
-  struct SliceState;
-
   void AcceptLoop();
   void ReceiveLoop(std::shared_ptr<Connection> conn);
   Status ReadWorkerFrames(int rank, Connection* conn);
   void ConsumeLoop();
-  void Process(InMessage m);
-  void ProcessRequest(const InMessage& m);
-  void ProcessInit(SliceState* s, const InMessage& m);
-  void ProcessPush(SliceState* s, InMessage m);
-  void CompleteIteration(SliceState* s, int32_t priority);
-  void Broadcast(const SliceState& s, int32_t priority);
+  void Process(Frame f);
+  void ProcessRequest(const Frame& f);
+  Status Update(const UpdateRequest& r);
+  void Broadcast(const SliceEntry& s, int32_t priority);
   void Reject(int worker, const Header& h, const std::string& why);
   void Fail(const Status& status, bool from_scheduler = false);
   std::string WorkerName(int rank) const;
@@ -101,10 +90,12 @@ class Server {
   Socket listener_;
   SchedulerClient scheduler_;
   Sender sender_;
-  PriorityQueue<InMessage> inbox_;
+  BufferPool pool_;       // before everything that holds its buffers
+  Admission admission_;   // before everything that holds its tickets
+  PriorityQueue<Frame> inbox_;
+  Aggregator aggregator_;  // consumer thread only
   std::thread acceptor_;
   std::thread consumer_;
-  std::map<std::pair<uint64_t, uint32_t>, std::unique_ptr<SliceState>> slices_;  // consumer thread only
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -122,8 +113,6 @@ class Server {
   Status fatal_;
   bool fatal_from_scheduler_ = false;
   bool shutdown_ = false;
-  std::condition_variable inbox_cv_;  // receivers wait here while the queue holds too many bytes
-  uint64_t inbox_bytes_ = 0;          // guarded by mu_
   std::atomic<bool> stopping_{false};
   std::atomic<bool> updater_enabled_{true};
 };

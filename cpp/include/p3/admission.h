@@ -1,0 +1,64 @@
+// Internal. The server's memory bound on received frames (P3_SERVER_QUEUE_BYTES). Every payload byte that a
+// receiver has read and the consumer has not yet aggregated counts against it, whether the frame waits in
+// the priority queue or is held for a later iteration. Each worker gets an equal share, so a fast worker
+// cannot use up the bound while a slow one's pushes, which every slice needs, wait behind it; a worker over its
+// share stops being read (TCP backpressure). A frame larger than the share is admitted alone, and a worker whose
+// every outstanding frame is held is never blocked: held frames wait for the other workers, so blocking their
+// sender could only deadlock. Held frames are bounded separately (the aggregator's per-slice cap).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+namespace p3 {
+
+class Admission {
+ public:
+  Admission(uint64_t budget_bytes, int workers);
+  Admission(const Admission&) = delete;
+  Admission& operator=(const Admission&) = delete;
+
+  // A frame's share of the bound; releases it when destroyed. The Admission must outlive it.
+  class Ticket {
+   public:
+    Ticket() = default;
+    Ticket(Ticket&& o) noexcept : owner_(o.owner_), worker_(o.worker_), bytes_(o.bytes_), held_(o.held_) {
+      o.owner_ = nullptr;
+    }
+    Ticket& operator=(Ticket&& o) noexcept;
+    Ticket(const Ticket&) = delete;
+    Ticket& operator=(const Ticket&) = delete;
+    ~Ticket() { Release(); }
+    void Release();
+
+   private:
+    friend class Admission;
+    Admission* owner_ = nullptr;
+    int worker_ = -1;
+    uint64_t bytes_ = 0;
+    bool held_ = false;
+  };
+
+  // Receiver thread of `worker`: waits until `bytes` more fit in the worker's share. False once aborted.
+  bool Admit(int worker, uint64_t bytes, Ticket* ticket);
+  // Consumer thread: the frame now waits for other workers' pushes (see the class comment).
+  void MarkHeld(Ticket* ticket);
+  // Any thread: wakes every waiting receiver; Admit fails from now on.
+  void Abort();
+  // Any thread: payload bytes outstanding for all workers.
+  uint64_t outstanding() const;
+
+ private:
+  void Release(Ticket* t);
+
+  const uint64_t share_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<uint64_t> outstanding_;  // by worker: queued + held
+  std::vector<uint64_t> held_;         // by worker
+  bool aborted_ = false;
+};
+
+}  // namespace p3

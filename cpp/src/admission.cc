@@ -1,0 +1,80 @@
+#include "p3/admission.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace p3 {
+
+Admission::Admission(uint64_t budget_bytes, int workers)
+    : share_(std::max<uint64_t>(1, budget_bytes / static_cast<uint64_t>(std::max(workers, 1)))),
+      outstanding_(static_cast<size_t>(std::max(workers, 1)), 0),
+      held_(static_cast<size_t>(std::max(workers, 1)), 0) {}
+
+Admission::Ticket& Admission::Ticket::operator=(Ticket&& o) noexcept {
+  if (this != &o) {
+    Release();
+    owner_ = o.owner_;
+    worker_ = o.worker_;
+    bytes_ = o.bytes_;
+    held_ = o.held_;
+    o.owner_ = nullptr;
+  }
+  return *this;
+}
+
+void Admission::Ticket::Release() {
+  if (owner_ != nullptr) owner_->Release(this);
+  owner_ = nullptr;
+}
+
+bool Admission::Admit(int worker, uint64_t bytes, Ticket* ticket) {
+  const size_t w = static_cast<size_t>(worker);
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] {
+    const uint64_t out = outstanding_[w];
+    return aborted_ || out == 0 || out + bytes <= share_ || out == held_[w];
+  });
+  if (aborted_) return false;
+  outstanding_[w] += bytes;
+  ticket->Release();
+  ticket->owner_ = this;
+  ticket->worker_ = worker;
+  ticket->bytes_ = bytes;
+  ticket->held_ = false;
+  return true;
+}
+
+void Admission::MarkHeld(Ticket* ticket) {
+  if (ticket->owner_ != this || ticket->held_) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    held_[static_cast<size_t>(ticket->worker_)] += ticket->bytes_;
+    ticket->held_ = true;
+  }
+  cv_.notify_all();  // the worker may now have nothing but held frames
+}
+
+void Admission::Release(Ticket* t) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const size_t w = static_cast<size_t>(t->worker_);
+    outstanding_[w] -= t->bytes_;
+    if (t->held_) held_[w] -= t->bytes_;
+  }
+  cv_.notify_all();
+}
+
+void Admission::Abort() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    aborted_ = true;
+  }
+  cv_.notify_all();
+}
+
+uint64_t Admission::outstanding() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::accumulate(outstanding_.begin(), outstanding_.end(), uint64_t{0});
+}
+
+}  // namespace p3

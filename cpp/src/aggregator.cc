@@ -1,0 +1,176 @@
+#include "p3/aggregator.h"
+
+#include <cstring>
+
+namespace p3 {
+namespace {
+// Pushes for later iterations that a slice holds back, per worker; more means a broken or hostile peer.
+constexpr size_t kMaxHeldPerWorker = 8;
+}  // namespace
+
+size_t Aggregator::held_frames() const {
+  size_t n = 0;
+  for (const auto& [id, s] : slices_) n += s.held.size();
+  return n;
+}
+
+Aggregator::Slice* Aggregator::Find(const Header& h) {
+  const auto id = std::make_pair(h.key, h.slice);
+  auto it = slices_.find(id);
+  if (it != slices_.end()) return &it->second;
+  if (h.command != Command::kInit) {
+    hooks_.reject(h.sender, h, "key " + std::to_string(h.key) + " slice " + std::to_string(h.slice) +
+                                   " was never initialised on this server: call init before push");
+    return nullptr;
+  }
+  Slice& s = slices_[id];
+  s.entry.key = h.key;
+  s.entry.slice = h.slice;
+  s.entry.offset = h.offset;
+  s.entry.count = h.count;
+  s.entry.dtype = h.dtype;
+  // Allocated once per slice for the job; INIT carries at most the value, so nothing is read into these.
+  s.entry.value = std::make_shared<std::vector<char>>(h.count * DTypeSize(h.dtype));
+  s.accum.resize(h.count * DTypeSize(AccumulatorType(h.dtype)));
+  if (h.dtype == DType::kFloat16) s.rounded.resize(s.entry.value->size());
+  s.contributed.assign(static_cast<size_t>(workers_), false);
+  slice_bytes_ += s.entry.value->size() + s.accum.size() + s.rounded.size();
+  key_slices_[h.key] += 1;
+  return &s;
+}
+
+void Aggregator::OnFrame(Frame f) {
+  const Header& h = f.header;
+  Slice* s = Find(h);
+  if (s == nullptr) return;
+  if (!s->broken.empty()) {
+    hooks_.reject(h.sender, h, s->broken);
+    return;
+  }
+  const SliceEntry& e = s->entry;
+  if (h.count != e.count || h.dtype != e.dtype || h.offset != e.offset) {
+    const std::string why = "slice " + std::to_string(h.slice) + " holds " + std::to_string(e.count) + " " +
+                            DTypeName(e.dtype) + " elements at offset " + std::to_string(e.offset) + ", got " +
+                            std::to_string(h.count) + " " + DTypeName(h.dtype) + " at " + std::to_string(h.offset) +
+                            " from worker " + std::to_string(h.sender) + ": every worker must use the same shape "
+                            "and dtype for a key, and init keys in the same order";
+    hooks_.reject(h.sender, h, why);
+    if (!s->initialized) {
+      // The workers disagree on the key itself: it can never initialise. Fail it for everyone who declared it,
+      // now and later, instead of leaving them waiting.
+      s->broken = why;
+      for (int w = 0; w < workers_; ++w) {
+        if (s->contributed[static_cast<size_t>(w)]) hooks_.reject(w, h, why);
+      }
+    }
+    return;
+  }
+  if (h.command == Command::kInit) {
+    OnInit(s, std::move(f));
+  } else {
+    OnPush(s, std::move(f));
+  }
+}
+
+void Aggregator::OnInit(Slice* s, Frame f) {
+  const Header& h = f.header;
+  const size_t w = static_cast<size_t>(h.sender);
+  if (s->initialized || s->contributed[w]) {
+    hooks_.reject(h.sender, h, "key " + std::to_string(h.key) + " is already initialised");
+    return;
+  }
+  std::vector<char>& value = *s->entry.value;
+  if (h.sender == 0) {
+    if (f.payload.size() != value.size()) {
+      hooks_.reject(h.sender, h, "worker 0's init carries no value");
+      return;
+    }
+    std::memcpy(value.data(), f.payload.data(), value.size());
+  }
+  s->contributed[w] = true;
+  if (++s->arrived < workers_) return;
+  s->initialized = true;
+  s->entry.iteration = 0;
+  s->arrived = 0;
+  s->contributed.assign(s->contributed.size(), false);
+  hooks_.broadcast(s->entry, h.priority);
+  ReplayHeld(s);
+}
+
+void Aggregator::OnPush(Slice* s, Frame f) {
+  const Header& h = f.header;
+  const size_t w = static_cast<size_t>(h.sender);
+  if (s->initialized && h.iteration <= s->entry.iteration) {
+    hooks_.reject(h.sender, h, "iteration " + std::to_string(h.iteration) + " of this slice is already complete "
+                               "(duplicate or out-of-order push)");
+    return;
+  }
+  if (!s->initialized || h.iteration > s->entry.iteration + 1) {
+    // A fast worker is ahead: hold its push until the slice's current iteration completes.
+    if (s->held.size() >= kMaxHeldPerWorker * static_cast<size_t>(workers_)) {
+      hooks_.reject(h.sender, h, "too many pushes ahead of the slice's current iteration " +
+                                     std::to_string(s->entry.iteration));
+      return;
+    }
+    if (hooks_.held) hooks_.held(&f);
+    s->held.push_back(std::move(f));
+    return;
+  }
+  if (s->contributed[w]) {
+    hooks_.reject(h.sender, h, "second push for iteration " + std::to_string(h.iteration));
+    return;
+  }
+  if (s->arrived == 0) {
+    CopyToAccumulator(s->entry.dtype, f.payload.data(), s->accum.data(), s->entry.count);
+  } else {
+    AddToAccumulator(s->entry.dtype, f.payload.data(), s->accum.data(), s->entry.count);
+  }
+  s->contributed[w] = true;
+  const int32_t priority = h.priority;
+  f = Frame();  // the payload is summed: give its buffer and memory share back before the update
+  if (++s->arrived == workers_) Complete(s, priority);
+}
+
+void Aggregator::Complete(Slice* s, int32_t priority) {
+  SliceEntry& e = s->entry;
+  e.iteration += 1;
+  s->arrived = 0;
+  s->contributed.assign(s->contributed.size(), false);
+  if (e.value.use_count() > 1) {
+    // A broadcast of the previous value is still queued: update a copy (see the file comment).
+    e.value = std::make_shared<std::vector<char>>(*e.value);
+    value_copies_.fetch_add(1, std::memory_order_relaxed);
+  }
+  const void* aggregated = s->accum.data();
+  if (e.dtype == DType::kFloat16) {
+    CopyFromAccumulator(e.dtype, s->accum.data(), s->rounded.data(), e.count);
+    aggregated = s->rounded.data();
+  }
+  Status updated;
+  if (hooks_.update) {
+    const UpdateRequest req{e.key, e.slice, e.offset, e.count, e.iteration, e.dtype, aggregated, e.value->data(),
+                            key_slices_[e.key]};
+    updated = hooks_.update(req);
+  } else {
+    std::memcpy(e.value->data(), aggregated, e.value->size());
+  }
+  if (updated.ok()) {
+    hooks_.broadcast(e, priority);
+  } else {
+    Header h;
+    h.key = e.key;
+    h.slice = e.slice;
+    h.iteration = e.iteration;
+    for (int w = 0; w < workers_; ++w) hooks_.reject(w, h, "the update function failed: " + updated.message());
+  }
+  // Pushes held for the next iteration go on either way, so a failed update cannot strand them.
+  ReplayHeld(s);
+}
+
+void Aggregator::ReplayHeld(Slice* s) {
+  std::deque<Frame> held;
+  held.swap(s->held);
+  for (Frame& f : held) OnPush(s, std::move(f));
+}
+
+}  // namespace p3

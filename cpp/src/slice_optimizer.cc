@@ -1,0 +1,107 @@
+#include "p3/slice_optimizer.h"
+
+#include <cstring>
+#include <string>
+
+namespace p3 {
+
+Status SliceOptimizer::UseKernel(const OptimizerSpec& spec, StepSource steps) {
+  Clear();
+  spec_ = spec;
+  steps_ = std::move(steps);
+  kernel_ = true;
+  return Status::Ok();
+}
+
+void SliceOptimizer::UseFunction(Updater fn) {
+  Clear();
+  function_ = std::move(fn);
+}
+
+void SliceOptimizer::Clear() {
+  kernel_ = false;
+  steps_ = nullptr;
+  function_ = nullptr;
+  states_.clear();
+  cached_.clear();
+}
+
+Status SliceOptimizer::StepFor(const UpdateRequest& r, StepParams* out) {
+  const auto id = std::make_pair(r.key, r.iteration);
+  auto it = cached_.find(id);
+  if (it == cached_.end()) {
+    CachedStep c;
+    Status st = steps_(r.key, &c.params);
+    ++step_calls_;
+    if (!st.ok()) return st;
+    it = cached_.emplace(id, c).first;
+  }
+  *out = it->second.params;
+  if (++it->second.uses >= r.key_slices) cached_.erase(it);
+  return Status::Ok();
+}
+
+Status SliceOptimizer::Update(const UpdateRequest& r) {
+  if (!kernel_) {
+    if (function_) return function_(r);
+    std::memcpy(r.value, r.aggregated, r.count * DTypeSize(r.dtype));
+    return Status::Ok();
+  }
+  const int n = NumStates(spec_, r.dtype);
+  const DType state_dtype = StateDType(spec_, r.dtype);
+  const size_t state_bytes = r.count * DTypeSize(state_dtype);
+  auto it = states_.find(std::make_pair(r.key, r.slice));
+  if (it == states_.end()) {  // the slice's first update: MXNet's create_state
+    Status st = CheckOptimizer(spec_, r.dtype);
+    if (!st.ok()) return st;
+    States fresh;
+    fresh.weight = r.dtype;
+    fresh.dtype = state_dtype;
+    fresh.count = r.count;
+    fresh.arrays.assign(static_cast<size_t>(n), std::vector<char>(state_bytes));
+    std::vector<void*> ptrs;
+    for (auto& a : fresh.arrays) ptrs.push_back(a.data());
+    InitStates(spec_, r.dtype, r.value, ptrs.data(), r.count);
+    it = states_.emplace(std::make_pair(r.key, r.slice), std::move(fresh)).first;
+  }
+  States& states = it->second;
+  const std::string where = "key " + std::to_string(r.key) + " slice " + std::to_string(r.slice);
+  if (states.arrays.size() != static_cast<size_t>(n) || states.weight != r.dtype || states.dtype != state_dtype ||
+      (n > 0 && states.count != r.count)) {
+    return Status::Invalid("the optimizer states of " + where + " are " + std::to_string(states.arrays.size()) +
+                           " arrays of " + std::to_string(states.count) + " " + DTypeName(states.dtype) + ", but " +
+                           OptimizerKindName(spec_.kind) + " needs " + std::to_string(n) + " of " +
+                           std::to_string(r.count) + " " + DTypeName(state_dtype) +
+                           " (states saved with another optimizer, dtype or slice size?)");
+  }
+  void* ptrs[8];
+  if (n > 8) return Status::Invalid("too many optimizer states");
+  for (int i = 0; i < n; ++i) {
+    if (states.arrays[static_cast<size_t>(i)].size() != state_bytes) {
+      return Status::Invalid("an optimizer state of " + where + " has the wrong size");
+    }
+    ptrs[i] = states.arrays[static_cast<size_t>(i)].data();
+  }
+  StepParams step;
+  Status st = StepFor(r, &step);
+  if (!st.ok()) return st;
+  ApplyUpdate(spec_, step, r.dtype, r.value, r.aggregated, ptrs, r.count);
+  return Status::Ok();
+}
+
+std::vector<std::pair<uint64_t, uint32_t>> SliceOptimizer::Slices() const {
+  std::vector<std::pair<uint64_t, uint32_t>> out;
+  for (const auto& [id, s] : states_) out.push_back(id);
+  return out;
+}
+
+const SliceOptimizer::States* SliceOptimizer::StatesOf(uint64_t key, uint32_t slice) const {
+  auto it = states_.find(std::make_pair(key, slice));
+  return it == states_.end() ? nullptr : &it->second;
+}
+
+void SliceOptimizer::SetStates(uint64_t key, uint32_t slice, States states) {
+  states_[std::make_pair(key, slice)] = std::move(states);
+}
+
+}  // namespace p3

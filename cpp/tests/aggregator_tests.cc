@@ -1,0 +1,383 @@
+// Unit tests of the server's pure parts: the aggregation state machine (init, push, held pushes, completion,
+// update, broadcast, rejection, copy on write), the memory bound's admission, the buffer pool and the per-key
+// step cache of SliceOptimizer. No network, no threads except where admission must block.
+// Built and run by tests/test_cpp_server_parts.py.
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "p3/admission.h"
+#include "p3/aggregator.h"
+#include "p3/buffer_pool.h"
+#include "p3/slice_optimizer.h"
+
+namespace {
+
+int g_failed_checks = 0;
+int g_passed = 0;
+int g_failed = 0;
+
+#define CHECK(cond)                                                                  \
+  do {                                                                               \
+    if (!(cond)) {                                                                   \
+      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+      ++g_failed_checks;                                                             \
+    }                                                                                \
+  } while (0)
+
+using namespace p3;
+
+// What the aggregator asked the server to do, in order.
+struct Recorder {
+  struct Sent {
+    uint64_t key;
+    uint32_t slice;
+    uint64_t iteration;
+    int32_t priority;
+    std::vector<float> value;
+    std::shared_ptr<std::vector<char>> buffer;  // kept only when `keep` (a send still in flight)
+  };
+  std::vector<Sent> broadcasts;
+  std::vector<std::pair<int, std::string>> rejects;
+  std::vector<UpdateRequest> updates;
+  std::vector<std::vector<float>> aggregates;
+  int held = 0;
+  bool keep = false;
+  Status update_status;
+  bool use_update = true;
+
+  Aggregator::Hooks Hooks() {
+    Aggregator::Hooks h;
+    if (use_update) {
+      h.update = [this](const UpdateRequest& r) {
+        updates.push_back(r);
+        const float* g = static_cast<const float*>(r.aggregated);
+        aggregates.emplace_back(g, g + r.count);
+        if (!update_status.ok()) return update_status;
+        float* v = static_cast<float*>(r.value);
+        for (uint64_t i = 0; i < r.count; ++i) v[i] -= 0.5f * g[i];  // plain SGD, lr 0.5
+        return Status::Ok();
+      };
+    }
+    h.broadcast = [this](const SliceEntry& s, int32_t priority) {
+      const float* v = reinterpret_cast<const float*>(s.value->data());
+      broadcasts.push_back(Sent{s.key, s.slice, s.iteration, priority, std::vector<float>(v, v + s.count),
+                                keep ? s.value : nullptr});
+    };
+    h.reject = [this](int w, const Header&, const std::string& why) { rejects.emplace_back(w, why); };
+    h.held = [this](Frame*) { ++held; };
+    return h;
+  }
+};
+
+BufferPool g_pool(1 << 20);
+
+Frame MakeFrame(Command c, int sender, uint64_t key, uint32_t slice, uint64_t iteration, std::vector<float> data,
+                uint64_t count = 0, int32_t priority = 0) {
+  Frame f;
+  f.header.command = c;
+  f.header.sender = sender;
+  f.header.key = key;
+  f.header.slice = slice;
+  f.header.iteration = iteration;
+  f.header.priority = priority;
+  f.header.count = count ? count : data.size();
+  f.header.dtype = DType::kFloat32;
+  f.header.payload_bytes = data.size() * sizeof(float);
+  f.payload = g_pool.Take(f.header.payload_bytes);
+  if (!data.empty()) std::memcpy(f.payload.data(), data.data(), f.header.payload_bytes);
+  return f;
+}
+
+// Inits key 7 slice 0 (3 elements) on two workers with value {1, 2, 3}.
+void InitTwo(Aggregator* a) {
+  a->OnFrame(MakeFrame(Command::kInit, 1, 7, 0, 0, {}, 3));
+  a->OnFrame(MakeFrame(Command::kInit, 0, 7, 0, 0, {1, 2, 3}));
+}
+
+void TestInitBroadcastsWorkerZerosValue() {
+  Recorder r;
+  Aggregator a(2, r.Hooks());
+  a.OnFrame(MakeFrame(Command::kInit, 1, 7, 0, 0, {}, 3, -4));
+  CHECK(r.broadcasts.empty());  // not before every worker declared the slice
+  a.OnFrame(MakeFrame(Command::kInit, 0, 7, 0, 0, {1, 2, 3}, 0, -4));
+  CHECK(r.broadcasts.size() == 1);
+  CHECK(r.broadcasts[0].iteration == 0 && r.broadcasts[0].priority == -4);
+  CHECK((r.broadcasts[0].value == std::vector<float>{1, 2, 3}));
+  CHECK(r.updates.empty() && r.rejects.empty());
+}
+
+void TestPushesSumThenUpdateThenBroadcast() {
+  Recorder r;
+  Aggregator a(2, r.Hooks());
+  InitTwo(&a);
+  a.OnFrame(MakeFrame(Command::kPush, 0, 7, 0, 1, {1, 1, 1}, 0, -2));
+  CHECK(r.updates.empty());
+  a.OnFrame(MakeFrame(Command::kPush, 1, 7, 0, 1, {3, 5, 7}, 0, -2));
+  CHECK(r.updates.size() == 1);
+  CHECK((r.aggregates[0] == std::vector<float>{4, 6, 8}));
+  CHECK(r.updates[0].iteration == 1 && r.updates[0].key == 7 && r.updates[0].key_slices == 1);
+  CHECK(r.broadcasts.size() == 2);
+  CHECK((r.broadcasts[1].value == std::vector<float>{-1, -1, -1}));  // {1,2,3} - 0.5 * {4,6,8}
+  CHECK(r.broadcasts[1].iteration == 1 && r.broadcasts[1].priority == -2);
+}
+
+void TestAggregateOnlyBroadcastsTheSum() {
+  Recorder r;
+  r.use_update = false;
+  Aggregator a(3, r.Hooks());
+  a.OnFrame(MakeFrame(Command::kInit, 2, 1, 0, 0, {}, 2));
+  a.OnFrame(MakeFrame(Command::kInit, 1, 1, 0, 0, {}, 2));
+  a.OnFrame(MakeFrame(Command::kInit, 0, 1, 0, 0, {0, 0}));
+  for (int w : {2, 0, 1}) a.OnFrame(MakeFrame(Command::kPush, w, 1, 0, 1, {float(w), 1}));
+  CHECK(r.broadcasts.size() == 2);
+  CHECK((r.broadcasts[1].value == std::vector<float>{3, 3}));
+}
+
+void TestLaterIterationIsHeldUntilItsTurn() {
+  Recorder r;
+  Aggregator a(2, r.Hooks());
+  InitTwo(&a);
+  a.OnFrame(MakeFrame(Command::kPush, 0, 7, 0, 1, {1, 1, 1}));
+  a.OnFrame(MakeFrame(Command::kPush, 0, 7, 0, 2, {10, 10, 10}));  // worker 0 runs ahead
+  CHECK(r.held == 1 && a.held_frames() == 1 && r.updates.empty());
+  a.OnFrame(MakeFrame(Command::kPush, 1, 7, 0, 1, {1, 1, 1}));
+  CHECK(r.updates.size() == 1 && a.held_frames() == 0);  // iteration 1 done; the held push now counts for 2
+  CHECK((r.aggregates[0] == std::vector<float>{2, 2, 2}));
+  a.OnFrame(MakeFrame(Command::kPush, 1, 7, 0, 2, {2, 2, 2}));
+  CHECK(r.updates.size() == 2 && r.updates[1].iteration == 2);
+  CHECK((r.aggregates[1] == std::vector<float>{12, 12, 12}));  // iterations never mix
+  CHECK(r.rejects.empty());
+}
+
+void TestPushesBeforeInitCompletesAreHeld() {
+  Recorder r;
+  Aggregator a(2, r.Hooks());
+  a.OnFrame(MakeFrame(Command::kInit, 1, 7, 0, 0, {}, 3));
+  a.OnFrame(MakeFrame(Command::kPush, 1, 7, 0, 1, {1, 1, 1}));
+  CHECK(r.held == 1);
+  a.OnFrame(MakeFrame(Command::kInit, 0, 7, 0, 0, {1, 2, 3}));
+  a.OnFrame(MakeFrame(Command::kPush, 0, 7, 0, 1, {1, 1, 1}));
+  CHECK(r.updates.size() == 1 && r.rejects.empty());
+}
+
+void TestBadRequestsAreRejectedWithReasons() {
+  Recorder r;
+  Aggregator a(2, r.Hooks());
+  a.OnFrame(MakeFrame(Command::kPush, 0, 9, 0, 1, {1}));
+  CHECK(r.rejects.size() == 1 && r.rejects[0].second.find("never initialised") != std::string::npos);
+  InitTwo(&a);
+  a.OnFrame(MakeFrame(Command::kInit, 0, 7, 0, 0, {1, 2, 3}));
+  CHECK(r.rejects.size() == 2 && r.rejects[1].second.find("already initialised") != std::string::npos);
+  a.OnFrame(MakeFrame(Command::kPush, 1, 7, 0, 1, {1, 1, 1}));
+  a.OnFrame(MakeFrame(Command::kPush, 1, 7, 0, 1, {1, 1, 1}));
+  CHECK(r.rejects.size() == 3 && r.rejects[2].second.find("second push") != std::string::npos);
+  a.OnFrame(MakeFrame(Command::kPush, 0, 7, 0, 1, {1, 1, 1}));
+  a.OnFrame(MakeFrame(Command::kPush, 0, 7, 0, 1, {1, 1, 1}));
+  CHECK(r.rejects.size() == 4 && r.rejects[3].second.find("already complete") != std::string::npos);
+  a.OnFrame(MakeFrame(Command::kPush, 0, 7, 0, 2, {1, 1}));  // wrong size
+  CHECK(r.rejects.size() == 5 && r.rejects[4].second.find("same shape") != std::string::npos);
+  CHECK(r.updates.size() == 1);
+}
+
+void TestWorkersDisagreeingOnShapeFailTheSliceForAll() {
+  Recorder r;
+  Aggregator a(3, r.Hooks());
+  a.OnFrame(MakeFrame(Command::kInit, 1, 7, 0, 0, {}, 3));
+  a.OnFrame(MakeFrame(Command::kInit, 2, 7, 0, 0, {}, 4));
+  // Worker 2 is told, and so is worker 1, which declared the slice and would otherwise wait for ever.
+  CHECK(r.rejects.size() == 2 && r.rejects[0].first == 2 && r.rejects[1].first == 1);
+  a.OnFrame(MakeFrame(Command::kInit, 0, 7, 0, 0, {1, 2, 3}));
+  CHECK(r.rejects.size() == 3 && r.rejects[2].first == 0 && r.broadcasts.empty());
+}
+
+void TestFailedUpdateRejectsEveryWorkerAndKeepsHeldPushes() {
+  Recorder r;
+  Aggregator a(2, r.Hooks());
+  InitTwo(&a);
+  r.update_status = Status::Rejected("boom");
+  a.OnFrame(MakeFrame(Command::kPush, 0, 7, 0, 1, {1, 1, 1}));
+  a.OnFrame(MakeFrame(Command::kPush, 0, 7, 0, 2, {1, 1, 1}));
+  a.OnFrame(MakeFrame(Command::kPush, 1, 7, 0, 1, {1, 1, 1}));
+  CHECK(r.rejects.size() == 2 && r.rejects[0].second.find("boom") != std::string::npos);
+  CHECK(r.broadcasts.size() == 1);  // only the init
+  CHECK(a.held_frames() == 0);      // the held push was replayed, not stranded
+  r.update_status = Status::Ok();
+  a.OnFrame(MakeFrame(Command::kPush, 1, 7, 0, 2, {1, 1, 1}));
+  CHECK(r.broadcasts.size() == 2 && r.broadcasts[1].iteration == 2);
+}
+
+void TestBroadcastSharesTheValueAndCopiesOnlyWhileASendHoldsIt() {
+  Recorder r;
+  Aggregator a(1, r.Hooks());
+  a.OnFrame(MakeFrame(Command::kInit, 0, 7, 0, 0, {1, 2, 3}));
+  r.broadcasts.clear();
+  a.OnFrame(MakeFrame(Command::kPush, 0, 7, 0, 1, {2, 2, 2}));
+  CHECK(a.value_copies() == 0);  // no send held the value: updated in place
+  r.keep = true;                 // now the broadcast of iteration 2 stays "in flight"
+  a.OnFrame(MakeFrame(Command::kPush, 0, 7, 0, 2, {2, 2, 2}));
+  CHECK(a.value_copies() == 0);
+  a.OnFrame(MakeFrame(Command::kPush, 0, 7, 0, 3, {2, 2, 2}));
+  CHECK(a.value_copies() == 1);  // iteration 3 could not write into the buffer iteration 2's send holds
+  const float* sent = reinterpret_cast<const float*>(r.broadcasts[1].buffer->data());
+  CHECK(sent[0] == -1.0f && r.broadcasts[2].value[0] == -2.0f);  // 1-1-1, then -1-1
+  CHECK(r.broadcasts[1].buffer != r.broadcasts[2].buffer);
+}
+
+void TestKeySlicesCountsTheKeysSlicesHere() {
+  Recorder r;
+  Aggregator a(1, r.Hooks());
+  a.OnFrame(MakeFrame(Command::kInit, 0, 5, 0, 0, {1}));
+  a.OnFrame(MakeFrame(Command::kInit, 0, 5, 3, 0, {1}));
+  a.OnFrame(MakeFrame(Command::kInit, 0, 6, 1, 0, {1}));
+  a.OnFrame(MakeFrame(Command::kPush, 0, 5, 3, 1, {1}));
+  a.OnFrame(MakeFrame(Command::kPush, 0, 6, 1, 1, {1}));
+  CHECK(r.updates.size() == 2 && r.updates[0].key_slices == 2 && r.updates[1].key_slices == 1);
+  CHECK(a.num_slices() == 3);
+}
+
+void TestFloat16IsSummedInFloat32AndRounded() {
+  Recorder r;
+  Aggregator::Hooks h;
+  std::vector<uint16_t> seen;
+  h.update = [&](const UpdateRequest& u) {
+    const uint16_t* g = static_cast<const uint16_t*>(u.aggregated);
+    seen.assign(g, g + u.count);
+    return Status::Ok();
+  };
+  h.broadcast = [](const SliceEntry&, int32_t) {};
+  h.reject = [&](int, const Header&, const std::string& why) { r.rejects.emplace_back(0, why); };
+  Aggregator a(2, h);
+  auto half = [](std::vector<float> v) {
+    Frame f;
+    f.header.dtype = DType::kFloat16;
+    f.header.count = v.size();
+    f.header.payload_bytes = v.size() * 2;
+    f.payload = g_pool.Take(f.header.payload_bytes);
+    uint16_t* p = reinterpret_cast<uint16_t*>(f.payload.data());
+    for (size_t i = 0; i < v.size(); ++i) p[i] = FloatToHalf(v[i]);
+    return f;
+  };
+  for (int w : {1, 0}) {
+    Frame f = half(w == 0 ? std::vector<float>{0, 0} : std::vector<float>{});
+    f.header.command = Command::kInit;
+    f.header.sender = w;
+    f.header.count = 2;
+    a.OnFrame(std::move(f));
+  }
+  for (int w : {0, 1}) {
+    Frame f = half({2048, 0.5f});
+    f.header.command = Command::kPush;
+    f.header.sender = w;
+    f.header.iteration = 1;
+    a.OnFrame(std::move(f));
+  }
+  CHECK(r.rejects.empty() && seen.size() == 2);
+  CHECK(HalfToFloat(seen[0]) == 4096.0f && HalfToFloat(seen[1]) == 1.0f);
+}
+
+void TestAdmissionSharesTheBoundPerWorker() {
+  Admission adm(100, 2);  // 50 bytes per worker
+  Admission::Ticket a, b, c;
+  CHECK(adm.Admit(0, 40, &a));
+  CHECK(adm.Admit(1, 50, &b));  // worker 1's share is its own
+  // Worker 0 is over its share: its receiver waits until the consumer is done with the first frame.
+  auto waiting = std::async(std::launch::async, [&] { return adm.Admit(0, 20, &c); });
+  CHECK(waiting.wait_for(std::chrono::milliseconds(100)) == std::future_status::timeout);
+  a.Release();
+  CHECK(waiting.wait_for(std::chrono::seconds(5)) == std::future_status::ready && waiting.get());
+  CHECK(adm.outstanding() == 70);
+  // A frame larger than the whole share is admitted alone.
+  Admission::Ticket big;
+  b.Release();
+  CHECK(adm.Admit(1, 500, &big));
+  big.Release();
+  c.Release();
+  CHECK(adm.outstanding() == 0);
+}
+
+void TestAdmissionNeverBlocksAWorkerWhoseFramesAreAllHeld() {
+  Admission adm(100, 2);
+  Admission::Ticket held, next;
+  CHECK(adm.Admit(0, 50, &held));
+  adm.MarkHeld(&held);  // waits for worker 1: blocking worker 0 now could deadlock the job
+  auto admitted = std::async(std::launch::async, [&] { return adm.Admit(0, 50, &next); });
+  CHECK(admitted.wait_for(std::chrono::seconds(5)) == std::future_status::ready && admitted.get());
+  // Abort wakes a waiting receiver and refuses from then on.
+  Admission::Ticket blocked;
+  auto refused = std::async(std::launch::async, [&] { return adm.Admit(0, 50, &blocked); });
+  CHECK(refused.wait_for(std::chrono::milliseconds(100)) == std::future_status::timeout);
+  adm.Abort();
+  CHECK(refused.wait_for(std::chrono::seconds(5)) == std::future_status::ready && !refused.get());
+}
+
+void TestBufferPoolReusesBuffersBySize() {
+  BufferPool pool(1000);
+  char* first;
+  {
+    BufferPool::Buffer b = pool.Take(400);
+    first = b.data();
+  }
+  BufferPool::Buffer again = pool.Take(400);
+  CHECK(again.data() == first && pool.reused() == 1 && pool.allocated() == 1);
+  BufferPool::Buffer other = pool.Take(300);  // another size: a new buffer
+  CHECK(pool.allocated() == 2);
+  {
+    BufferPool::Buffer big = pool.Take(2000);  // beyond what the pool keeps: freed, not kept
+  }
+  BufferPool::Buffer big2 = pool.Take(2000);
+  CHECK(pool.allocated() == 4);
+}
+
+void TestSliceOptimizerWithoutKernelAggregatesOrCallsTheFunction() {
+  SliceOptimizer opt;
+  std::vector<float> value = {1, 2}, sum = {4, 6};
+  UpdateRequest r{1, 0, 0, 2, 1, DType::kFloat32, sum.data(), value.data(), 1};
+  CHECK(opt.Update(r).ok());
+  CHECK((value == std::vector<float>{4, 6}));  // aggregate only
+  int calls = 0;
+  opt.UseFunction([&](const UpdateRequest&) {
+    ++calls;
+    return Status::Ok();
+  });
+  CHECK(opt.Update(r).ok() && calls == 1);
+}
+
+void Run(const char* name, void (*test)()) {
+  const int before = g_failed_checks;
+  test();
+  if (g_failed_checks == before) {
+    ++g_passed;
+  } else {
+    ++g_failed;
+    std::fprintf(stderr, "FAILED %s\n", name);
+  }
+}
+
+}  // namespace
+
+#define RUN(t) Run(#t, t)
+
+int main() {
+  RUN(TestInitBroadcastsWorkerZerosValue);
+  RUN(TestPushesSumThenUpdateThenBroadcast);
+  RUN(TestAggregateOnlyBroadcastsTheSum);
+  RUN(TestLaterIterationIsHeldUntilItsTurn);
+  RUN(TestPushesBeforeInitCompletesAreHeld);
+  RUN(TestBadRequestsAreRejectedWithReasons);
+  RUN(TestWorkersDisagreeingOnShapeFailTheSliceForAll);
+  RUN(TestFailedUpdateRejectsEveryWorkerAndKeepsHeldPushes);
+  RUN(TestBroadcastSharesTheValueAndCopiesOnlyWhileASendHoldsIt);
+  RUN(TestKeySlicesCountsTheKeysSlicesHere);
+  RUN(TestFloat16IsSummedInFloat32AndRounded);
+  RUN(TestAdmissionSharesTheBoundPerWorker);
+  RUN(TestAdmissionNeverBlocksAWorkerWhoseFramesAreAllHeld);
+  RUN(TestBufferPoolReusesBuffersBySize);
+  RUN(TestSliceOptimizerWithoutKernelAggregatesOrCallsTheFunction);
+  std::printf("%d passed, %d failed\n", g_passed, g_failed);
+  return g_failed == 0 ? 0 : 1;
+}
