@@ -22,6 +22,8 @@ _KINDS = {
     "AdaDelta": "adadelta", "Adamax": "adamax", "Signum": "signum", "Ftrl": "ftrl", "FTML": "ftml",
 }
 # Kinds whose dense update is NDArray arithmetic in Python: they clip whenever clip_gradient is not None.
+# MXNet optimizers that run as native kernels on the servers (for messages).
+KERNEL_OPTIMIZERS = tuple(_KINDS)
 _PYTHON_CLIP = {"adagrad", "adadelta", "adamax"}
 
 _LAYERWISE = ("LARS", "LAMB", "LBSGD")

@@ -106,16 +106,13 @@ class OptimizerHost:
         if self.kernel is None:
             return {"states": {k: _to_numpy(s) for k, s in self.states.items()},
                     "counts": {**self.base_counts, **{key: self._count(key, slc) for key, slc in self.updates}}}
-        import mxnet as mx
-
         templates: dict = {}
         states = {}
         for key, slc in self.native.slices():
             weight_dtype, arrays = self.native.states(key, slc)
             if (key, weight_dtype) not in templates:
-                templates[(key, weight_dtype)] = self.optimizer.create_state_multi_precision(
-                    key, mx.nd.zeros((1,), dtype=weight_dtype))
-            states[(key, slc)] = server_kernels.unflatten_state(templates[(key, weight_dtype)], arrays)
+                templates[(key, weight_dtype)] = server_kernels.state_template(self.optimizer, weight_dtype, key)
+            states[(key, slc)] = _to_numpy(server_kernels.unflatten_state(templates[(key, weight_dtype)], arrays))
         return {"states": states, "counts": dict(self.optimizer._index_update_count)}
 
     def _set_states(self, states: dict) -> None:

@@ -347,6 +347,41 @@ void TestSliceOptimizerWithoutKernelAggregatesOrCallsTheFunction() {
   CHECK(opt.Update(r).ok() && calls == 1);
 }
 
+void TestSliceOptimizerAsksForTheStepOncePerKeyAndIteration() {
+  SliceOptimizer opt;
+  OptimizerSpec spec;
+  spec.kind = OptimizerKind::kSgd;
+  spec.momentum = 0.9;
+  std::vector<uint64_t> asked;
+  CHECK(opt.UseKernel(spec, [&](uint64_t key, StepParams* step) {
+          asked.push_back(key);
+          step->lr = 0.5;
+          return Status::Ok();
+        }).ok());
+  // Key 3 has three slices here, key 4 one; the slices of key 3 complete iterations out of step with each other.
+  std::vector<float> v[4] = {{1, 1}, {1, 1}, {1, 1}, {1, 1}};
+  std::vector<float> g = {2, 2};
+  auto update = [&](uint64_t key, uint32_t slice, uint64_t iteration, uint32_t key_slices) {
+    UpdateRequest r{key, slice, 0, 2, iteration, DType::kFloat32, g.data(), v[key == 4 ? 3 : slice].data(),
+                    key_slices};
+    CHECK(opt.Update(r).ok());
+  };
+  update(3, 0, 1, 3);
+  update(4, 0, 1, 1);
+  update(3, 1, 1, 3);
+  update(3, 0, 2, 3);  // slice 0 runs ahead to iteration 2 before slice 2 has done iteration 1
+  update(3, 2, 1, 3);
+  update(3, 1, 2, 3);
+  update(3, 2, 2, 3);
+  CHECK((asked == std::vector<uint64_t>{3, 4, 3}));  // key 3: once for iteration 1, once for 2
+  CHECK(opt.step_calls() == 3);
+  // SGD momentum 0.9, lr 0.5: mom = -1 then -1.9; weight 1 -> 0 -> -1.9 on every slice of key 3.
+  for (int s = 0; s < 3; ++s) CHECK(v[s][0] == -1.9f && v[s][1] == -1.9f);
+  CHECK(v[3][0] == 0.0f);
+  const SliceOptimizer::States* st = opt.StatesOf(3, 2);
+  CHECK(st != nullptr && st->arrays.size() == 1 && st->count == 2);
+}
+
 void Run(const char* name, void (*test)()) {
   const int before = g_failed_checks;
   test();
@@ -378,6 +413,7 @@ int main() {
   RUN(TestAdmissionNeverBlocksAWorkerWhoseFramesAreAllHeld);
   RUN(TestBufferPoolReusesBuffersBySize);
   RUN(TestSliceOptimizerWithoutKernelAggregatesOrCallsTheFunction);
+  RUN(TestSliceOptimizerAsksForTheStepOncePerKeyAndIteration);
   std::printf("%d passed, %d failed\n", g_passed, g_failed);
   return g_failed == 0 ? 0 : 1;
 }
