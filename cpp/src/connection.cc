@@ -1,6 +1,7 @@
 #include "p3/connection.h"
 
 #include <chrono>
+#include <cstdio>
 #include <vector>
 
 #include "p3/codec.h"
@@ -16,26 +17,81 @@ Status Connection::Send(const Header& h, const void* payload) {
   uint8_t head[kHeaderBytes];
   EncodeHeader(h, head);
   iovec iov[2] = {{head, kHeaderBytes}, {const_cast<void*>(payload), h.payload_bytes}};
-  Status st;
-  {
-    std::lock_guard<std::timed_mutex> lock(write_mu_);
-    st = socket_.SendVec(iov, h.payload_bytes > 0 ? 2 : 1);
+  if (!ClaimWrites(-1)) {
+    return FrameError(h, Status::IoError("an earlier frame was cut off or is still being written by this thread"));
   }
-  if (!st.ok()) return st.WithContext("sending " + std::string(CommandName(h.command)) + " to " + peer_);
+  Status st = socket_.SendVec(iov, h.payload_bytes > 0 ? 2 : 1);
+  ReleaseWrites(false);
+  if (!st.ok()) return FrameError(h, st);
   counters_->CountSent(h.command, kHeaderBytes + h.payload_bytes);
   return st;
 }
 
 void Connection::SendLastWords(const Header& h, const void* payload, double timeout_s) {
-  std::unique_lock<std::timed_mutex> lock(write_mu_, std::chrono::duration<double>(timeout_s));
-  if (!lock.owns_lock()) return;
+  if (!ClaimWrites(timeout_s)) return;
   socket_.SetSendTimeout(timeout_s);
   uint8_t head[kHeaderBytes];
   EncodeHeader(h, head);
   iovec iov[2] = {{head, kHeaderBytes}, {const_cast<void*>(payload), h.payload_bytes}};
-  if (socket_.SendVec(iov, h.payload_bytes > 0 ? 2 : 1).ok()) {
-    counters_->CountSent(h.command, kHeaderBytes + h.payload_bytes);
+  const bool sent = socket_.SendVec(iov, h.payload_bytes > 0 ? 2 : 1).ok();
+  ReleaseWrites(false);
+  if (sent) counters_->CountSent(h.command, kHeaderBytes + h.payload_bytes);
+}
+
+bool Connection::ClaimWrites(double timeout_s) {
+  std::unique_lock<std::mutex> lock(claim_mu_);
+  if (torn_ || (claimed_ && claim_owner_ == std::this_thread::get_id())) return false;
+  const auto free = [&] { return !claimed_ || torn_; };
+  if (timeout_s < 0) {
+    claim_cv_.wait(lock, free);
+  } else if (!claim_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), free)) {
+    return false;
   }
+  if (torn_) return false;
+  claimed_ = true;
+  claim_owner_ = std::this_thread::get_id();
+  return true;
+}
+
+bool Connection::TryClaimWrites() { return ClaimWrites(0); }
+
+void Connection::ReleaseWrites(bool torn) {
+  {
+    std::lock_guard<std::mutex> lock(claim_mu_);
+    claimed_ = false;
+    claim_owner_ = std::thread::id();
+    torn_ = torn_ || torn;
+  }
+  claim_cv_.notify_all();
+}
+
+Status Connection::WriteSome(const Header& h, const uint8_t* head, const void* payload, uint64_t* written) {
+  const uint64_t total = kHeaderBytes + h.payload_bytes;
+  iovec iov[2];
+  int n = 0;
+  if (*written < kHeaderBytes) {
+    iov[n++] = {const_cast<uint8_t*>(head) + *written, kHeaderBytes - *written};
+    if (h.payload_bytes > 0) iov[n++] = {const_cast<void*>(payload), h.payload_bytes};
+  } else {
+    const uint64_t done = *written - kHeaderBytes;
+    iov[n++] = {const_cast<char*>(static_cast<const char*>(payload)) + done, h.payload_bytes - done};
+  }
+  size_t wrote = 0;
+  Status st = socket_.SendSome(iov, n, &wrote);
+  if (!st.ok()) return FrameError(h, st);
+  *written += wrote;
+  if (*written == total) counters_->CountSent(h.command, total);
+  return st;
+}
+
+Status Connection::SendStalled(const Header& h, double stalled_s) const {
+  char secs[32];
+  std::snprintf(secs, sizeof secs, "%.1f", stalled_s);
+  return FrameError(h, Status::Timeout(std::string("peer did not read in time (took no byte for ") + secs + " s)"));
+}
+
+Status Connection::FrameError(const Header& h, const Status& st) const {
+  return st.WithContext("sending " + std::string(CommandName(h.command)) + " to " + peer_);
 }
 
 Status Connection::Authenticate(const std::string& secret, double timeout_s) const {

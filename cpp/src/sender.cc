@@ -1,12 +1,73 @@
 #include "p3/sender.h"
 
+#include <errno.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <optional>
+#include <queue>
+#include <system_error>
 #include <utility>
 
+#include "p3/codec.h"
+
 namespace p3 {
+namespace {
 
-Sender::Sender(Trace* trace, ErrorHandler on_error) : trace_(trace), on_error_(std::move(on_error)) {}
+using Clock = std::chrono::steady_clock;
 
-Sender::~Sender() { Abort(); }
+// While another thread writes a frame on a connection (Send, SendLastWords: handshakes, BYE, failure notes,
+// all rare and short), the sender cannot be woken when it ends, so it looks again after this long.
+constexpr int kClaimRetryMs = 10;
+
+}  // namespace
+
+struct Sender::Destination {
+  // "Less urgent than": lower priority, or equal priority and later arrival (a strict weak ordering).
+  struct LessUrgent {
+    bool operator()(const Entry& a, const Entry& b) const {
+      if (a.priority != b.priority) return a.priority < b.priority;
+      return a.seq > b.seq;
+    }
+  };
+
+  std::shared_ptr<Connection> conn;
+  // Guarded by Sender::mu_.
+  std::priority_queue<Entry, std::vector<Entry>, LessUrgent> queue;
+  bool failed = false;
+  // Sender thread only.
+  std::optional<Entry> frame;  // started: the connection is claimed until it completes or is abandoned
+  uint8_t head[kHeaderBytes] = {};
+  uint64_t written = 0;        // bytes of the frame (header first) already in the socket
+  bool writable = true;        // false from a full buffer until poll() reports POLLOUT
+  bool claim_busy = false;     // another thread is writing a frame here
+  bool stalled = false;        // the peer has taken no byte since stalled_since
+  Clock::time_point stalled_since;
+  double stall_limit_s = 0;    // the connection's send timeout when the stall began (0: none)
+
+  bool HasWork() const { return !failed && (frame || !queue.empty()); }
+  const Entry& Next() const { return frame ? *frame : queue.top(); }
+  Entry TakeNext() {
+    // priority_queue::top is const; the entry is popped right after, so moving out of it is safe.
+    Entry e = std::move(const_cast<Entry&>(queue.top()));
+    queue.pop();
+    return e;
+  }
+};
+
+Sender::Sender(Trace* trace, ErrorHandler on_error) : trace_(trace), on_error_(std::move(on_error)) {
+  wakeup_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wakeup_fd_ < 0) throw std::system_error(errno, std::generic_category(), "sender: eventfd");
+}
+
+Sender::~Sender() {
+  Abort();
+  close(wakeup_fd_);
+}
 
 void Sender::Start() {
   thread_ = std::thread([this] {
@@ -16,32 +77,204 @@ void Sender::Start() {
 }
 
 bool Sender::Enqueue(OutMessage m) {
-  const int32_t priority = m.header.priority;
-  return queue_.Push(priority, std::move(m));
-}
-
-bool Sender::RunOnce() {
-  std::optional<OutMessage> m = queue_.Pop();
-  if (!m) return false;
-  const void* data = m->owned ? static_cast<const void*>(m->owned->data()) : m->data;
-  Status st = m->conn->Send(m->header, data);
-  if (!st.ok()) {
-    on_error_(*m, st);
-    return true;  // keep draining: other connections may still work, the owner decides what fails
+  if (!m.conn) return false;
+  bool wake = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return false;
+    std::unique_ptr<Destination>& d = destinations_[m.conn.get()];
+    if (!d) {
+      d = std::make_unique<Destination>();
+      d->conn = m.conn;
+    }
+    if (d->failed) return false;  // its error already went to on_error
+    const int32_t priority = m.header.priority;
+    d->queue.push(Entry{priority, next_seq_++, std::move(m)});
+    ++queued_;
+    wake = !signaled_;
+    signaled_ = true;
   }
-  const Header& h = m->header;
-  trace_->Record(TraceEvent::kSend, h.key, h.slice, h.priority, h.iteration, m->peer_rank);
+  if (wake) Signal();
   return true;
 }
 
-void Sender::Drain() {
-  queue_.Close();
-  if (thread_.joinable()) thread_.join();
+size_t Sender::Queued() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return queued_;
 }
 
-void Sender::Abort() {
-  queue_.Abort();
+bool Sender::RunOnce() {
+  Destination* next = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (aborted_) return false;
+    bool work = false;
+    for (auto& [conn, d] : destinations_) {
+      if (!d->HasWork()) continue;
+      work = true;
+      if (!d->writable) continue;
+      if (next == nullptr || Destination::LessUrgent()(next->Next(), d->Next())) next = d.get();
+    }
+    if (!work && closed_) return false;  // drained
+  }
+  if (next != nullptr) {
+    Write(next);
+  } else {
+    Wait();
+  }
+  return true;
+}
+
+void Sender::Write(Destination* d) {
+  if (!d->frame) {
+    if (!d->conn->TryClaimWrites()) {
+      d->writable = false;
+      d->claim_busy = true;
+      return;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    d->frame = d->TakeNext();
+    --queued_;
+    EncodeHeader(d->frame->m.header, d->head);
+    d->written = 0;
+  }
+  const OutMessage& m = d->frame->m;
+  const void* data = m.owned ? static_cast<const void*>(m.owned->data()) : m.data;
+  const uint64_t before = d->written;
+  Status st = d->conn->WriteSome(m.header, d->head, data, &d->written);
+  if (!st.ok()) {
+    Fail(d, st);
+    return;
+  }
+  if (d->written > before) d->stalled = false;
+  if (d->written == kHeaderBytes + m.header.payload_bytes) {
+    d->conn->ReleaseWrites(false);
+    const Header& h = m.header;
+    trace_->Record(TraceEvent::kSend, h.key, h.slice, h.priority, h.iteration, m.peer_rank);
+    d->frame.reset();
+    return;
+  }
+  if (d->written > before) return;  // the buffer may have room again by the next step
+  // Full buffer: wait for POLLOUT. A frame with no byte out yet goes back to the queue, so a more urgent
+  // frame for this destination queued meanwhile can still go first, and others may use the connection.
+  d->writable = false;
+  if (!d->stalled) {
+    d->stalled = true;
+    d->stalled_since = Clock::now();
+    d->stall_limit_s = d->conn->SendTimeout();
+  }
+  if (d->written == 0) {
+    d->conn->ReleaseWrites(false);
+    std::lock_guard<std::mutex> lock(mu_);
+    d->queue.push(std::move(*d->frame));
+    ++queued_;
+    d->frame.reset();
+  }
+}
+
+void Sender::Wait() {
+  std::vector<pollfd> fds{{wakeup_fd_, POLLIN, 0}};
+  std::vector<Destination*> polled;
+  std::vector<Destination*> waiting;
+  int timeout_ms = -1;
+  const auto now = Clock::now();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [conn, d] : destinations_) {
+      if (!d->HasWork() || d->writable) continue;
+      waiting.push_back(d.get());
+      int ms = -1;
+      if (d->claim_busy) {
+        ms = kClaimRetryMs;
+      } else {
+        fds.push_back({d->conn->fd(), POLLOUT, 0});
+        polled.push_back(d.get());
+      }
+      if (d->stalled && d->stall_limit_s > 0) {
+        const double left = d->stall_limit_s - std::chrono::duration<double>(now - d->stalled_since).count();
+        const int stall_ms = static_cast<int>(std::ceil(std::max(0.0, left) * 1000));
+        ms = ms < 0 ? stall_ms : std::min(ms, stall_ms);
+      }
+      if (ms >= 0) timeout_ms = timeout_ms < 0 ? ms : std::min(timeout_ms, ms);
+    }
+  }
+  int rc;
+  do {
+    rc = poll(fds.data(), fds.size(), timeout_ms);
+  } while (rc < 0 && errno == EINTR);
+  if (fds[0].revents != 0) {
+    // Consume the wakeup before clearing the flag: an Enqueue between the two is seen by the next step's scan.
+    uint64_t count;
+    while (read(wakeup_fd_, &count, sizeof count) < 0 && errno == EINTR) {
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    signaled_ = false;
+  }
+  for (size_t i = 0; i < polled.size(); ++i) {
+    // POLLERR/POLLHUP also wake it: the next write then reports the error.
+    if (fds[i + 1].revents != 0) polled[i]->writable = true;
+  }
+  const auto after = Clock::now();
+  for (Destination* d : waiting) {
+    if (d->claim_busy) {
+      d->claim_busy = false;
+      d->writable = true;  // try to claim again
+    }
+    if (d->writable || !d->stalled || d->stall_limit_s <= 0) continue;
+    const double stalled_s = std::chrono::duration<double>(after - d->stalled_since).count();
+    if (stalled_s < d->stall_limit_s) continue;
+    Header h;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      h = d->Next().m.header;
+    }
+    Fail(d, d->conn->SendStalled(h, stalled_s));
+  }
+}
+
+void Sender::Fail(Destination* d, const Status& st) {
+  OutMessage failed;
+  if (d->frame) {
+    failed = std::move(d->frame->m);
+    d->conn->ReleaseWrites(/*torn=*/d->written > 0);
+    d->frame.reset();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!failed.conn && !d->queue.empty()) failed = d->TakeNext().m;
+    queued_ -= d->queue.size();
+    d->queue = {};
+    d->failed = true;
+  }
+  on_error_(failed, st);
+}
+
+void Sender::Signal() {
+  const uint64_t one = 1;
+  while (write(wakeup_fd_, &one, sizeof one) < 0 && errno == EINTR) {
+  }
+}
+
+void Sender::Drain() { Stop(/*abort=*/false); }
+
+void Sender::Abort() { Stop(/*abort=*/true); }
+
+void Sender::Stop(bool abort) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+    aborted_ = aborted_ || abort;
+  }
+  Signal();
   if (thread_.joinable()) thread_.join();
+  // The thread is gone (or never ran): what is left is dropped, and a partly written frame leaves its
+  // connection torn.
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [conn, d] : destinations_) {
+    if (d->frame) d->conn->ReleaseWrites(/*torn=*/d->written > 0);
+  }
+  destinations_.clear();
+  queued_ = 0;
 }
 
 }  // namespace p3

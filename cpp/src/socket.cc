@@ -156,6 +156,24 @@ Status Socket::SendVec(iovec* iov, int iovcnt) const {
   return Status::Ok();
 }
 
+Status Socket::SendSome(const iovec* iov, int iovcnt, size_t* written) const {
+  *written = 0;
+  msghdr msg{};
+  msg.msg_iov = const_cast<iovec*>(iov);
+  msg.msg_iovlen = static_cast<size_t>(iovcnt);
+  while (true) {
+    const ssize_t n = sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n >= 0) {
+      *written = static_cast<size_t>(n);
+      return Status::Ok();
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return Status::Ok();
+    if (errno == EPIPE || errno == ECONNRESET) return Status::PeerLost(Errno("send"));
+    return Status::IoError(Errno("send"));
+  }
+}
+
 Status Socket::RecvAll(void* data, size_t len) const {
   char* p = static_cast<char*>(data);
   size_t got = 0;
@@ -198,6 +216,13 @@ void Socket::SetSendTimeout(double timeout_s) const {
   tv.tv_sec = static_cast<time_t>(timeout_s);
   tv.tv_usec = static_cast<suseconds_t>((timeout_s - static_cast<double>(tv.tv_sec)) * 1e6);
   setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
+double Socket::SendTimeout() const {
+  timeval tv{};
+  socklen_t len = sizeof tv;
+  if (fd_ < 0 || getsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, &len) != 0) return 0;
+  return static_cast<double>(tv.tv_sec) + static_cast<double>(tv.tv_usec) * 1e-6;
 }
 
 void Socket::Shutdown() const {

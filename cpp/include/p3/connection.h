@@ -1,10 +1,14 @@
-// Internal. One framed TCP connection to a named peer. Writes are serialised by a mutex, so the sender
-// thread and control paths can share it; reads belong to exactly one thread (the connection's receiver).
+// Internal. One framed TCP connection to a named peer. Writers take turns by claiming the byte stream for a
+// whole frame, so the sender thread and control paths can share it; reads belong to exactly one thread (the
+// connection's receiver). The descriptor stays blocking for that reader: the sender's writes that must not
+// block say so per call (MSG_DONTWAIT).
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "p3/counters.h"
 #include "p3/message.h"
@@ -17,11 +21,29 @@ class Connection {
  public:
   Connection(Socket socket, std::string peer, uint64_t max_payload_bytes, Counters* counters);
 
-  // Any thread. Sends header + payload (h.payload_bytes bytes at `payload`) as one frame.
+  // Any thread but the sender's. Sends header + payload (h.payload_bytes bytes at `payload`) as one frame,
+  // blocking; waits first for a frame another thread has started here to finish.
   Status Send(const Header& h, const void* payload);
   // Failure path, any thread: sends one frame if that is possible within about `timeout_s` (another
-  // thread may hold the connection in a blocked write), and leaves the connection unusable for data.
+  // thread may be in the middle of a frame here), and leaves the connection unusable for data.
   void SendLastWords(const Header& h, const void* payload, double timeout_s);
+
+  // Sender thread only: the non-blocking frame path (sender.h). TryClaimWrites claims the byte stream unless
+  // another thread is writing a frame; the claim lasts across WriteSome calls until ReleaseWrites, so Send
+  // and SendLastWords wait for a partly written frame instead of landing inside it.
+  bool TryClaimWrites();
+  // Writes what the socket takes now of the frame (head = its encoded header) past *written bytes and
+  // advances *written; counts the frame once it is complete. Never blocks.
+  Status WriteSome(const Header& h, const uint8_t* head, const void* payload, uint64_t* written);
+  // `torn`: the frame was abandoned part-way, so the stream is garbage from here on and every later write
+  // fails (or, for last words, is skipped) instead of sending a header the peer would read as payload.
+  void ReleaseWrites(bool torn);
+  // The error for a frame to this peer that could not progress for `stalled_s` seconds.
+  Status SendStalled(const Header& h, double stalled_s) const;
+  // Any thread. The SO_SNDTIMEO bound (0: none). The sender applies it per destination: a peer that takes no
+  // byte for this long fails the frame, as a blocking write would.
+  double SendTimeout() const { return socket_.SendTimeout(); }
+  void SetSendTimeout(double timeout_s) const { socket_.SetSendTimeout(timeout_s); }
   // Receiver thread only. Reads and validates the next header; the payload must be consumed next.
   Status ReadHeader(Header* h);
   Status ReadPayload(void* dst, uint64_t len);
@@ -41,11 +63,20 @@ class Connection {
   void set_peer(std::string peer) { peer_ = std::move(peer); }
 
  private:
+  // Waits up to timeout_s (< 0: forever) for no frame in progress, then claims the stream. False at once if
+  // the caller itself holds the claim (its frame cannot finish while it waits) or the stream is torn.
+  bool ClaimWrites(double timeout_s);
+  Status FrameError(const Header& h, const Status& st) const;
+
   Socket socket_;
   std::string peer_;
   const uint64_t max_payload_bytes_;
   Counters* counters_;
-  std::timed_mutex write_mu_;
+  std::mutex claim_mu_;
+  std::condition_variable claim_cv_;
+  bool claimed_ = false;        // guarded by claim_mu_: a frame is being written
+  std::thread::id claim_owner_;  // guarded by claim_mu_
+  bool torn_ = false;            // guarded by claim_mu_: a frame was cut off, the stream is unusable
 };
 
 }  // namespace p3

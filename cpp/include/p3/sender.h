@@ -1,16 +1,25 @@
-// Internal. The send half of P3: a priority queue of outgoing slices and the one consumer thread that
-// writes the most urgent one next. With small socket buffers below it, a slice queued now overtakes every
-// less urgent slice still in the queue; at most one slice is ever in the way (head-of-line bound).
+// Internal. The send half of P3: the node's outgoing slices and the one thread that writes them, the most
+// urgent sendable frame of the whole node first. Each destination (connection) keeps its own queue in
+// (priority, arrival) order and at most one frame in progress, which finishes before the next frame to that
+// destination starts. Writes never block: a destination whose socket buffer is full waits for POLLOUT while
+// the thread serves the others, so one slow peer cannot hold back the rest.
+// Why one thread and not one per destination: the destinations share the NIC, and P3's point is that the
+// node's most urgent slice goes first; with small socket buffers, a slice queued now overtakes every less
+// urgent one still queued for any destination that can take bytes (at most one partly written frame per
+// destination is in the way).
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "p3/connection.h"
-#include "p3/priority_queue.h"
 #include "p3/trace.h"
 
 namespace p3 {
@@ -25,27 +34,58 @@ struct OutMessage {
 
 class Sender {
  public:
-  // `on_error` runs on the sender thread when a write fails (the connection is then unusable).
+  // `on_error` runs on the sender thread, once per connection, when a write to it fails or the peer takes
+  // no byte for the connection's send timeout (Connection::SendTimeout; none by default). That connection's
+  // queued frames are then dropped, later ones refused; the other connections carry on.
   using ErrorHandler = std::function<void(const OutMessage&, const Status&)>;
+  // Throws std::system_error if the wakeup descriptor cannot be created (out of descriptors).
   Sender(Trace* trace, ErrorHandler on_error);
   ~Sender();
+  Sender(const Sender&) = delete;
+  Sender& operator=(const Sender&) = delete;
 
+  // Owner thread, once.
   void Start();
-  // Any thread. False if the sender is stopped.
+  // Any thread. False if the sender is stopped, or the message's connection already failed.
   bool Enqueue(OutMessage m);
-  // Sends everything queued, then stops the thread (orderly shutdown).
+  // Owner thread. Sends everything queued, then stops the thread (orderly shutdown).
   void Drain();
-  // Drops everything queued and stops the thread (failure path).
+  // Owner thread. Drops everything queued (a partly written frame too) and stops the thread (failure path).
   void Abort();
-  size_t Queued() const { return queue_.Size(); }
+  // Any thread. Frames queued and not yet started.
+  size_t Queued() const;
 
  private:
+  struct Entry {
+    int32_t priority;
+    uint64_t seq;  // arrival order over the whole node: FIFO among equal priorities, across destinations too
+    OutMessage m;
+  };
+  struct Destination;
+
+  // One step of the sender thread: writes once to the most urgent writable destination, or waits for one to
+  // become writable (or for Enqueue/Drain/Abort). False when the thread should end.
   bool RunOnce();
+  void Write(Destination* d);
+  void Wait();
+  void Fail(Destination* d, const Status& st);
+  void Signal();
+  void Stop(bool abort);
 
   Trace* trace_;
   ErrorHandler on_error_;
-  PriorityQueue<OutMessage> queue_;
+  int wakeup_fd_ = -1;  // eventfd: Enqueue/Drain/Abort wake the thread out of poll()
   std::thread thread_;
+
+  mutable std::mutex mu_;
+  // Guarded by mu_ (the map, and each destination's queue and `failed`; the rest of a destination belongs to
+  // the sender thread). Destinations live until the sender stops, so the thread may keep pointers to them.
+  std::unordered_map<const Connection*, std::unique_ptr<Destination>> destinations_;
+  uint64_t next_seq_ = 0;
+  size_t queued_ = 0;
+  bool closed_ = false;    // no more Enqueue; the thread ends once nothing is left to send
+  bool aborted_ = false;   // the thread ends now
+  bool signaled_ = false;  // a wakeup is pending in wakeup_fd_ (saves a write per Enqueue)
 };
 
 }  // namespace p3

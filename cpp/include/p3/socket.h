@@ -35,6 +35,11 @@ class Socket {
   Status SendAll(const void* data, size_t len) const;
   // Writes all bytes of all iovecs (a header and its payload go out in one call).
   Status SendVec(struct iovec* iov, int iovcnt) const;
+  // One write of what the send buffer takes now, never blocking (MSG_DONTWAIT: the descriptor itself stays
+  // blocking for the reader thread). *written is 0 when the buffer is full.
+  Status SendSome(const struct iovec* iov, int iovcnt, size_t* written) const;
+  // The SO_SNDTIMEO bound in seconds (0: none).
+  double SendTimeout() const;
   // Reads exactly len bytes. PeerLost on an orderly close before the first byte, IoError otherwise.
   Status RecvAll(void* data, size_t len) const;
   // Waits until readable or timeout; returns true if readable (or closed).

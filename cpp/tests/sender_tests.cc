@@ -1,0 +1,384 @@
+// Tests of the Sender over loopback TCP: per-destination (priority, FIFO) order, node-wide priority across
+// destinations, a peer that stops reading stalls no one else, large frames written in pieces arrive intact,
+// Drain/Abort, and write errors. Built and run by tests/test_cpp_sender.py.
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "p3/connection.h"
+#include "p3/counters.h"
+#include "p3/sender.h"
+#include "p3/socket.h"
+#include "p3/trace.h"
+
+namespace {
+
+int g_failed_checks = 0;
+
+#define CHECK(cond)                                                        \
+  do {                                                                     \
+    if (!(cond)) {                                                         \
+      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+      ++g_failed_checks;                                                   \
+    }                                                                      \
+  } while (0)
+
+using p3::Command;
+using p3::Connection;
+using p3::Header;
+using p3::OutMessage;
+using p3::Sender;
+using p3::Status;
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// One loopback TCP connection: `conn` is the sending node's end, `peer` the receiving node's end.
+struct Link {
+  std::shared_ptr<Connection> conn;
+  std::unique_ptr<Connection> peer;
+};
+
+Link MakeLink(const std::string& name, p3::Counters* counters, int buffer_bytes = 0) {
+  p3::Socket listener, a, b;
+  std::string who;
+  Link link;
+  if (!p3::Socket::Listen("127.0.0.1", 0, buffer_bytes, &listener).ok() ||
+      !p3::Socket::Connect("127.0.0.1", listener.LocalPort(), buffer_bytes, 5.0, &a).ok() ||
+      !listener.Accept(5.0, &b, &who).ok()) {
+    std::fprintf(stderr, "cannot make a loopback connection\n");
+    ++g_failed_checks;
+    return link;
+  }
+  link.conn = std::make_shared<Connection>(std::move(a), name, 1ull << 30, counters);
+  link.peer = std::make_unique<Connection>(std::move(b), "sender of " + name, 1ull << 30, counters);
+  link.peer->SetReceiveTimeout(10.0);  // a test that loses a frame fails instead of hanging
+  return link;
+}
+
+// A frame whose payload is `bytes` bytes of a pattern derived from `key`, so corruption shows.
+OutMessage Frame(const Link& link, uint64_t key, int32_t priority, size_t bytes, int32_t peer_rank = 0) {
+  OutMessage m;
+  m.conn = link.conn;
+  m.peer_rank = peer_rank;
+  auto payload = std::make_shared<std::vector<char>>(bytes);
+  for (size_t i = 0; i < bytes; ++i) (*payload)[i] = static_cast<char>((key * 131 + i * 7) & 0xff);
+  m.owned = payload;
+  m.header.command = Command::kBroadcast;
+  m.header.priority = priority;
+  m.header.dtype = p3::DType::kUInt8;
+  m.header.count = bytes;
+  m.header.key = key;
+  m.header.payload_bytes = bytes;
+  return m;
+}
+
+// Reads one frame; returns its key, or UINT64_MAX if it failed to arrive or its payload is corrupt.
+uint64_t ReadFrame(Connection* peer, Header* out = nullptr) {
+  Header h;
+  const Status st = peer->ReadHeader(&h);
+  if (!st.ok()) {
+    std::fprintf(stderr, "reading a frame: %s\n", st.message().c_str());
+    return UINT64_MAX;
+  }
+  std::vector<char> payload(h.payload_bytes);
+  if (h.payload_bytes > 0 && !peer->ReadPayload(payload.data(), payload.size()).ok()) return UINT64_MAX;
+  if (out != nullptr) *out = h;
+  if (h.command != Command::kBroadcast) return h.key;
+  for (size_t i = 0; i < payload.size(); ++i) {
+    if (payload[i] != static_cast<char>((h.key * 131 + i * 7) & 0xff)) return UINT64_MAX;
+  }
+  return h.key;
+}
+
+std::vector<uint64_t> ReadFrames(Connection* peer, int n) {
+  std::vector<uint64_t> keys;
+  for (int i = 0; i < n; ++i) keys.push_back(ReadFrame(peer));
+  return keys;
+}
+
+std::vector<uint64_t> SentKeys(const p3::Trace& trace) {
+  std::vector<uint64_t> keys;
+  for (const p3::TraceRecord& r : trace.Snapshot()) {
+    if (r.event == p3::TraceEvent::kSend) keys.push_back(r.key);
+  }
+  return keys;
+}
+
+struct Errors {
+  std::mutex mu;
+  std::vector<std::pair<const Connection*, Status>> seen;
+  Sender::ErrorHandler Handler() {
+    return [this](const OutMessage& m, const Status& st) {
+      std::lock_guard<std::mutex> lock(mu);
+      seen.emplace_back(m.conn.get(), st);
+    };
+  }
+  size_t Count() {
+    std::lock_guard<std::mutex> lock(mu);
+    return seen.size();
+  }
+};
+
+void TestPerDestinationPriorityThenFifo() {
+  p3::Counters counters;
+  p3::Trace trace(true);
+  Errors errors;
+  Link link = MakeLink("worker 0", &counters);
+  Sender sender(&trace, errors.Handler());
+  // (priority, key): frames of equal priority must leave in arrival order.
+  const std::vector<std::pair<int32_t, uint64_t>> in = {{0, 1}, {-3, 2}, {5, 3}, {0, 4}, {5, 5}, {-3, 6}, {0, 7}};
+  for (auto [priority, key] : in) CHECK(sender.Enqueue(Frame(link, key, priority, 1000)));
+  CHECK(sender.Queued() == in.size());
+  sender.Start();
+  const std::vector<uint64_t> got = ReadFrames(link.peer.get(), static_cast<int>(in.size()));
+  sender.Drain();
+  CHECK((got == std::vector<uint64_t>{3, 5, 1, 4, 7, 2, 6}));
+  CHECK((SentKeys(trace) == std::vector<uint64_t>{3, 5, 1, 4, 7, 2, 6}));
+  CHECK(counters.sent[static_cast<int>(Command::kBroadcast)].load() == in.size());
+  CHECK(errors.Count() == 0);
+}
+
+void TestMostUrgentFirstAcrossDestinations() {
+  // Queued while the sender is not running, with both destinations writable: the node-wide order is
+  // (priority, arrival), not destination by destination.
+  p3::Counters counters;
+  p3::Trace trace(true);
+  Errors errors;
+  Link x = MakeLink("server 0", &counters), y = MakeLink("server 1", &counters);
+  Sender sender(&trace, errors.Handler());
+  CHECK(sender.Enqueue(Frame(x, 1, 1, 500, 0)));
+  CHECK(sender.Enqueue(Frame(x, 3, 3, 500, 0)));
+  CHECK(sender.Enqueue(Frame(y, 5, 5, 500, 1)));
+  CHECK(sender.Enqueue(Frame(y, 2, 2, 500, 1)));
+  CHECK(sender.Enqueue(Frame(y, 33, 3, 500, 1)));  // same priority as key 3, but arrived later
+  sender.Start();
+  sender.Drain();
+  CHECK((SentKeys(trace) == std::vector<uint64_t>{5, 3, 33, 2, 1}));
+  CHECK((ReadFrames(x.peer.get(), 2) == std::vector<uint64_t>{3, 1}));
+  CHECK((ReadFrames(y.peer.get(), 3) == std::vector<uint64_t>{5, 33, 2}));
+  CHECK(errors.Count() == 0);
+}
+
+void TestStuckPeerDoesNotStallOthers() {
+  p3::Counters counters;
+  p3::Trace trace(true);
+  Errors errors;
+  Link stuck = MakeLink("worker 0", &counters, 16384), fast = MakeLink("worker 1", &counters, 16384);
+  Sender sender(&trace, errors.Handler());
+  sender.Start();
+  // The stuck peer's frames are the more urgent ones, and far more than its socket buffers hold.
+  for (uint64_t k = 0; k < 64; ++k) CHECK(sender.Enqueue(Frame(stuck, 1000 + k, 10, 65536, 0)));
+  const auto start = Clock::now();
+  for (uint64_t k = 0; k < 32; ++k) CHECK(sender.Enqueue(Frame(fast, k, 0, 65536, 1)));
+  std::vector<uint64_t> expected;
+  for (uint64_t k = 0; k < 32; ++k) expected.push_back(k);
+  CHECK(ReadFrames(fast.peer.get(), 32) == expected);
+  CHECK(SecondsSince(start) < 10.0);
+  CHECK(sender.Queued() > 0);  // the stuck peer's frames are still waiting
+  // Abort returns at once although a frame to the stuck peer is part-written.
+  const auto abort_start = Clock::now();
+  sender.Abort();
+  CHECK(SecondsSince(abort_start) < 1.0);
+  CHECK(sender.Queued() == 0);
+  CHECK(!sender.Enqueue(Frame(fast, 99, 0, 10, 1)));
+  CHECK(errors.Count() == 0);
+}
+
+void TestUrgentOvertakesWhileRunning() {
+  // A slow reader keeps frames queued for its destination; a more urgent frame queued later still goes out
+  // before every less urgent one not yet started.
+  p3::Counters counters;
+  p3::Trace trace(true);
+  Errors errors;
+  Link link = MakeLink("worker 0", &counters, 16384);
+  Sender sender(&trace, errors.Handler());
+  sender.Start();
+  for (uint64_t k = 0; k < 20; ++k) CHECK(sender.Enqueue(Frame(link, k, 0, 65536)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the socket buffers fill up
+  CHECK(sender.Enqueue(Frame(link, 500, 7, 1000)));
+  std::vector<uint64_t> got = ReadFrames(link.peer.get(), 21);
+  sender.Drain();
+  size_t at = 0;
+  while (at < got.size() && got[at] != 500) ++at;
+  CHECK(at < 5);  // at most the frames already in the socket or part-written are ahead of it
+  got.erase(got.begin() + static_cast<long>(std::min(at, got.size())));
+  for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == i);
+  CHECK(errors.Count() == 0);
+}
+
+void TestDrainDeliversEverything() {
+  p3::Counters counters;
+  p3::Trace trace(true);
+  Errors errors;
+  std::vector<Link> links;
+  for (int i = 0; i < 3; ++i) links.push_back(MakeLink("worker " + std::to_string(i), &counters, 32768));
+  Sender sender(&trace, errors.Handler());
+  sender.Start();
+  std::vector<std::vector<uint64_t>> got(links.size());
+  std::vector<std::thread> readers;
+  for (size_t i = 0; i < links.size(); ++i) {
+    readers.emplace_back([&, i] { got[i] = ReadFrames(links[i].peer.get(), 100); });
+  }
+  for (uint64_t k = 0; k < 100; ++k) {
+    for (size_t i = 0; i < links.size(); ++i) {
+      CHECK(sender.Enqueue(Frame(links[i], k, 0, 1 + (k * 3001 + i * 17) % 100000, static_cast<int32_t>(i))));
+    }
+  }
+  sender.Drain();
+  CHECK(sender.Queued() == 0);
+  for (auto& t : readers) t.join();
+  std::vector<uint64_t> expected;
+  for (uint64_t k = 0; k < 100; ++k) expected.push_back(k);
+  for (const auto& keys : got) CHECK(keys == expected);
+  CHECK(SentKeys(trace).size() == 300);
+  CHECK(errors.Count() == 0);
+}
+
+void TestWriteErrorReportsOnceOthersContinue() {
+  p3::Counters counters;
+  p3::Trace trace(true);
+  Errors errors;
+  Link gone = MakeLink("worker 0", &counters), alive = MakeLink("worker 1", &counters);
+  gone.peer.reset();  // the peer closes its end: writes fail (EPIPE / ECONNRESET)
+  Sender sender(&trace, errors.Handler());
+  sender.Start();
+  std::thread reader;
+  std::vector<uint64_t> got;
+  reader = std::thread([&] { got = ReadFrames(alive.peer.get(), 20); });
+  for (uint64_t k = 0; k < 20; ++k) {
+    sender.Enqueue(Frame(gone, k, 5, 65536, 0));  // may be refused once the failure is known
+    CHECK(sender.Enqueue(Frame(alive, k, 0, 65536, 1)));
+  }
+  reader.join();
+  sender.Drain();
+  std::vector<uint64_t> expected;
+  for (uint64_t k = 0; k < 20; ++k) expected.push_back(k);
+  CHECK(got == expected);
+  CHECK(errors.Count() == 1);
+  if (errors.Count() == 1) {
+    CHECK(errors.seen[0].first == gone.conn.get());
+    CHECK(errors.seen[0].second.code() == Status::Code::kPeerLost ||
+          errors.seen[0].second.code() == Status::Code::kIoError);
+    CHECK(errors.seen[0].second.message().find("worker 0") != std::string::npos);
+  }
+}
+
+void TestStalledPeerTimesOutNamingIt() {
+  // A peer that takes no byte for the connection's send timeout fails (as a blocking write with SO_SNDTIMEO
+  // would), naming the peer; the other destination is not held up meanwhile.
+  p3::Counters counters;
+  p3::Trace trace(true);
+  Errors errors;
+  Link stuck = MakeLink("server 3 at 10.0.0.3:9000", &counters, 16384), fast = MakeLink("server 1", &counters);
+  stuck.conn->SetSendTimeout(0.3);
+  Sender sender(&trace, errors.Handler());
+  sender.Start();
+  const auto start = Clock::now();
+  for (uint64_t k = 0; k < 32; ++k) CHECK(sender.Enqueue(Frame(stuck, k, 0, 65536, 3)));
+  for (uint64_t k = 0; k < 8; ++k) CHECK(sender.Enqueue(Frame(fast, k, 0, 1000, 1)));
+  CHECK(ReadFrames(fast.peer.get(), 8).size() == 8);
+  while (errors.Count() == 0 && SecondsSince(start) < 10) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const double waited = SecondsSince(start);
+  CHECK(waited >= 0.3 && waited < 5.0);
+  CHECK(errors.Count() == 1);
+  if (errors.Count() == 1) {
+    const Status& st = errors.seen[0].second;
+    CHECK(st.code() == Status::Code::kTimeout);
+    CHECK(st.message().find("server 3 at 10.0.0.3:9000") != std::string::npos);
+    CHECK(st.message().find("did not read") != std::string::npos);
+  }
+  CHECK(!sender.Enqueue(Frame(stuck, 99, 0, 10, 3)));  // its remaining frames were dropped, later ones refused
+  CHECK(sender.Enqueue(Frame(fast, 8, 0, 10, 1)));
+  CHECK(ReadFrame(fast.peer.get()) == 8);
+  sender.Drain();  // nothing of the failed peer is left to wait for
+}
+
+void TestLargeFramePartiallyWrittenArrivesIntact() {
+  // 8 MB through tiny socket buffers: many partial writes, with small frames to another peer in between.
+  p3::Counters counters;
+  p3::Trace trace(true);
+  Errors errors;
+  Link big = MakeLink("worker 0", &counters, 4096), small = MakeLink("worker 1", &counters, 4096);
+  Sender sender(&trace, errors.Handler());
+  sender.Start();
+  uint64_t big_key = UINT64_MAX;
+  std::vector<uint64_t> small_keys;
+  std::thread big_reader([&] {
+    Header h;
+    big_key = ReadFrame(big.peer.get(), &h);
+  });
+  std::thread small_reader([&] { small_keys = ReadFrames(small.peer.get(), 50); });
+  CHECK(sender.Enqueue(Frame(big, 7, 0, 8u << 20, 0)));
+  for (uint64_t k = 0; k < 50; ++k) CHECK(sender.Enqueue(Frame(small, k, 0, 100, 1)));
+  big_reader.join();
+  small_reader.join();
+  sender.Drain();
+  CHECK(big_key == 7);
+  CHECK(small_keys.size() == 50 && small_keys.back() == 49);
+  CHECK(counters.bytes_sent.load() == (8u << 20) + 50 * 100 + 51 * p3::kHeaderBytes);
+  CHECK(errors.Count() == 0);
+}
+
+void TestLastWordsWaitForPartFrame() {
+  // SendLastWords from another thread waits for the frame the sender has part-written, and never lands
+  // inside it.
+  p3::Counters counters;
+  p3::Trace trace(true);
+  Errors errors;
+  Link link = MakeLink("worker 0", &counters, 4096);
+  Sender sender(&trace, errors.Handler());
+  sender.Start();
+  CHECK(sender.Enqueue(Frame(link, 1, 0, 4u << 20)));
+  const auto start = Clock::now();  // wait until it is part-written (taken off the queue); nobody reads yet
+  while (sender.Queued() > 0 && SecondsSince(start) < 10) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::vector<uint64_t> got;
+  std::thread reader([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    got = ReadFrames(link.peer.get(), 2);
+  });
+  Header note;
+  note.command = Command::kNodeFailed;
+  const std::string why = "going";
+  note.payload_bytes = why.size();
+  note.key = 2;
+  link.conn->SendLastWords(note, why.data(), 10.0);
+  reader.join();
+  sender.Abort();
+  CHECK((got == std::vector<uint64_t>{1, 2}));
+  CHECK(errors.Count() == 0);
+}
+
+}  // namespace
+
+int main() {
+  const std::vector<std::pair<const char*, void (*)()>> tests = {
+      {"per_destination_priority_then_fifo", TestPerDestinationPriorityThenFifo},
+      {"most_urgent_first_across_destinations", TestMostUrgentFirstAcrossDestinations},
+      {"stuck_peer_does_not_stall_others", TestStuckPeerDoesNotStallOthers},
+      {"urgent_overtakes_while_running", TestUrgentOvertakesWhileRunning},
+      {"drain_delivers_everything", TestDrainDeliversEverything},
+      {"write_error_reports_once_others_continue", TestWriteErrorReportsOnceOthersContinue},
+      {"stalled_peer_times_out_naming_it", TestStalledPeerTimesOutNamingIt},
+      {"large_frame_partially_written_arrives_intact", TestLargeFramePartiallyWrittenArrivesIntact},
+      {"last_words_wait_for_part_frame", TestLastWordsWaitForPartFrame},
+  };
+  int passed = 0, failed = 0;
+  for (auto& [name, fn] : tests) {
+    const int before = g_failed_checks;
+    fn();
+    const bool ok = g_failed_checks == before;
+    std::printf("%s %s\n", ok ? "PASS" : "FAIL", name);
+    std::fflush(stdout);
+    (ok ? passed : failed) += 1;
+  }
+  std::printf("%d passed, %d failed\n", passed, failed);
+  return failed == 0 ? 0 : 1;
+}
