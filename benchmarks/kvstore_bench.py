@@ -54,7 +54,7 @@ ITERATION_COLUMNS = (
     "timestamp", "git_commit", "git_dirty", "repeat", "position", "model", "system", "status", "exit_code",
     "iteration", "time_s", "workers", "servers", "warmup", "iters", "arrays", "params", "bytes", "optimizer",
     "update_on", "wall_s", "total_peak_rss_mib", "load_1m_before", "load_1m_after", "max_load", "forced",
-    "cpus", "python", "numpy", "mxnet", "p3kv", "horovod", "env",
+    "cpus", "python", "numpy", "mxnet", "p3kv", "p3kv_path", "horovod", "env",
 )
 SUMMARY_COLUMNS = (
     "model", "system", "label", "runs_ok", "runs_failed", "iterations", "median_s", "q1_s", "q3_s", "iqr_s",
@@ -155,7 +155,7 @@ def run_one(args: argparse.Namespace, model: str, system: str, repeat: int, scra
         return [{**base, "status": f"failed({exit_code})"}]
     result = json.loads(lines[-1])
     base.update(status="ok", **{k: result[k] for k in ("arrays", "params", "bytes", "optimizer", "update_on")},
-                **{k: result["versions"].get(k) for k in ("python", "numpy", "mxnet", "p3kv", "horovod")},
+                **{k: result["versions"].get(k) for k in ("python", "numpy", "mxnet", "p3kv", "p3kv_path", "horovod")},
                 env=json.dumps({k: v for k, v in result["env"].items() if v is not None}, sort_keys=True))
     times = result["times_s"]
     LOG.info("%s: median %.4f s/iter over %d iterations, wall %.0f s, load %.2f -> %.2f", tag,

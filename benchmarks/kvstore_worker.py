@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import importlib.util
 import json
 import logging
 import os
@@ -166,6 +167,8 @@ def versions() -> dict:
             found[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             found[name] = None
+    spec = importlib.util.find_spec("p3kv")  # which checkout runs (an editable install may point elsewhere)
+    found["p3kv_path"] = str(pathlib.Path(spec.origin).parent) if spec and spec.origin else None
     return found
 
 
