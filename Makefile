@@ -2,6 +2,10 @@
 #   make demo   set up, then run the P3-vs-baseline comparison (p3kv vs MXNet dist_sync vs MXNet's P3) on an
 #               emulated 4-host cluster with 1 Gbit links (network namespaces: needs root, uses sudo otherwise)
 #   make test   set up, then lint and run the test suite (what CI runs)
+# Benchmarks on this machine's loopback (no root):
+#   make bench-kvstore   like-for-like kvstore benchmark: p3kv (with and without its server-side SGD), MXNet
+#                        dist_sync, MXNet's P3 and Horovod, same optimizer, through MXNet's engine
+#                        (results/kvstore_bench.{md,csv}); runs bench-setup first (Horovod)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.p3kv-installed
@@ -10,7 +14,7 @@ CORE := $(shell find cpp -name '*.cc' -o -name '*.h') setup.py pyproject.toml
 # Network namespaces need root: run the cluster benchmarks through sudo unless we are root already.
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo -E)
 
-.PHONY: setup test demo bench bench-transport sweeps lint clean
+.PHONY: setup test demo bench bench-setup bench-kvstore bench-transport sweeps lint clean
 
 setup: $(STAMP)
 
@@ -42,7 +46,30 @@ sweeps: setup
 
 bench: sweeps
 
-# The transport-only comparison on loopback (no namespaces, no root).
+# Horovod 0.28.1 with MXNet and Gloo (no MPI), the allreduce baseline of bench-kvstore; about 2 minutes on 2 cores.
+# Its bundled Gloo fails with CMake 4, so the build uses the system's CMake 3 (Debian's `cmake`, installed here
+# when we are root) through HOROVOD_CMAKE, whatever cmake comes first on PATH.
+HOROVOD_CMAKE ?= /usr/bin/cmake
+HOROVOD_BUILD := HOROVOD_CMAKE=$(HOROVOD_CMAKE) HOROVOD_WITH_MXNET=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+	HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1
+bench-setup: setup
+	@if ! test -x $(HOROVOD_CMAKE); then \
+		if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q cmake; \
+		else echo "bench-setup: no $(HOROVOD_CMAKE); install CMake 3 (apt-get install cmake) or set HOROVOD_CMAKE"; exit 1; fi; \
+	fi
+	@$(HOROVOD_CMAKE) --version | grep -q 'version 3\.' || \
+		{ echo "bench-setup: $(HOROVOD_CMAKE) is not CMake 3 (Horovod's Gloo needs it): set HOROVOD_CMAKE"; exit 1; }
+	$(PY) -m pip install -q setuptools wheel pyyaml packaging cloudpickle psutil
+	$(HOROVOD_BUILD) $(PY) -m pip install -q --no-build-isolation horovod==0.28.1
+	$(PY) -c 'import horovod.mxnet as h; assert h.gloo_built(), "horovod was built without Gloo"'
+
+# Like-for-like: every system pushes ResNet-50's and VGG-19's arrays through MXNet's engine and runs the same
+# SGD (2 workers + 2 servers, Horovod 2 workers). Refuses to start on a busy machine (see --max-load, --force).
+bench-kvstore: bench-setup
+	$(PY) benchmarks/kvstore_bench.py --models resnet50_v1 vgg19 --repeats 3 --warmup 3 --iters 20
+
+# Transport only, on loopback (no namespaces, no root): p3kv's raw numpy P3Worker (no MXNet engine, no optimizer)
+# against MXNet's kvstores through the engine; not like-for-like, see bench-kvstore for that.
 bench-transport: setup
 	$(PY) benchmarks/transport_bench.py --models resnet50_v1 vgg19 --kvstores p3 dist_sync mxnet-p3 --iters 10 --repeats 2
 

@@ -1,13 +1,20 @@
-"""Transport benchmark: p3kv against MXNet dist_sync and MXNet's built-in P3, on real model shapes.
+"""Transport benchmark: p3kv's raw P3Worker against MXNet dist_sync and MXNet's P3 kv.pushpull, real model shapes.
 
     python benchmarks/transport_bench.py --models resnet50_v1 vgg19 --kvstores p3 dist_sync mxnet-p3 \\
         --workers 2 --servers 2 --warmup 2 --iters 10 --repeats 3
 
 Each (repeat, model, kvstore) is one job of ``python -m p3kv.launch`` running benchmarks/bench_worker.py on
 every worker (no model compute: one push + broadcast of every array per iteration, in backward order, priority
--layer). Runs are interleaved (every kvstore once per repeat, in rotated order) because a small machine is
-noisy. Rows are appended to results/transport.csv; results/transport.md gets this invocation's summary table,
-which is also printed. While a job runs, the peak resident memory of its processes is sampled from /proc.
+-key, no optimizer anywhere).
+
+Not like-for-like: for p3 the worker drives p3kv's raw P3Worker on numpy arrays (no MXNet engine, no kvstore
+adapter), while dist_sync and mxnet-p3 go through kv.pushpull and MXNet's engine. Read it as the cost of each
+transport, not of each kvstore; benchmarks/kvstore_bench.py runs every system through the engine with the same
+optimizer. Every row says which path it measured (column `path`).
+
+Runs are interleaved (every kvstore once per repeat, in rotated order) because a small machine is noisy. Rows
+are appended to results/transport.csv; results/transport.md gets this invocation's summary table, which is
+also printed. While a job runs, the peak resident memory of its processes is sampled from /proc.
 """
 
 from __future__ import annotations
@@ -73,7 +80,8 @@ def run_one(args: argparse.Namespace, model: str, kvstore: str, repeat: int, scr
             peaks = monitor.stop()
     wall = time.perf_counter() - start
     lines = out.read_text().splitlines() if out.exists() else []
-    row = {"repeat": repeat, "model": model, "kvstore": kvstore, "exit_code": exit_code, "wall_s": round(wall, 2),
+    row = {"repeat": repeat, "model": model, "kvstore": kvstore, "path": bench_report.PATH_OF[kvstore],
+           "exit_code": exit_code, "wall_s": round(wall, 2),
            "workers": args.workers, "servers": args.servers, "warmup": args.warmup, "iters": args.iters,
            "slice_size": args.slice_size or "", "load_1m_before": round(load_before, 2),
            "load_1m_after": round(os.getloadavg()[0], 2), **_memory_columns(peaks)}

@@ -1,0 +1,90 @@
+"""Smoke test of the like-for-like kvstore benchmark (benchmarks/kvstore_bench.py) on a tiny model.
+
+It proves the systems do the same work: with the same seeded gradients and the same SGD, worker 0 of every
+system ends with the same weights, and they moved away from the initial ones. Horovod joins when it is
+installed (make bench-setup); otherwise the test says it was skipped.
+"""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import ROOT
+
+BENCH = os.path.join(ROOT, "benchmarks", "kvstore_bench.py")
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import kvstore_worker  # noqa: E402  (benchmarks/ is not a package)
+
+# Three layers, one array split over slices (p3kv's default slice is 50,000 elements) and over both servers.
+TINY = {"model": "tiny", "params": [
+    {"name": "conv0_weight", "shape": [16, 3, 3, 3], "dtype": "float32"},
+    {"name": "conv0_bias", "shape": [16], "dtype": "float32"},
+    {"name": "dense0_weight", "shape": [130, 1000], "dtype": "float32"},
+    {"name": "dense1_weight", "shape": [10, 130], "dtype": "float32"},
+], "layers": [{"name": "conv0", "params": [0, 1]}, {"name": "dense0", "params": [2]},
+              {"name": "dense1", "params": [3]}]}
+
+
+def horovod_available() -> bool:
+    done = subprocess.run([sys.executable, "-c", "import horovod.mxnet as h; assert h.gloo_built()"],
+                          capture_output=True, timeout=120, check=False)
+    return done.returncode == 0
+
+
+def run_bench(tmp_path, *options, timeout=150):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    return subprocess.run([sys.executable, BENCH, *options], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def test_same_work_same_weights(tmp_path):
+    shapes = tmp_path / "shapes"
+    shapes.mkdir()
+    (shapes / "tiny.json").write_text(json.dumps(TINY))
+    systems = ["p3", "dist_sync"]
+    if horovod_available():
+        systems.append("horovod")
+    else:
+        print("horovod is not installed (make bench-setup): checked p3 and dist_sync only")
+    results = tmp_path / "results"
+    done = run_bench(tmp_path, "--models", "tiny", "--shapes-dir", str(shapes), "--systems", *systems,
+                     "--repeats", "1", "--warmup", "1", "--iters", "2", "--results-dir", str(results),
+                     "--save-weights", str(tmp_path / "weights"), "--force", "--timeout", "120")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+
+    with open(results / "kvstore_bench.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    for system in systems:
+        mine = [r for r in rows if r["system"] == system]
+        assert [int(r["iteration"]) for r in mine] == [0, 1], system
+        assert all(r["status"] == "ok" and 0 < float(r["time_s"]) < 60 for r in mine), mine
+        assert all(r["arrays"] == "4" and r["git_commit"] and r["load_1m_before"] for r in mine), mine
+    assert "| tiny |" in (results / "kvstore_bench.md").read_text()
+
+    initial = [kvstore_worker.initial_weight(0, k, p["shape"], p["dtype"]) for k, p in enumerate(TINY["params"])]
+    reference = np.load(tmp_path / "weights" / "tiny.dist_sync.0.npz")
+    for k, start in enumerate(initial):
+        assert not np.allclose(reference[f"k{k}"], start), f"key {k} was never updated"
+    for system in systems:
+        got = np.load(tmp_path / "weights" / f"tiny.{system}.0.npz")
+        for k in range(len(initial)):
+            np.testing.assert_allclose(got[f"k{k}"], reference[f"k{k}"], rtol=1e-6, atol=1e-7,
+                                       err_msg=f"{system} key {k}")
+
+
+def test_refuses_a_busy_machine_without_force(tmp_path):
+    done = run_bench(tmp_path, "--max-load", "-1", "--results-dir", str(tmp_path), timeout=60)
+    assert done.returncode == 2
+    assert "--force" in done.stderr
+    assert not (tmp_path / "kvstore_bench.csv").exists()
+
+
+@pytest.mark.parametrize("times, expected", [([1.0], (1.0, 1.0, 1.0)), ([1.0, 2.0, 3.0, 4.0, 5.0], (2.0, 3.0, 4.0))])
+def test_quartiles(times, expected):
+    import kvstore_bench
+
+    assert kvstore_bench.quartiles(times) == expected
