@@ -6,6 +6,8 @@
 #   make bench-kvstore   like-for-like kvstore benchmark: p3kv (with and without its server-side SGD), MXNet
 #                        dist_sync, MXNet's P3 and Horovod, same optimizer, through MXNet's engine
 #                        (results/kvstore_bench.{md,csv}); runs bench-setup first (Horovod)
+#   make bench-server    the server's CPU per slice (aggregate + update) against a memcpy floor, no network
+#                        (results/server_slice.{md,csv})
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.p3kv-installed
@@ -14,7 +16,7 @@ CORE := $(shell find cpp -name '*.cc' -o -name '*.h') setup.py pyproject.toml
 # Network namespaces need root: run the cluster benchmarks through sudo unless we are root already.
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo -E)
 
-.PHONY: setup test demo bench bench-setup bench-kvstore bench-transport sweeps lint clean
+.PHONY: setup test demo bench bench-setup bench-kvstore bench-transport bench-server sweeps lint clean
 
 setup: $(STAMP)
 
@@ -72,6 +74,10 @@ bench-kvstore: bench-setup
 # against MXNet's kvstores through the engine; not like-for-like, see bench-kvstore for that.
 bench-transport: setup
 	$(PY) benchmarks/transport_bench.py --models resnet50_v1 vgg19 --kvstores p3 dist_sync mxnet-p3 --iters 10 --repeats 2
+
+# Server hot path (issue "Server hot path"): C++ only, one thread, about a minute on 2 cores; needs g++, not MXNet.
+bench-server: setup
+	$(PY) benchmarks/server_bench.py --repeats 5
 
 clean:
 	rm -rf build *.egg-info p3kv/_p3*.so $(VENV)
