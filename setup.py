@@ -17,7 +17,8 @@ core = Pybind11Extension(
     include_dirs=[os.path.join(HERE, "cpp", "include"), os.path.join(HERE, "cpp", "mxnet"),
                   os.path.join(HERE, "cpp", "python")],
     cxx_std=17,
-    extra_compile_args=["-O2", "-Wall", "-Wextra"],
+    # -O3: the aggregation and optimizer loops vectorise (element-wise, no FMA on baseline x86-64: same bits).
+    extra_compile_args=["-O3", "-Wall", "-Wextra"],
     extra_link_args=["-pthread"],
     # dl: the engine bridge finds libmxnet's C API at run time; crypto: HMAC for the connection handshake.
     libraries=["dl", "crypto"],

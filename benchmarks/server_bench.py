@@ -1,6 +1,6 @@
 """The server's CPU time per slice (aggregate W pushes + optimizer update) beside a memory-traffic floor measured
 in the same run (issue "Server hot path"; target: work <= 2x floor). Compiles benchmarks/server_slice_bench.cc
-with the extension's flags (setup.py: -O2 -Wall -Wextra, C++17) against the server's pure parts in cpp/src, runs
+with the extension's flags (setup.py: -O3 -Wall -Wextra, C++17) against the server's pure parts in cpp/src, runs
 it, and writes benchmarks/results/server_slice.{csv,md}. No network, no MXNet, one thread.
 
 Usage: python benchmarks/server_bench.py [--workers 2 4 8] [--counts 50000 10000 200000]
@@ -24,7 +24,7 @@ SOURCE = HERE / "server_slice_bench.cc"
 UNITS = ("aggregator.cc", "admission.cc", "buffer_pool.cc", "slice_optimizer.cc", "optimizer.cc", "dtype.cc")
 # setup.py's extra_compile_args (and Pybind11Extension's C++17), so the numbers are the extension's; -Werror
 # keeps the benchmark warnings-clean.
-FLAGS = ["-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", "-pthread"]
+FLAGS = ["-std=c++17", "-O3", "-Wall", "-Wextra", "-Werror", "-pthread"]
 OPTIMIZER_NAMES = {"none": "aggregate only", "sgd": "SGD momentum 0.9, wd 1e-4", "adam": "Adam, wd 1e-4"}
 
 

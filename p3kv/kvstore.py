@@ -31,7 +31,7 @@ import pickle
 import mxnet as mx
 import numpy as np
 
-from p3kv import _p3, requests
+from p3kv import _p3, requests, server_kernels
 from p3kv.errors import ConfigError, P3Error
 from p3kv.worker import P3Worker
 
@@ -264,6 +264,13 @@ class P3(mx.kvstore.KVStoreBase):
     # -- optimizer -------------------------------------------------------------------------------------
     def set_optimizer(self, optimizer) -> None:
         """Ships the optimizer to every server (from worker 0); servers then update each slice they own."""
+        # Every worker refuses what the servers would refuse, so that all of them raise, not only worker 0.
+        try:
+            server_kernels.kernel_spec(optimizer)
+        except ValueError as e:
+            raise ConfigError(f"kvstore 'p3' cannot run {type(optimizer).__name__} on its servers: {e}") from None
+        # A new optimizer drops the servers' states: wait until no worker still reads them (save_optimizer_states).
+        self._worker.barrier()
         self._use_optimizer(optimizer)
         self._worker.barrier()
 
@@ -320,6 +327,7 @@ class P3(mx.kvstore.KVStoreBase):
         with open(fname, "rb") as f:
             loaded = pickle.loads(f.read())
         states, optimizer = loaded if isinstance(loaded, tuple) else (loaded, None)
+        self._worker.barrier()  # replacing the servers' states: no worker may still be reading them
         if optimizer is not None:
             if not getattr(optimizer, "param_dict", None) and self._optimizer is not None:
                 # Pickling dropped Gluon's param_dict; Trainer.load_states puts the current one back, but only

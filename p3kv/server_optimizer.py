@@ -79,7 +79,8 @@ class OptimizerHost:
         except (AttributeError, ImportError) as e:
             # A custom optimizer class defined in the training script pickles as __main__.Name.
             raise ValueError(f"cannot unpickle the optimizer on this server ({e}): its class must be importable "
-                             "here; define it in a module on the servers' PYTHONPATH, not in the training script") from e
+                             "here; define it in a module on the servers' PYTHONPATH, not in the training "
+                             "script") from e
 
     def _set_optimizer(self, optimizer) -> None:
         spec = server_kernels.kernel_spec(optimizer)  # raises ValueError for optimizers refused on servers

@@ -122,6 +122,15 @@ py::array View(p3::DType dtype, const void* ptr, uint64_t count, bool writable) 
   return a;
 }
 
+// A Python exception as a one-line status for the peer ("ValueError: ..."); the traceback goes to this node's log.
+Status PyErrorStatus(const py::error_already_set& e, const char* where) {
+  p3::Log(p3::LogLevel::kWarning, where, e.what());
+  std::string text = py::str(e.type().attr("__name__")).cast<std::string>();
+  const std::string message = py::str(e.value()).cast<std::string>();
+  if (!message.empty()) text += ": " + message;
+  return Status::Rejected(text);
+}
+
 // A Python callable owned by C++: its last reference may be dropped on a core thread, so take the GIL.
 struct PyCallable {
   explicit PyCallable(py::object f) : fn(std::move(f)) {}
@@ -141,7 +150,7 @@ p3::Updater PyUpdater(py::object f) {
       callable->fn(r.key, r.slice, r.offset, r.iteration, View(r.dtype, r.aggregated, r.count, false),
                    View(r.dtype, r.value, r.count, true));
     } catch (py::error_already_set& e) {
-      return Status::Rejected(e.what());
+      return PyErrorStatus(e, "update function");
     }
     return Status::Ok();
   };
@@ -208,7 +217,7 @@ PYBIND11_MODULE(_p3, m) {
           try {
             *out = p3py::StepFromTuple(callable->fn(key).cast<py::tuple>());
           } catch (py::error_already_set& e) {
-            return Status::Rejected(e.what());
+            return PyErrorStatus(e, "optimizer step");
           } catch (py::cast_error& e) {
             return Status::Rejected(std::string("the step function must return a tuple: ") + e.what());
           }
@@ -265,7 +274,7 @@ PYBIND11_MODULE(_p3, m) {
             try {
               *reply = callable->fn(type, py::bytes(body)).cast<std::string>();
             } catch (py::error_already_set& e) {
-              return Status::Rejected(e.what());
+              return PyErrorStatus(e, "request handler");
             } catch (py::cast_error& e) {
               return Status::Rejected(std::string("the request handler must return bytes: ") + e.what());
             }

@@ -65,10 +65,10 @@ Status SliceOptimizer::Update(const UpdateRequest& r) {
     it = states_.emplace(std::make_pair(r.key, r.slice), std::move(fresh)).first;
   }
   States& states = it->second;
-  const std::string where = "key " + std::to_string(r.key) + " slice " + std::to_string(r.slice);
   if (states.arrays.size() != static_cast<size_t>(n) || states.weight != r.dtype || states.dtype != state_dtype ||
       (n > 0 && states.count != r.count)) {
-    return Status::Invalid("the optimizer states of " + where + " are " + std::to_string(states.arrays.size()) +
+    return Status::Invalid("the optimizer states of key " + std::to_string(r.key) + " slice " +
+                           std::to_string(r.slice) + " are " + std::to_string(states.arrays.size()) +
                            " arrays of " + std::to_string(states.count) + " " + DTypeName(states.dtype) + ", but " +
                            OptimizerKindName(spec_.kind) + " needs " + std::to_string(n) + " of " +
                            std::to_string(r.count) + " " + DTypeName(state_dtype) +
@@ -78,7 +78,7 @@ Status SliceOptimizer::Update(const UpdateRequest& r) {
   if (n > 8) return Status::Invalid("too many optimizer states");
   for (int i = 0; i < n; ++i) {
     if (states.arrays[static_cast<size_t>(i)].size() != state_bytes) {
-      return Status::Invalid("an optimizer state of " + where + " has the wrong size");
+      return Status::Invalid("an optimizer state of key " + std::to_string(r.key) + " has the wrong size");
     }
     ptrs[i] = states.arrays[static_cast<size_t>(i)].data();
   }
