@@ -49,14 +49,19 @@ def reference(case_index: int, name: str, dtype: str, make) -> dict:
         opt.set_wd_mult({keys[1]: 0.0})
     weights = {k: mx.nd.array(np.random.RandomState(k).uniform(-1, 1, shape).astype(dtype), dtype=dtype)
                for k, shape in zip(keys, optimizer_sweep.SHAPES)}
+    # multi_precision with float16: dist_sync's servers keep a float32 copy of the weights and update it with
+    # the float32 sum of the workers' gradients (MXNet's kSetMultiPrecision); the workers get it cast to float16.
+    master = dtype == "float16" and opt.multi_precision
+    if master:
+        weights = {k: w.astype("float32") for k, w in weights.items()}
     states = {k: opt.create_state_multi_precision(k, weights[k]) for k in keys}
     for step in range(optimizer_sweep.STEPS):
         for i, k in reversed(list(enumerate(keys))):
             grads = [np.random.RandomState(1_000_000 * rank + 1000 * step + k).normal(0, 1, optimizer_sweep.SHAPES[i])
                      .astype(dtype) for rank in range(2)]
-            total = (grads[0] + grads[1]).astype(dtype)  # the servers' sum, rounded to the key's dtype
-            opt.update_multi_precision(k, weights[k], mx.nd.array(total, dtype=dtype), states[k])
-    return {f"{name}/{k}": weights[k].asnumpy() for k in keys}
+            total = grads[0].astype(np.float32) + grads[1] if master else (grads[0] + grads[1]).astype(dtype)
+            opt.update_multi_precision(k, weights[k], mx.nd.array(total, dtype=total.dtype), states[k])
+    return {f"{name}/{k}": weights[k].asnumpy().astype(dtype) for k in keys}
 
 
 CASES = [(i, *case) for i, case in enumerate(optimizer_sweep.configs())]

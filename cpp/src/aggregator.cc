@@ -149,7 +149,7 @@ void Aggregator::Complete(Slice* s, int32_t priority) {
   Status updated;
   if (hooks_.update) {
     const UpdateRequest req{e.key, e.slice, e.offset, e.count, e.iteration, e.dtype, aggregated, e.value->data(),
-                            key_slices_[e.key]};
+                            key_slices_[e.key], s->accum.data()};
     updated = hooks_.update(req);
   } else {
     std::memcpy(e.value->data(), aggregated, e.value->size());

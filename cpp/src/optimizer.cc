@@ -302,9 +302,10 @@ void Update(const OptimizerSpec& sp, const StepParams& st, C* w, const C* g, C* 
 constexpr uint64_t kChunk = 512;
 constexpr int kMaxStates = 4;
 
-// multi_precision float16: the float32 master copy is updated from float32 gradients, then cast to float16.
+// multi_precision float16: the float32 master copy is updated from float32 gradients (the float16 gradient
+// widened, or the servers' float32 sum when `g32` is given), then cast to float16.
 void UpdateWithMaster(const OptimizerSpec& sp, const StepParams& st, uint16_t* w, const uint16_t* g,
-                      void* const* states, uint64_t count) {
+                      const float* g32, void* const* states, uint64_t count) {
   const int inner = InnerStates(sp), mi = MasterIndex(sp);
   float* master = static_cast<float*>(states[mi]);
   float* in[kMaxStates] = {};
@@ -314,10 +315,13 @@ void UpdateWithMaster(const OptimizerSpec& sp, const StepParams& st, uint16_t* w
   float gbuf[kChunk];
   for (uint64_t off = 0; off < count; off += kChunk) {
     const uint64_t n = count - off < kChunk ? count - off : kChunk;
-    for (uint64_t i = 0; i < n; ++i) gbuf[i] = HalfToFloat(g[off + i]);
+    const float* grad = g32 != nullptr ? g32 + off : gbuf;
+    if (g32 == nullptr) {
+      for (uint64_t i = 0; i < n; ++i) gbuf[i] = HalfToFloat(g[off + i]);
+    }
     float* s[kMaxStates] = {};
     for (int k = 0; k < inner; ++k) s[k] = in[k] + off;
-    Update<float>(sp, st, master + off, gbuf, s, n);
+    Update<float>(sp, st, master + off, grad, s, n);
     for (uint64_t i = 0; i < n; ++i) w[off + i] = FloatToHalf(master[off + i]);
   }
 }
@@ -424,14 +428,21 @@ void ApplyUpdate(const OptimizerSpec& spec, const StepParams& step, DType dtype,
     }
     case DType::kFloat16:
       if (MasterCopy(spec, dtype)) {
-        UpdateWithMaster(spec, step, static_cast<uint16_t*>(weight), static_cast<const uint16_t*>(grad), states,
-                         count);
+        UpdateWithMaster(spec, step, static_cast<uint16_t*>(weight), static_cast<const uint16_t*>(grad), nullptr,
+                         states, count);
       } else {
         UpdateHalf(spec, step, static_cast<uint16_t*>(weight), static_cast<const uint16_t*>(grad), states, count);
       }
       break;
     default: break;  // CheckOptimizer refuses integer weights
   }
+}
+
+bool UpdatesMasterCopy(const OptimizerSpec& spec, DType dtype) { return MasterCopy(spec, dtype); }
+
+void ApplyUpdateToMaster(const OptimizerSpec& spec, const StepParams& step, void* weight, const float* grad,
+                         void* const* states, uint64_t count) {
+  UpdateWithMaster(spec, step, static_cast<uint16_t*>(weight), nullptr, grad, states, count);
 }
 
 }  // namespace p3

@@ -85,7 +85,11 @@ Status SliceOptimizer::Update(const UpdateRequest& r) {
   StepParams step;
   Status st = StepFor(r, &step);
   if (!st.ok()) return st;
-  ApplyUpdate(spec_, step, r.dtype, r.value, r.aggregated, ptrs, r.count);
+  if (UpdatesMasterCopy(spec_, r.dtype) && r.sum != nullptr) {
+    ApplyUpdateToMaster(spec_, step, r.value, static_cast<const float*>(r.sum), ptrs, r.count);
+  } else {
+    ApplyUpdate(spec_, step, r.dtype, r.value, r.aggregated, ptrs, r.count);
+  }
   return Status::Ok();
 }
 

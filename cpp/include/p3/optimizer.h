@@ -74,4 +74,12 @@ void InitStates(const OptimizerSpec& spec, DType dtype, const void* weight, void
 void ApplyUpdate(const OptimizerSpec& spec, const StepParams& step, DType dtype, void* weight, const void* grad,
                  void* const* states, uint64_t count);
 
+// multi_precision with float16 weights: the update runs on the float32 master copy (a state), so the servers
+// can hand it their float32 sum of the workers' gradients unrounded, as MXNet's dist_sync server does with
+// multi_precision (its float32 copy of the weights is updated from the float32 sum).
+bool UpdatesMasterCopy(const OptimizerSpec& spec, DType dtype);
+// UpdatesMasterCopy() only: updates the master copy from `grad` (count float32 values), then the float16 weights.
+void ApplyUpdateToMaster(const OptimizerSpec& spec, const StepParams& step, void* weight, const float* grad,
+                         void* const* states, uint64_t count);
+
 }  // namespace p3

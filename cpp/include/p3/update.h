@@ -9,8 +9,9 @@
 
 namespace p3 {
 
-// `aggregated` holds the sum over workers (in `dtype`); `value` is the stored slice to update in place; it is
-// then broadcast. `key_slices` is how many slices of the key this server holds (an update function that works
+// `aggregated` holds the sum over workers (in `dtype`); `sum` the same sum in AccumulatorType(dtype) before
+// rounding (float32 for float16 slices; the same buffer otherwise); `value` is the stored slice to update in place;
+// it is then broadcast. `key_slices` is how many slices of the key this server holds (an update function that works
 // once per key and iteration knows when every slice of the key has had its turn).
 struct UpdateRequest {
   uint64_t key;
@@ -22,6 +23,7 @@ struct UpdateRequest {
   const void* aggregated;
   void* value;
   uint32_t key_slices = 1;
+  const void* sum = nullptr;  // null: use `aggregated`
 };
 // Runs on the server's consumer thread. A non-Ok status is reported to every worker waiting on the key.
 using Updater = std::function<Status(const UpdateRequest&)>;
