@@ -15,7 +15,12 @@ What it does, and why:
   forward order already. Pushes start layer by layer during backward only with
   MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD=1 (the launcher sets it for workers unless you set it).
 - update_on_kvstore=True (the default, as in the paper): worker 0 ships the optimizer and servers update
-  each slice (p3kv.server_optimizer). False: servers broadcast the summed gradient.
+  each slice (p3kv.server_optimizer). False: servers broadcast the summed gradient. A later change of the
+  workers' optimizer (trainer.set_learning_rate, opt.wd = ..., lr_mult, a new batch size in trainer.step)
+  is seen at the next step's first push and carried to the servers before that step's updates (MXNet's
+  dist_sync never carries it). The lr scheduler is not compared: it runs on the servers.
+- type is 'p3' (MXNet's convention); p3kv.mxnet_hook makes Gluon and Module treat it as dist_sync.
+- Sparse arrays (row_sparse, csr) are refused: P3 sends every array dense, slice by slice.
 - String keys (Module) are numbered in init order, as MXNet does, so optimizer indices match idx2name.
 - Arrays on GPUs, or several devices per worker, are staged through one CPU buffer per key (local sum,
   then the result copied to every device), all as engine operations.

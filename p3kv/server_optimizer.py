@@ -11,7 +11,8 @@ parameters (LARS, LAMB, LBSGD, Nadam), are refused with a message naming update_
 
 A key's update count continues from the optimizer's `_index_update_count` when it arrives (an optimizer saved
 with its states, then loaded: Adam's bias correction and lr schedules go on where they were), and GET_STATES
-reports the counts so the saved optimizer carries them.
+reports the counts so the saved optimizer carries them. SET_HYPERPARAMETERS (a change made on the workers
+during training) sets the changed attributes on the optimizer and keeps every slice's state and count.
 
 mxnet is imported only when an optimizer arrives: a server that only aggregates does not need it.
 """

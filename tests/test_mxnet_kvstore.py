@@ -488,8 +488,12 @@ def test_bad_kvstore_calls_raise_clear_errors(jobs):
     by_case: dict[str, list] = {}
     for r in results:
         by_case.setdefault(r["case"], []).append(r)
-    # MXNet's convention for a registered kvstore: its type is its name.
-    assert [r["type"] for r in by_case.pop("type", [])] == ["p3"] * WORKERS, job.output[-4000:]
+    # MXNet's convention for a registered kvstore: its type is its name. Gluon still treats it as dist_sync.
+    seen = [(r["type"], r["distributed"], r["update_on_kvstore"]) for r in by_case.pop("type", [])]
+    assert seen == [("p3", True, True)] * WORKERS, job.output[-4000:]
+    reset = by_case.pop("reset distributed")
+    assert [(r["raised"], r["message"]) for r in reset] == [("RuntimeError", "Cannot reset distributed KVStore.")] * \
+        WORKERS, reset
     sparse = {"sparse init", "sparse pushpull", "sparse push", "row_sparse_pull", "gluon sparse gradient"}
     assert set(by_case) == {"uninitialised key", "gradient shape", "out shape", "init twice", *sparse}, \
         job.output[-4000:]

@@ -4,7 +4,8 @@ usage: kv_misuse.py   (in a p3 job of 2 workers)
 
 Cases: pushpull of a key never initialised; pushpull whose gradient, or whose `out`, has another shape than the
 key; init of the same key twice; sparse arrays (row_sparse, csr) through init, pushpull, push and
-row_sparse_pull, and a Gluon Trainer whose Embedding has sparse gradients; the kvstore's type.
+row_sparse_pull, and a Gluon Trainer whose Embedding has sparse gradients; the kvstore's type, and how a
+Gluon Trainer sees it.
 Then, not caught: one key initialised with different sizes on the two workers,
 which only the servers can see; the worker whose init arrives second gets P3Error naming the key and exits
 non-zero, which ends the job.
@@ -51,7 +52,15 @@ def main():
         mx.gluon.Trainer(embed.collect_params(), "sgd", kvstore=kv)._init_kvstore()
 
     attempt("gluon sparse gradient", gluon_sparse)
-    print(f"RESULT {json.dumps({'case': 'type', 'raised': None, 'type': kv.type, 'seconds': 0})}", flush=True)
+    # Gluon treats kvstore 'p3' as dist_sync although its type is 'p3': distributed, optimizer on the servers,
+    # and a distributed kvstore cannot be reset.
+    dense = mx.gluon.nn.Dense(2, in_units=2, prefix="dense_")
+    dense.initialize()
+    trainer = mx.gluon.Trainer(dense.collect_params(), "sgd", kvstore=kv)
+    trainer._init_kvstore()
+    attempt("reset distributed", trainer._reset_kvstore)
+    seen = {"type": kv.type, "distributed": trainer._distributed, "update_on_kvstore": trainer._update_on_kvstore}
+    print(f"RESULT {json.dumps({'case': 'type', 'raised': None, 'seconds': 0, **seen})}", flush=True)
     print(f"rank {kv.rank} finished the local cases", flush=True)
     # The same key with 6 elements on worker 0 and 4 on worker 1.
     kv.init(1, mx.nd.ones((2, 3) if kv.rank == 0 else (4,)))
