@@ -16,14 +16,19 @@ CORE := $(shell find cpp -name '*.cc' -o -name '*.h') setup.py pyproject.toml
 # Network namespaces need root: run the cluster benchmarks through sudo unless we are root already.
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo -E)
 
-.PHONY: setup test demo bench bench-setup bench-kvstore bench-transport bench-server sweeps lint clean
+.PHONY: setup system-deps test demo bench bench-setup bench-kvstore bench-transport bench-server sweeps lint clean
 
-setup: $(STAMP)
+setup: system-deps $(STAMP)
+
+# The system packages (g++, libssl-dev, python3-venv, iproute2, openssh-server): installed when missing, as root
+# or through sudo (scripts/system-deps.sh), so that `make test` works on a fresh Debian machine.
+system-deps:
+	@bash scripts/system-deps.sh
 
 # Sockeye 2.3.24 (the last MXNet Sockeye) pins mxnet 1.8 and gluoncv 0.10.5 pulls opencv and a newer numpy, yet
 # both run on mxnet 1.9.1 with numpy<1.24: they are installed without their dependencies (the `sockeye` and
 # `bench` extras list the ones they need).
-$(STAMP): $(CORE)
+$(STAMP): $(CORE) | system-deps
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test,sockeye,bench,deploy]'

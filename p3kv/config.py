@@ -29,6 +29,7 @@ class Variable:
     default: object  # None means "required" for the roles listed in `required_for`
     help: str
     required_for: tuple[Role, ...] = ()
+    internal: bool = False  # set by the launcher for its own bookkeeping: not in the README's table
 
 
 def _positive(name: str, value: int) -> int:
@@ -79,6 +80,8 @@ VARIABLES: tuple[Variable, ...] = (
              "script can tell how it runs; empty in p3kv jobs."),
     Variable("P3_LOG_LEVEL", str, "WARNING", "Log level of p3kv's Python and C++ logs (DEBUG, INFO, WARNING, "
              "ERROR)."),
+    Variable("P3_JOINED_FILE", str, "", "Set by the launcher for each worker: a file the worker creates once it "
+             "joined the job, so that the launcher can name a worker that exits without joining.", internal=True),
 )
 
 _BY_NAME = {v.name: v for v in VARIABLES}
@@ -108,6 +111,7 @@ class Config:
     trace: str = ""
     baseline: str = ""
     log_level: str = "WARNING"
+    joined_file: str = ""
 
     def bind_host(self) -> str:
         """The address this node binds and advertises."""
@@ -223,6 +227,8 @@ def markdown_table() -> str:
     """The README's configuration table."""
     rows = ["| variable | default | meaning |", "|---|---|---|"]
     for var in VARIABLES:
+        if var.internal:
+            continue
         default = "required" if var.default is None else (f"`{var.default}`" if var.default != "" else "empty")
         rows.append(f"| `{var.name}` | {default} | {var.help} |")
     return "\n".join(rows)

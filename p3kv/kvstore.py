@@ -15,7 +15,12 @@ What it does, and why:
   forward order already. Pushes start layer by layer during backward only with
   MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD=1 (the launcher sets it for workers unless you set it).
 - update_on_kvstore=True (the default, as in the paper): worker 0 ships the optimizer and servers update
-  each slice (p3kv.server_optimizer). False: servers broadcast the summed gradient.
+  each slice (p3kv.server_optimizer). False: servers broadcast the summed gradient. A later change of the
+  workers' optimizer (trainer.set_learning_rate, opt.wd = ..., lr_mult, a new batch size in trainer.step)
+  is seen at the next step's first push and carried to the servers before that step's updates (MXNet's
+  dist_sync never carries it). The lr scheduler is not compared: it runs on the servers.
+- type is 'p3' (MXNet's convention); p3kv.mxnet_hook makes Gluon and Module treat it as dist_sync.
+- Sparse arrays (row_sparse, csr) are refused: P3 sends every array dense, slice by slice.
 - String keys (Module) are numbered in init order, as MXNet does, so optimizer indices match idx2name.
 - Arrays on GPUs, or several devices per worker, are staged through one CPU buffer per key (local sum,
   then the result copied to every device), all as engine operations.
@@ -24,6 +29,7 @@ What it does, and why:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import pickle
@@ -38,6 +44,7 @@ from p3kv.worker import P3Worker
 log = logging.getLogger("p3kv.kvstore")
 
 BULK_VARIABLE = "MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD"
+P3_TYPE = "p3"
 
 
 class _Key:
@@ -67,6 +74,11 @@ class ForwardOrder:
     """
 
     recorder: ForwardOrder | None = None  # the instance Parameter.data reports to (one kvstore per process)
+    # Reads kept while the order is unknown. Only the last forward pass matters, so when a script reads
+    # parameters for ever without pushing a key they stand for (inference loops, keys set up by init() with no
+    # parameter array), the oldest reads are dropped: memory stays bounded and the most recent pass is kept.
+    # A pass of more reads than this (several thousand parameters, each read a few times) ranks only its end.
+    MAX_READS = 65536
 
     def __init__(self):
         self._uses: list[int] = []  # array handles in the order they were read, until the order is learned
@@ -79,6 +91,14 @@ class ForwardOrder:
     def used(self, array) -> None:
         if not self.learned:
             self._uses.append(array.handle.value)
+            if len(self._uses) > self.MAX_READS:
+                self._forget(len(self._uses) - self.MAX_READS // 2)
+
+    def _forget(self, n: int) -> None:
+        """Drops the `n` oldest reads (amortised O(1) per read: half the window at a time)."""
+        del self._uses[:n]
+        if self._pass_start is not None:
+            self._pass_start = max(0, self._pass_start - n)
 
     def new_pass(self) -> None:
         if not self.learned:
@@ -135,14 +155,28 @@ class P3(mx.kvstore.KVStoreBase):
         self._order = ForwardOrder()
         self._optimizer = None
         self._updater = None  # Trainer.load_states reads kv._updater.optimizer
+        self._seen_as: str | None = None  # see mxnet_sees_dist_sync
+        self._hyper: dict | None = None  # the optimizer's hyperparameters as the servers have them
+        self._pushed: set = set()  # keys pushed in this step (a key pushed again starts the next step)
         self._closed = False
         atexit.register(self.close)
 
     # -- facts -----------------------------------------------------------------------------------------
     @property
     def type(self) -> str:
-        # 'dist' makes Gluon and Module treat it as distributed; '_sync' because P3 is synchronous SGD.
-        return "dist_sync_p3"
+        # MXNet's convention for a registered KVStoreBase: its name. Gluon and Module decide "distributed" by
+        # 'dist' in kv.type; p3kv.mxnet_hook makes those code paths treat 'p3' as dist_sync.
+        return self._seen_as or P3_TYPE
+
+    @contextlib.contextmanager
+    def mxnet_sees_dist_sync(self):
+        """While MXNet's own Gluon/Module code decides how to treat this kvstore (p3kv.mxnet_hook), its type
+        reads 'dist_sync', so that code takes dist_sync's branches: P3 is synchronous distributed SGD."""
+        before, self._seen_as = self._seen_as, "dist_sync"
+        try:
+            yield
+        finally:
+            self._seen_as = before
 
     @property
     def rank(self) -> int:
@@ -183,6 +217,7 @@ class P3(mx.kvstore.KVStoreBase):
             raise ConfigError(f"kvstore key {key!r} must be an int or a str")
         if self._keys and type(key) is not type(next(iter(self._keys))):
             raise ConfigError("kvstore 'p3' keys must be all ints (Gluon) or all strs (Module)")
+        _refuse_sparse(key, [value, *outs], "init")
         index = key if isinstance(key, int) else len(self._keys)  # MXNet numbers str keys in init order
         info = _Key(index, key, tuple(value.shape), value.dtype)
         data = value.asnumpy().reshape(-1)  # init is not on the training path: a synchronous copy is fine
@@ -202,7 +237,10 @@ class P3(mx.kvstore.KVStoreBase):
         (into `value` if out is None). Asynchronous: returns after queueing engine operations."""
         keys, values = _pairs(key, value)
         outs = values if out is None else _pairs(key, out)[1]
+        for k, v, o in zip(keys, values, outs):
+            _refuse_sparse(k, _as_list(v) + _as_list(o), "pushpull")
         self._learn_order()
+        self._start_step(keys)
         for k, v, o in zip(keys, values, outs):
             info = self._known(k)
             prio = self._order.of(info.index, priority if len(keys) == 1 else priority - info.index)
@@ -211,7 +249,10 @@ class P3(mx.kvstore.KVStoreBase):
     def push(self, key, value, priority=0) -> None:
         """Pushes gradients; the result is kept for pull()."""
         keys, values = _pairs(key, value)
+        for k, v in zip(keys, values):
+            _refuse_sparse(k, _as_list(v), "push")
         self._learn_order()
+        self._start_step(keys)
         for k, v in zip(keys, values):
             info = self._known(k)
             self._pushpull_one(info, _as_list(v), [], self._order.of(info.index, priority))
@@ -221,9 +262,15 @@ class P3(mx.kvstore.KVStoreBase):
         servers broadcast every update unasked)."""
         keys, outs = _pairs(key, out)
         for k, o in zip(keys, outs):
+            _refuse_sparse(k, _as_list(o), "pull")
             info = self._known(k)
             for dst in _as_list(o):
                 info.latest.copyto(dst)
+
+    def row_sparse_pull(self, key, out=None, priority=0, row_ids=None) -> None:
+        """Refused: P3 keeps and broadcasts dense parameters only."""
+        raise ConfigError(f"kvstore 'p3' got row_sparse_pull for key {_one_key(key)!r}: P3 keeps and broadcasts "
+                          f"dense parameters only; {SPARSE_ADVICE}")
 
     def _pushpull_one(self, info: _Key, values: list, outs: list, priority: int) -> None:
         if self._worker.config.priority == "none":
@@ -261,6 +308,36 @@ class P3(mx.kvstore.KVStoreBase):
     def _learn_order(self) -> None:
         self._order.learn()
 
+    def _start_step(self, keys: list) -> None:
+        """Before pushes: a key pushed again means a new step; then carry any change of the optimizer's
+        hyperparameters (trainer.set_learning_rate, opt.wd = ..., a new batch size in trainer.step) to the
+        servers. Once per step, not per key: the fingerprint reads a few dozen attributes."""
+        if self._optimizer is None:
+            return
+        if self._pushed and self._pushed.isdisjoint(keys):
+            self._pushed.update(keys)
+            return
+        self._pushed = set(keys)
+        hyper = _hyperparameters(self._optimizer)
+        if hyper == self._hyper:
+            return
+        changed = sorted(name for name in hyper if hyper[name] != (self._hyper or {}).get(name))
+        self._hyper = hyper
+        if self.rank != 0:
+            return  # every worker runs the same script: worker 0 speaks for all
+        log.info("optimizer hyperparameters changed (%s): updating the servers' optimizer", ", ".join(changed))
+        # The servers must apply the change between two iterations. Requests overtake data in the send queue
+        # (they are the most urgent frames), so first let the previous step's updates finish: once this worker
+        # has every key's result, every server has updated every slice of it. Then the request is answered
+        # before this step's pushes leave: no slice of this iteration is updated with the old values.
+        # This stalls the pipeline once per change (an lr decay per epoch), never otherwise.
+        for info in self._keys.values():
+            if info.latest is not None:
+                info.latest.wait_to_read()
+        body = pickle.dumps(hyper, protocol=4)
+        for s in range(self._worker.num_servers):
+            self._worker.request(s, requests.SET_HYPERPARAMETERS, body)
+
     # -- optimizer -------------------------------------------------------------------------------------
     def set_optimizer(self, optimizer) -> None:
         """Ships the optimizer to every server (from worker 0); servers then update each slice they own."""
@@ -278,6 +355,8 @@ class P3(mx.kvstore.KVStoreBase):
         """Makes `optimizer` this kvstore's; worker 0 sends it to every server."""
         self._optimizer = optimizer
         self._updater = mx.optimizer.get_updater(optimizer)
+        self._hyper = _hyperparameters(optimizer)
+        self._pushed = set()
         if self.rank == 0:
             body = pickle.dumps(_server_copy(optimizer), protocol=4)
             for s in range(self._worker.num_servers):
@@ -400,10 +479,53 @@ def _server_copy(optimizer):
     """The optimizer as servers need it: MXNet drops `param_dict` when pickling (so dist_sync loses Gluon's
     per-parameter lr_mult/wd_mult on servers); fold them into the index-keyed multipliers first."""
     opt = pickle.loads(pickle.dumps(optimizer))
-    for index, param in getattr(optimizer, "param_dict", {}).items():
-        opt.lr_mult[index] = param.lr_mult
-        opt.wd_mult[index] = param.wd_mult
+    opt.lr_mult, opt.wd_mult = _multipliers(optimizer)
     return opt
+
+
+def _multipliers(optimizer) -> tuple[dict, dict]:
+    """lr_mult and wd_mult by index, with Gluon's per-parameter ones (param_dict) folded in."""
+    lr_mult, wd_mult = dict(optimizer.lr_mult), dict(optimizer.wd_mult)
+    for index, param in getattr(optimizer, "param_dict", {}).items():
+        lr_mult[index] = param.lr_mult
+        wd_mult[index] = param.wd_mult
+    return lr_mult, wd_mult
+
+
+# Optimizer attributes that are state, not hyperparameters: the servers keep their own (update counts), or
+# they describe the model (names), or they drive themselves on the servers (the lr scheduler runs there on
+# the servers' update counts; changing a scheduler object on the workers is not carried).
+_NOT_HYPERPARAMETERS = {"num_update", "_index_update_count", "_all_index_update_counts", "idx2name", "sym_info",
+                        "param_dict", "lr_scheduler", "lr_mult", "wd_mult"}
+_SCALARS = (bool, int, float, str, type(None))
+
+
+def _hyperparameters(optimizer) -> dict:
+    """The optimizer's hyperparameters as servers need them (see requests.SET_HYPERPARAMETERS): every scalar
+    attribute (lr, wd, rescale_grad, momentum, clip_gradient, beta1, ...) and the folded multipliers."""
+    hyper = {name: value for name, value in vars(optimizer).items()
+             if name not in _NOT_HYPERPARAMETERS and (isinstance(value, _SCALARS) or (
+                 isinstance(value, tuple) and all(isinstance(v, _SCALARS) for v in value)))}
+    hyper["lr_mult"], hyper["wd_mult"] = _multipliers(optimizer)
+    return hyper
+
+
+SPARSE_ADVICE = ("use dense gradients (e.g. Embedding(sparse_grad=False), grad_stype='default', or "
+                 "grad.tostype('default')), or keep sparse training on MXNet's own kvstores")
+
+
+def _refuse_sparse(key, arrays: list, call: str) -> None:
+    """P3 cuts each array's dense buffer into slices: a sparse array's compact buffer would be sent as if it
+    were the whole array."""
+    for a in arrays:
+        stype = getattr(a, "stype", "default")
+        if stype != "default":
+            raise ConfigError(f"kvstore 'p3' {call} of key {key!r}: the array has storage type '{stype}', but "
+                              f"P3 sends every array dense, slice by slice; {SPARSE_ADVICE}")
+
+
+def _one_key(key):
+    return key[0] if isinstance(key, (list, tuple)) and len(key) == 1 else key
 
 
 def _join(parts, shape):

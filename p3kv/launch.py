@@ -30,6 +30,7 @@ import secrets
 import shlex
 import socket
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from typing import TextIO
 
@@ -50,6 +51,7 @@ _MANAGED = {
     "P3_NUM_WORKER": "-n", "P3_NUM_SERVER": "-s", "P3_NODE_HOST": "--host", BASELINE_VARIABLE: "--kvstore",
     "DMLC_ROLE": "nothing (it is per process)", "DMLC_PS_ROOT_URI": "--host", "DMLC_PS_ROOT_PORT": "--port",
     "DMLC_NUM_WORKER": "-n", "DMLC_NUM_SERVER": "-s", "DMLC_NODE_HOST": "--host", "DMLC_PS_VAN_TYPE": "--kvstore",
+    "P3_JOINED_FILE": "nothing (it is per worker)",
 }
 
 
@@ -215,10 +217,18 @@ def _role_environment(job: Job, role: Role, host: str, port: int, base: Mapping[
     return env
 
 
-def plan(job: Job, host: str, port: int, environ: Mapping[str, str]) -> list[ProcessSpec]:
+JOIN_HINT = ("its command ended without creating kvstore 'p3' or a P3Worker; e.g. gluon.Trainer creates the "
+             "kvstore at the first trainer.step, Module.fit at fit, or call mx.kv.create('p3')")
+
+
+def plan(job: Job, host: str, port: int, environ: Mapping[str, str], joined_dir: str | None = None
+         ) -> list[ProcessSpec]:
     """The processes of `job` in launch order (scheduler, servers, workers) with their whole environments:
-    `environ`, then `job.env`, then the role's variables. `host` must be an address (see `local_address`)."""
+    `environ`, then `job.env`, then the role's variables. `host` must be an address (see `local_address`).
+    With `joined_dir`, each worker of a p3 job with p3kv's own scheduler gets P3_JOINED_FILE in that directory:
+    a worker that exits 0 without having joined then fails the job at once, named."""
     base = dict(environ)
+    base.pop("P3_JOINED_FILE", None)  # per worker, below (a launcher started inside a worker must not inherit it)
     base.setdefault("PYTHONUNBUFFERED", "1")  # so output is forwarded as it is written, not at exit
     base.update(job.env)
     if job.kvstore is KVStore.P3 and not base.get("P3_SECRET") and not base.get("P3_SECRET_FILE"):
@@ -242,8 +252,14 @@ def plan(job: Job, host: str, port: int, environ: Mapping[str, str]) -> list[Pro
     specs += [ProcessSpec(f"server {i}", server_argv, server_env, f"server{i}", primary=services_primary)
               for i in range(servers)]
     worker_env = _role_environment(job, Role.WORKER, host, port, base)
-    specs += [ProcessSpec(f"worker {i}", job.command, worker_env, f"worker{i}", primary=True)
-              for i in range(workers)]
+    for i in range(workers):
+        # With a stand-in scheduler (--scheduler-command, for tests) workers need not join anything.
+        joined = None
+        if joined_dir is not None and job.kvstore is KVStore.P3 and job.scheduler_command is None:
+            joined = os.path.join(joined_dir, f"worker{i}.joined")
+        env = worker_env if joined is None else {**worker_env, "P3_JOINED_FILE": joined}
+        specs.append(ProcessSpec(f"worker {i}", job.command, env, f"worker{i}", primary=True, joined_file=joined,
+                                 join_hint=JOIN_HINT))
     if not specs:
         raise ConfigError("nothing to run on this host: --no-scheduler with --local-workers 0 and "
                           "--local-servers 0")
@@ -259,7 +275,11 @@ def launch(job: Job, out: TextIO | None = None) -> int:
     if job.port and job.scheduler:
         check_port(host, job.port)
     port = job.port or free_port(host)
-    specs = plan(job, host, port, os.environ)
+    with tempfile.TemporaryDirectory(prefix="p3kv-launch-") as joined_dir:
+        return _run(job, host, port, plan(job, host, port, os.environ, joined_dir), out)
+
+
+def _run(job: Job, host: str, port: int, specs: list[ProcessSpec], out: TextIO | None) -> int:
     if job.log_dir is not None:
         try:
             os.makedirs(job.log_dir, exist_ok=True)

@@ -71,3 +71,14 @@ def write_trace(prefix: str, role: str, rank: int, events: list) -> str:
     with open(path, "w") as f:
         json.dump({"traceEvents": trace_events, "displayTimeUnit": "ms"}, f)
     return path
+
+
+def mark_joined(path: str) -> None:
+    """Tells the launcher that this worker joined the job (P3_JOINED_FILE): it names a worker that exits 0
+    without ever joining instead of waiting for the job to time out."""
+    try:
+        with open(path, "w"):
+            pass
+    except OSError as e:
+        logging.getLogger("p3kv.worker").warning("cannot create P3_JOINED_FILE %s (%s): the launcher may report "
+                                                 "this worker as never having joined", path, e.strerror)

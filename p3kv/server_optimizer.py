@@ -11,7 +11,8 @@ parameters (LARS, LAMB, LBSGD, Nadam), are refused with a message naming update_
 
 A key's update count continues from the optimizer's `_index_update_count` when it arrives (an optimizer saved
 with its states, then loaded: Adam's bias correction and lr schedules go on where they were), and GET_STATES
-reports the counts so the saved optimizer carries them.
+reports the counts so the saved optimizer carries them. SET_HYPERPARAMETERS (a change made on the workers
+during training) sets the changed attributes on the optimizer and keeps every slice's state and count.
 
 mxnet is imported only when an optimizer arrives: a server that only aggregates does not need it.
 """
@@ -68,6 +69,9 @@ class OptimizerHost:
         if kind == requests.SET_STATES:
             self._set_states(pickle.loads(body))
             return b""
+        if kind == requests.SET_HYPERPARAMETERS:
+            self._set_hyperparameters(pickle.loads(body))
+            return b""
         raise ValueError(f"unknown request type {kind}")
 
     @staticmethod
@@ -98,6 +102,39 @@ class OptimizerHost:
                         "for every slice (GIL, an engine call and a wait per slice; typically several times slower "
                         "per iteration than a kernel). Use one of %s, or update_on_kvstore=False to update on the "
                         "workers", name, ", ".join(server_kernels.KERNEL_OPTIMIZERS))
+
+    def _set_hyperparameters(self, hyper: dict) -> None:
+        """A change made on the workers during training (trainer.set_learning_rate, opt.wd = ...): applied to
+        this optimizer, keeping every slice's state and every key's update count (the per-key values — lr, wd,
+        rescale, clipping, multipliers — are read from the optimizer at each key's next update)."""
+        if self.optimizer is None:
+            raise ValueError("optimizer hyperparameters arrived before any optimizer")
+        opt = self.optimizer
+        for name, value in hyper.items():
+            if name in ("lr_mult", "wd_mult"):
+                getattr(opt, name).clear()
+                getattr(opt, name).update(value)
+            else:
+                setattr(opt, name, value)
+        if self.kernel is None:
+            return  # MXNet's own update reads the optimizer's attributes at every call
+        spec = server_kernels.kernel_spec(opt)
+        if spec == self.kernel:
+            return
+        # Attributes the kernel holds (momentum, betas, epsilon, ...): a new kernel, with the slices' states.
+        if spec is None or any(spec.get(k) != self.kernel.get(k) for k in ("kind", "multi_precision")) or \
+                any(_p3_num_states(spec, d) != _p3_num_states(self.kernel, d) for d in ("float32", "float16")):
+            raise ValueError(f"the optimizer's change ({', '.join(sorted(hyper))}) changes the state it keeps per "
+                             f"weight ({self.kernel} -> {spec}); the servers cannot convert slices' states. Set it "
+                             "before training starts, or use update_on_kvstore=False")
+        kept = {(key, slc): self.native.states(key, slc) for key, slc in self.native.slices()}
+        self.native.use_kernel(spec, self._step)  # drops states and cached steps
+        for (key, slc), held in kept.items():
+            if held is not None and held[1]:
+                weight_dtype, arrays = held
+                self.native.set_states(key, slc, weight_dtype, str(arrays[0].dtype), arrays)
+        self.kernel = spec
+        log.info("server optimizer: kernel settings changed to %s (slices' states kept)", spec)
 
     def _step(self, key: int) -> tuple:
         """Once per key and iteration: what MXNet computes per parameter and update."""
@@ -149,6 +186,15 @@ class OptimizerHost:
     def _count(self, key: int, slc: int) -> int:
         """Updates of `key` done so far, as the slice `slc` has seen them."""
         return self.base_counts.get(key, self.optimizer.begin_num_update) + self.updates.get((key, slc), 0)
+
+
+def _p3_num_states(spec: dict, weight_dtype: str) -> int:
+    from p3kv import _p3
+
+    try:
+        return _p3.num_states(spec, weight_dtype)
+    except Exception:  # noqa: BLE001  (a kernel that refuses this weight type: no states either way)
+        return -1
 
 
 def _weight_dtype(spec: dict, arrays: list) -> str:

@@ -34,13 +34,18 @@ _MAX_LINE = 1 << 16  # longer lines are forwarded in pieces
 
 @dataclasses.dataclass(frozen=True)
 class ProcessSpec:
-    """One child process: `name` prefixes its output ("worker 0"), `log_name` names its log file ("worker0")."""
+    """One child process: `name` prefixes its output ("worker 0"), `log_name` names its log file ("worker0").
+
+    `joined_file`: a file the child creates once it has joined the job; a child that exits 0 without it fails
+    the job at once ("exited without joining the job", then `join_hint`): the others would wait for it."""
 
     name: str
     argv: tuple[str, ...]
     env: Mapping[str, str]
     log_name: str
     primary: bool
+    joined_file: str | None = None
+    join_hint: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,6 +272,11 @@ class Supervisor:
             if value != 0:
                 return Outcome(value if value > 0 else 1, f"{child.spec.name} {describe_exit(value)}; "
                                                           "stopped all other processes")
+            joined = child.spec.joined_file
+            if joined is not None and not os.path.exists(joined):
+                hint = f" ({child.spec.join_hint})" if child.spec.join_hint else ""
+                return Outcome(1, f"{child.spec.name} exited with code 0 without ever joining the job{hint}; "
+                                  "stopped all other processes")
             LOG.info("%s exited with code 0", child.spec.name)
             primaries.discard(index)
 

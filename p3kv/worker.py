@@ -45,6 +45,8 @@ class P3Worker:
         node.configure_logging(self.config)
         self._core = _p3.Worker(node.node_config(self.config))
         self._core.start()
+        if self.config.joined_file:
+            node.mark_joined(self.config.joined_file)
         self._keys: dict[int, _Key] = {}
         self._closed = False
         log.info("worker %d of %d joined (%d servers, slice size %d)", self.rank, self.num_workers,

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -380,3 +381,36 @@ def test_mxnet_baseline_sums_pushes_of_two_workers(kvstore):
     oks = re.findall(rf"^\[worker (\d)\] OK rank=(\d) baseline={kvstore}$", result.stdout, re.MULTILINE)
     assert sorted(w for w, _ in oks) == ["0", "1"] and sorted(r for _, r in oks) == ["0", "1"], result.stdout
 
+
+
+def test_worker_that_exits_without_joining_is_named_at_once():
+    # A worker command that ends with code 0 without ever creating the kvstore (here: a script that only prints)
+    # used to leave the job waiting for the grace period and then blame the scheduler and servers.
+    started = time.monotonic()
+    result = run_launcher("-n", "2", "-s", "1", "--timeout", "50", "--", sys.executable, "-c",
+                          "import os; print('no kvstore here', 'P3_JOINED_FILE' in os.environ)")
+    seconds = time.monotonic() - started
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert re.search(r"worker [01] exited with code 0 without ever joining the job \(its command ended without "
+                     r"creating kvstore 'p3' or a P3Worker", result.stderr), result.stderr
+    assert "did not exit within" not in result.stderr and "timed out" not in result.stderr
+    assert "no kvstore here True" in result.stdout
+    assert seconds < 20, seconds  # at once: neither the 30 s grace period nor the connect timeout
+
+
+def test_workers_that_join_pass_the_join_check(tmp_path):
+    # The check itself: P3Worker creates its P3_JOINED_FILE once it joined.
+    script = tmp_path / "join.py"
+    script.write_text("from p3kv import P3Worker\nwith P3Worker() as w:\n    print('joined as', w.rank)\n")
+    result = run_launcher("-n", "2", "-s", "1", "--timeout", "50", "--", sys.executable, str(script))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert sorted(re.findall(r"joined as (\d)", result.stdout)) == ["0", "1"]
+
+
+def test_plan_gives_each_p3_worker_its_own_joined_file():
+    job = Job(command=("train",), num_workers=2, num_servers=1)
+    specs = {s.name: s for s in plan(job, "127.0.0.1", 9000, {"P3_JOINED_FILE": "inherited"}, "/tmp/j")}
+    assert specs["worker 1"].env["P3_JOINED_FILE"] == specs["worker 1"].joined_file == "/tmp/j/worker1.joined"
+    assert "P3_JOINED_FILE" not in specs["server 0"].env and specs["server 0"].joined_file is None
+    baseline = Job(command=("train",), num_workers=1, num_servers=1, kvstore=KVStore.DIST_SYNC)
+    assert plan(baseline, "127.0.0.1", 9000, {}, "/tmp/j")[-1].joined_file is None  # MXNet's workers never join

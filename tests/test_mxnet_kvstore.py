@@ -19,6 +19,7 @@ import os
 import pickle
 import re
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -38,6 +39,7 @@ GLUON = os.path.join(SCRIPTS, "gluon_train.py")
 MODULE = os.path.join(SCRIPTS, "module_train.py")
 OVERLAP = os.path.join(SCRIPTS, "overlap_train.py")
 MISUSE = os.path.join(SCRIPTS, "kv_misuse.py")
+HYPER = os.path.join(SCRIPTS, "hyper_change_train.py")
 
 # gluon_train's keys: Trainer numbers parameters alphabetically by name.
 KEY = {"adense_bias": 0, "adense_weight": 1, "bconv_bias": 2, "bconv_weight": 3, "cdense_bias": 4,
@@ -248,6 +250,40 @@ def test_forward_order_ranks_a_shared_weight_by_its_first_use_in_the_last_pass()
         assert order._pass_start == 1
 
 
+def test_forward_order_stays_bounded_when_it_never_learns_and_still_learns_the_last_pass():
+    from types import SimpleNamespace
+
+    from p3kv.kvstore import ForwardOrder
+
+    def array(handle):
+        return SimpleNamespace(handle=SimpleNamespace(value=handle))
+
+    order = ForwardOrder()
+    unkeyed = [array(1000 + i) for i in range(100)]
+    for _ in range(5000):  # e.g. an inference loop before training, reading parameters no key stands for
+        for a in unkeyed:
+            order.used(a)
+    assert len(order._uses) <= 100_000 and not order.learned
+    first, second = array(1), array(2)
+    order.bind(0, second)
+    order.bind(1, first)
+    order.new_pass()
+    for a in (first, *unkeyed, second):
+        order.used(a)
+    order.learn()
+    assert order.learned and order.of(1, 99) == 0 and order.of(0, 99) == -1
+    # Without recording scopes (no new_pass), a pass longer than the window still ranks what it kept.
+    order = ForwardOrder()
+    order.bind(0, second)
+    order.bind(1, first)
+    for _ in range(3):
+        for a in (first, *[array(5000 + i) for i in range(ForwardOrder.MAX_READS)], second):
+            order.used(a)
+    assert len(order._uses) <= ForwardOrder.MAX_READS
+    order.learn()
+    assert order.learned and order.of(0, 99) == 0 and order.of(1, 99) == 99
+
+
 # ---- 5. Overlap ----
 
 OVERLAP_STEPS = 4
@@ -355,6 +391,78 @@ def test_states_carry_gluon_lr_and_wd_multipliers(jobs):
     assert optimizer.wd_mult[KEY["dbn_gamma"]] == 0.0
 
 
+@pytest.mark.parametrize("change", ["trainer", "optimizer"])
+def test_hyperparameter_changes_reach_the_servers(tmp_path, change):
+    # trainer.set_learning_rate mid-training (or opt.lr, wd, momentum, a parameter's lr_mult, a new batch size in
+    # trainer.step) must reach the servers' optimizer before the next step's updates: the job ends with the
+    # weights of one process that sums both workers' gradients locally and runs the same schedule.
+    job = launch(tmp_path / "p3", [HYPER, "p3", tmp_path / "p3", "--change", change],
+                 env=("P3_SLICE_SIZE=20", "P3_LOG_LEVEL=INFO"), timeout=60).check()
+    (tmp_path / "local").mkdir()
+    local = subprocess.run([sys.executable, HYPER, "local", str(tmp_path / "local"), "--change", change],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+    assert local.returncode == 0, local.stdout[-3000:]
+    expected = job.arrays("../local/local-rank0.npz")
+    for r in range(WORKERS):
+        assert_close(job.arrays(f"p3-rank{r}.npz"), expected, f"p3 worker {r} vs one process ({change})")
+    # Worker 0 sent each change once, and nothing when nothing changed. The first is the scale trainer.step(4)
+    # sets after Trainer shipped the optimizer (MXNet's dist_sync refuses a later change of it).
+    changes = re.findall(r"\[worker \d\] .* optimizer hyperparameters changed \(([^)]*)\)", job.output)
+    assert changes == ["rescale_grad", *(["lr", "lr"] if change == "trainer" else [
+        "lr, wd", "lr_mult", "momentum", "rescale_grad"])], job.output[-3000:]
+    if change == "optimizer":
+        assert "kernel settings changed" in job.output and "'momentum': 0.5" in job.output, job.output[-3000:]
+
+
+def test_hyperparameter_change_keeps_slice_states_and_counts():
+    # Both server paths: the native kernel (states in C++, re-created when a kernel setting changes) and MXNet's
+    # own update per slice (optimizers without a kernel).
+    from p3kv import _p3, requests
+    from p3kv.server_optimizer import OptimizerHost
+
+    host = OptimizerHost(_p3.SliceOptimizer())
+    host.on_request(requests.SET_OPTIMIZER, pickle.dumps(mx.optimizer.SGD(learning_rate=0.1, momentum=0.9)))
+    mom = np.arange(5, dtype=np.float32)
+    host.native.set_states(3, 1, "float32", "float32", [mom])
+    host.optimizer._index_update_count[3] = 7
+    host.on_request(requests.SET_HYPERPARAMETERS, pickle.dumps({"lr": 0.01, "momentum": 0.5, "lr_mult": {3: 2.0}}))
+    assert host.kernel["momentum"] == 0.5 and host.optimizer.lr == 0.01
+    assert host.optimizer._get_lr(3) == pytest.approx(0.02)
+    weight_dtype, kept = host.native.states(3, 1)
+    assert weight_dtype == "float32" and np.array_equal(kept[0], mom)
+    assert host.optimizer._index_update_count[3] == 7
+    with pytest.raises(ValueError, match="state it keeps per weight"):
+        host.on_request(requests.SET_HYPERPARAMETERS, pickle.dumps({"momentum": 0.0}))  # SGD drops its state
+
+    class Plain(mx.optimizer.SGD):  # a subclass: no kernel, MXNet's update per slice
+        pass
+
+    def run(host_or_none, lrs):
+        """Two updates of one slice at each learning rate; returns the weights."""
+        opt = Plain(learning_rate=lrs[0], momentum=0.9)
+        weight = np.ones(4, np.float32)
+        grad = np.full(4, 0.5, np.float32)
+        if host_or_none is None:
+            w = mx.nd.array(weight)
+            state = opt.create_state(0, w)
+            for lr in lrs:
+                opt.lr = lr
+                for _ in range(2):
+                    opt.update(0, w, mx.nd.array(grad), state)
+            return w.asnumpy()
+        host_or_none._set_optimizer(opt)
+        for i, lr in enumerate(lrs):
+            if i:
+                host_or_none.on_request(requests.SET_HYPERPARAMETERS, pickle.dumps({"lr": lr}))
+            for _ in range(2):
+                host_or_none.update(0, 0, 0, 0, grad, weight)
+        assert host_or_none.updates[(0, 0)] == 2 * len(lrs) and (0, 0) in host_or_none.states
+        return weight
+
+    fallback = OptimizerHost(_p3.SliceOptimizer())
+    np.testing.assert_allclose(run(fallback, [0.1, 0.01]), run(None, [0.1, 0.01]), rtol=1e-6)
+
+
 # ---- 7. A failing server-side optimizer ----
 
 def test_server_optimizer_error_surfaces_as_mxnet_error(jobs):
@@ -380,12 +488,29 @@ def test_bad_kvstore_calls_raise_clear_errors(jobs):
     by_case: dict[str, list] = {}
     for r in results:
         by_case.setdefault(r["case"], []).append(r)
-    assert set(by_case) == {"uninitialised key", "gradient shape", "out shape", "init twice"}, job.output[-4000:]
+    # MXNet's convention for a registered kvstore: its type is its name. Gluon still treats it as dist_sync.
+    seen = [(r["type"], r["distributed"], r["update_on_kvstore"]) for r in by_case.pop("type", [])]
+    assert seen == [("p3", True, True)] * WORKERS, job.output[-4000:]
+    reset = by_case.pop("reset distributed")
+    assert [(r["raised"], r["message"]) for r in reset] == [("RuntimeError", "Cannot reset distributed KVStore.")] * \
+        WORKERS, reset
+    sparse = {"sparse init", "sparse pushpull", "sparse push", "row_sparse_pull", "gluon sparse gradient"}
+    assert set(by_case) == {"uninitialised key", "gradient shape", "out shape", "init twice", *sparse}, \
+        job.output[-4000:]
     for case, outcomes in by_case.items():
         assert len(outcomes) == WORKERS, (case, outcomes)
         for o in outcomes:
             assert o["raised"] == "ConfigError" and o["seconds"] < 5, (case, o)
     assert "was never initialised" in by_case["uninitialised key"][0]["message"]
+    # Sparse arrays: refused before anything is sent (the compact buffer is not the array), naming the key, the
+    # storage type and what to do.
+    for case, key, stype in (("sparse init", "5", "row_sparse"), ("sparse pushpull", "0", "csr"),
+                             ("sparse push", "0", "row_sparse")):
+        message = by_case[case][0]["message"]
+        assert f"key {key}" in message and f"'{stype}'" in message and "dense gradients" in message, message
+    assert "key 0" in by_case["row_sparse_pull"][0]["message"]
+    assert re.search(r"embed_weight \(gradient row_sparse\).*dense gradients",
+                     by_case["gluon sparse gradient"][0]["message"])
     assert "(2, 3)" in by_case["out shape"][0]["message"] and "(2, 2)" in by_case["out shape"][0]["message"]
     # Workers disagreeing on a key's size: only a server can tell. The worker whose init it rejects gets
     # P3Error naming the key and exits non-zero, which ends the job: no hang.
