@@ -87,21 +87,53 @@ class OptimizerHost:
                              "script") from e
 
     def _set_optimizer(self, optimizer) -> None:
+        """A new optimizer. If it keeps the same state per weight as the current one (the same kernel and state
+        layout, or the same class without a kernel), the slices keep their states: shipping an optimizer again
+        changes its hyperparameters and update counts (Sockeye's entry point does so at checkpoints; states saved
+        earlier come back with SET_STATES). Otherwise the states are dropped, as MXNet's dist_sync servers do."""
         spec = server_kernels.kernel_spec(optimizer)  # raises ValueError for optimizers refused on servers
+        keep = self._same_state_layout(optimizer, spec)
+        previous = self.optimizer
         self.optimizer = optimizer
-        self.kernel = spec
-        self.states, self.updates = {}, {}
+        self.updates = {}
         self.base_counts = dict(optimizer._index_update_count)
         name = type(optimizer).__name__
         if spec is not None:
-            self.native.use_kernel(spec, self._step)
-            log.info("server optimizer: %s (native kernel, %s)", name, spec["kind"])
-        else:
-            self.native.use_function(self.update)
-            log.warning("server optimizer: %s has no native kernel, so this server runs MXNet's update in Python "
-                        "for every slice (GIL, an engine call and a wait per slice; typically several times slower "
-                        "per iteration than a kernel). Use one of %s, or update_on_kvstore=False to update on the "
-                        "workers", name, ", ".join(server_kernels.KERNEL_OPTIMIZERS))
+            self.states = {}
+            if keep:
+                self._use_kernel_keeping_states(spec)
+            else:
+                self.native.use_kernel(spec, self._step)
+            self.kernel = spec
+            log.info("server optimizer: %s (native kernel, %s)%s", name, spec["kind"],
+                     ", slices' states kept" if keep else "")
+            return
+        self.kernel = None
+        if not keep:
+            self.states = {}
+        self.native.use_function(self.update)
+        if keep and previous is not None:
+            return  # warned when this optimizer class arrived
+        log.warning("server optimizer: %s has no native kernel, so this server runs MXNet's update in Python "
+                    "for every slice (GIL, an engine call and a wait per slice; typically several times slower "
+                    "per iteration than a kernel). Use one of %s, or update_on_kvstore=False to update on the "
+                    "workers", name, ", ".join(server_kernels.KERNEL_OPTIMIZERS))
+
+    def _same_state_layout(self, optimizer, spec: dict | None) -> bool:
+        if self.optimizer is None:
+            return False
+        if spec is None or self.kernel is None:
+            return spec is None and self.kernel is None and type(optimizer) is type(self.optimizer)
+        return all(spec.get(k) == self.kernel.get(k) for k in ("kind", "multi_precision")) and all(
+            _p3_num_states(spec, d) == _p3_num_states(self.kernel, d) for d in ("float32", "float16"))
+
+    def _use_kernel_keeping_states(self, spec: dict) -> None:
+        kept = {(key, slc): self.native.states(key, slc) for key, slc in self.native.slices()}
+        self.native.use_kernel(spec, self._step)  # drops states and cached steps
+        for (key, slc), held in kept.items():
+            if held is not None and held[1]:
+                weight_dtype, arrays = held
+                self.native.set_states(key, slc, weight_dtype, str(arrays[0].dtype), arrays)
 
     def _set_hyperparameters(self, hyper: dict) -> None:
         """A change made on the workers during training (trainer.set_learning_rate, opt.wd = ...): applied to
@@ -127,12 +159,7 @@ class OptimizerHost:
             raise ValueError(f"the optimizer's change ({', '.join(sorted(hyper))}) changes the state it keeps per "
                              f"weight ({self.kernel} -> {spec}); the servers cannot convert slices' states. Set it "
                              "before training starts, or use update_on_kvstore=False")
-        kept = {(key, slc): self.native.states(key, slc) for key, slc in self.native.slices()}
-        self.native.use_kernel(spec, self._step)  # drops states and cached steps
-        for (key, slc), held in kept.items():
-            if held is not None and held[1]:
-                weight_dtype, arrays = held
-                self.native.set_states(key, slc, weight_dtype, str(arrays[0].dtype), arrays)
+        self._use_kernel_keeping_states(spec)
         self.kernel = spec
         log.info("server optimizer: kernel settings changed to %s (slices' states kept)", spec)
 
