@@ -26,7 +26,7 @@ from test_failures import FAILURE_WORKER, HOST, REPORT_SERVER, SECRET, Job, Node
 
 HEARTBEAT = {"P3_HEARTBEAT_TIMEOUT": "3", "P3_HEARTBEAT_INTERVAL": "0.5"}  # a stall of 3 s fails the job
 MAGIC = 0x564B3350
-REGISTER, NODE_TABLE, ERROR, HELLO, INIT, PUSH, BROADCAST = 1, 2, 8, 9, 10, 11, 12
+REGISTER, NODE_TABLE, ERROR, HELLO, INIT, PUSH, BROADCAST, REQUEST, REPLY = 1, 2, 8, 9, 10, 11, 12, 14, 15
 FLOAT32, WORKER_ROLE = 0, 2
 HANDSHAKE_DEADLINE = 5.0  # cpp/src/server.cc and scheduler.cc: kHandshakeTimeoutS
 FRAME_DEADLINE = 10.0  # cpp/src/scheduler.cc: kFrameTimeoutS
@@ -352,6 +352,15 @@ def test_memory_claims_of_a_worker_are_refused_or_paid_for_as_they_arrive(nodes)
     server = Node("server process", [sys.executable, REPORT_SERVER], node_env("server", port, 2, 1, **env))
     nodes += [scheduler, server]
     wait_listening(port)
+    # Before anything: a control frame too large for the scheduler is refused before its payload is read, and the
+    # refusal names the limit that applies (a fixed one, not P3_MAX_MESSAGE_BYTES).
+    big = authenticated(port)
+    big_port = big.getsockname()[1]
+    big.sendall(frame(REGISTER, payload_bytes=2 << 20))
+    assert closed_within(big, 5) is not None
+    big.close()
+    scheduler.wait_for(rf"dropped unregistered peer {HOST}:{big_port}: payload of 2097152 bytes exceeds the limit of "
+                       r"1048576 \(the fixed 1 MiB limit of frames to and from the scheduler\)")
     links = register_workers(port)
     m = server.wait_for(r"^server rank=0 pid=(\d+) port=(\d+)$")
     pid, server_port = int(m.group(1)), int(m.group(2))
@@ -387,6 +396,12 @@ def test_memory_claims_of_a_worker_are_refused_or_paid_for_as_they_arrive(nodes)
     for s in data:
         command, key, iteration, body = next_data(s)
         assert (command, iteration) == (BROADCAST, 2) and np.all(np.frombuffer(body, np.float32) == 3), body[:16]
+    # A control request the server refuses is answered with the reason and logged with the worker's address.
+    data[1].sendall(frame(REQUEST, sender=1, key=999, iteration=5, payload=b"x"))
+    while (reply := read_frame(data[1]))[0] != REPLY:
+        pass
+    assert b"999" in reply[3], reply
+    server.wait_for(rf"rejected control request 999 \(id 5\) from worker 1 \({HOST}:{local}\)")
     # A header claiming 512 MiB, then 1 MiB of it.
     before = stats(pid)
     data[0].sendall(frame(PUSH, sender=0, key=1, count=1 << 27, iteration=3, payload_bytes=1 << 29))

@@ -138,9 +138,14 @@ bool Gatekeeper::Step(Pending* p) {
   size_t got = 0;
   Status st = p->socket.RecvSome(p->buf + p->got, need - p->got, &got);
   if (!st.ok()) {
-    Refuse(p, p->authenticated ? "connection ended during the first frame (" + std::to_string(p->got) + " of " +
-                                     std::to_string(kHeaderBytes) + " header bytes): " + st.message()
-                               : "connection ended during the handshake (answer to the challenge): " + st.message());
+    if (!p->authenticated) {
+      Refuse(p, "connection ended during the handshake (answer to the challenge): " + st.message());
+    } else if (p->got == 0 || st.code() != Status::Code::kPeerLost) {
+      Refuse(p, st.message() + " before its first frame");
+    } else {
+      Refuse(p, "connection closed in the middle of a frame (truncated): " + std::to_string(p->got) + " of the " +
+                    std::to_string(kHeaderBytes) + " header bytes of its first frame came");
+    }
     return true;
   }
   p->got += got;
