@@ -67,6 +67,9 @@ VARIABLES: tuple[Variable, ...] = (
              "rejected before any allocation."),
     Variable("P3_SERVER_QUEUE_BYTES", int, 64 << 20, "Server: payload bytes it holds received but not yet "
              "aggregated; beyond this it stops reading from workers (bounds server memory)."),
+    Variable("P3_SERVER_SLICE_BYTES", int, 0, "Server: most bytes its parameter slices may take (value plus "
+             "aggregation buffer, about 2x the parameters it owns); an INIT beyond it is rejected before anything "
+             "is allocated. 0: half of the machine's physical memory."),
     Variable("P3_SECRET", str, "", "The job's shared secret: every connection proves it with an HMAC "
              "challenge-response. The launcher generates one per job. Empty (and no P3_SECRET_FILE): connections "
              "are checked against an empty secret, i.e. not protected."),
@@ -104,6 +107,7 @@ class Config:
     timeout: float = 600.0
     max_message_bytes: int = 1 << 30
     server_queue_bytes: int = 64 << 20
+    server_slice_bytes: int = 0
     secret: str = dataclasses.field(default="", repr=False)
     secret_file: str = ""
     heartbeat_interval: float = 1.0
@@ -174,6 +178,9 @@ def load(environ: Mapping[str, str] | None = None, role: Role | None = None, **o
     for name in ("num_worker", "num_server", "slice_size", "socket_buffer", "max_message_bytes",
                  "server_queue_bytes"):
         _positive("P3_" + name.upper(), int(values[name]))
+    if int(values["server_slice_bytes"]) < 0:
+        raise ConfigError(f"P3_SERVER_SLICE_BYTES={values['server_slice_bytes']} must be 0 (half the memory) or "
+                          "a positive number of bytes")
     if float(values["heartbeat_interval"]) <= 0 or float(values["heartbeat_timeout"]) <= float(
             values["heartbeat_interval"]):
         raise ConfigError(f"P3_HEARTBEAT_TIMEOUT={values['heartbeat_timeout']} must exceed P3_HEARTBEAT_INTERVAL="

@@ -26,6 +26,10 @@ def configure_logging(config: Config) -> None:
     _p3.set_log_level(_LEVELS[level])
 
 
+def _half_physical_memory() -> int:
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+
+
 def node_config(config: Config) -> _p3.NodeConfig:
     """The core's view of the job."""
     node = _p3.NodeConfig()
@@ -41,6 +45,7 @@ def node_config(config: Config) -> _p3.NodeConfig:
     node.timeout = config.timeout
     node.max_message_bytes = config.max_message_bytes
     node.server_queue_bytes = config.server_queue_bytes
+    node.server_slice_bytes = config.server_slice_bytes or _half_physical_memory()
     node.trace = bool(config.trace)
     node.secret = config.secret
     node.heartbeat_interval = config.heartbeat_interval

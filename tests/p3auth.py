@@ -3,7 +3,8 @@ scheduler or server directly.
 
 The acceptor (scheduler or server) opens with ``b"P3KVAUTH" + bytes([1]) + A`` (A: a 32-byte nonce); the
 connector answers ``C + HMAC-SHA256(secret, b"connector" + A + C)`` (C: its own 32-byte nonce); the acceptor
-proves it knows the secret too with ``HMAC-SHA256(secret, b"acceptor" + A + C)``. The secret is P3_SECRET as UTF-8
+proves it knows the secret too with ``HMAC-SHA256(secret, b"acceptor" + A + C)``, or sends 32 zero bytes
+(REFUSED) when the answer does not prove the secret, then hangs up. The secret is P3_SECRET as UTF-8
 bytes (an empty secret is an empty HMAC key).
 """
 
@@ -19,6 +20,7 @@ VERSION = 1
 NONCE_BYTES = 32
 MAC_BYTES = 32
 CHALLENGE_BYTES = len(GREETING) + 1 + NONCE_BYTES
+REFUSED = bytes(MAC_BYTES)  # the acceptor's "your secret is wrong" in place of its proof
 
 
 def mac(secret: str | bytes, label: bytes, acceptor_nonce: bytes, connector_nonce: bytes) -> bytes:
@@ -53,11 +55,13 @@ def answer(secret: str | bytes, acceptor_nonce: bytes, connector_nonce: bytes | 
 
 def authenticate(sock: socket.socket, secret: str | bytes) -> bytes:
     """Run the whole handshake as a connector; returns the answer sent. Raises AssertionError if the acceptor's
-    proof is wrong, ConnectionError if it hangs up (it does when it refuses our secret)."""
+    proof is wrong, ConnectionError if it refuses our secret or hangs up."""
     a = read_challenge(sock)
     sent = answer(secret, a)
     sock.sendall(sent)
     proof = recv_exactly(sock, MAC_BYTES)
+    if proof == REFUSED:
+        raise ConnectionError("the acceptor refused our secret")
     assert hmac.compare_digest(proof, mac(secret, b"acceptor", a, sent[:NONCE_BYTES])), \
         "the acceptor does not know the secret"
     return sent

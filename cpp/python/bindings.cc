@@ -186,6 +186,7 @@ PYBIND11_MODULE(_p3, m) {
       .def_readwrite("timeout", &p3::NodeConfig::timeout)
       .def_readwrite("max_message_bytes", &p3::NodeConfig::max_message_bytes)
       .def_readwrite("server_queue_bytes", &p3::NodeConfig::server_queue_bytes)
+      .def_readwrite("server_slice_bytes", &p3::NodeConfig::server_slice_bytes)
       .def_readwrite("trace", &p3::NodeConfig::trace)
       .def_readwrite("secret", &p3::NodeConfig::secret)
       .def_readwrite("heartbeat_interval", &p3::NodeConfig::heartbeat_interval)

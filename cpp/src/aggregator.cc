@@ -1,5 +1,6 @@
 #include "p3/aggregator.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace p3 {
@@ -21,6 +22,17 @@ Aggregator::Slice* Aggregator::Find(const Header& h) {
   if (h.command != Command::kInit) {
     hooks_.reject(h.sender, h, "key " + std::to_string(h.key) + " slice " + std::to_string(h.slice) +
                                    " was never initialised on this server: call init before push");
+    return nullptr;
+  }
+  const uint64_t value_bytes = h.count * DTypeSize(h.dtype);
+  const uint64_t needed = value_bytes + h.count * DTypeSize(AccumulatorType(h.dtype)) +
+                          (h.dtype == DType::kFloat16 ? value_bytes : 0);
+  if (slice_budget_ != 0 && needed > slice_budget_ - std::min(slice_budget_, slice_bytes_)) {
+    hooks_.reject(h.sender, h, "INIT of key " + std::to_string(h.key) + " slice " + std::to_string(h.slice) + " (" +
+                                   std::to_string(h.count) + " elements) needs " + std::to_string(needed) +
+                                   " bytes of slice memory, but the server holds " + std::to_string(slice_bytes_) +
+                                   " of its " + std::to_string(slice_budget_) + " already (P3_SERVER_SLICE_BYTES): "
+                                   "raise it or add servers");
     return nullptr;
   }
   Slice& s = slices_[id];

@@ -1,10 +1,14 @@
 #include "p3/buffer_pool.h"
 
+#include <algorithm>
+#include <cstdlib>
+#include <new>
+
 namespace p3 {
 
 BufferPool::~BufferPool() {
   for (auto& [size, list] : free_) {
-    for (char* p : list) delete[] p;
+    for (char* p : list) std::free(p);
   }
 }
 
@@ -39,7 +43,46 @@ BufferPool::Buffer BufferPool::Take(size_t bytes) {
     }
     ++allocated_;
   }
-  return Buffer(this, new char[bytes], bytes);  // not value-initialised: no zero-fill
+  char* p = static_cast<char*>(std::malloc(bytes));  // not initialised: no zero-fill
+  if (p == nullptr) throw std::bad_alloc();
+  return Buffer(this, p, bytes);
+}
+
+Status BufferPool::Fill(size_t bytes, const std::function<Status(char*, size_t)>& read, Buffer* out) {
+  bool pooled;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = free_.find(bytes);
+    pooled = bytes <= kEagerBytes || (it != free_.end() && !it->second.empty());
+  }
+  if (pooled) {
+    Buffer b = Take(bytes);
+    Status st = bytes == 0 ? Status::Ok() : read(b.data(), bytes);
+    if (st.ok()) *out = std::move(b);
+    return st;
+  }
+  size_t capacity = kEagerBytes, filled = 0;
+  char* p = static_cast<char*>(std::malloc(capacity));
+  while (p != nullptr) {
+    Status st = read(p + filled, capacity - filled);
+    if (!st.ok()) {
+      std::free(p);
+      return st;
+    }
+    filled = capacity;
+    if (filled == bytes) break;
+    capacity = std::min(bytes, capacity * 2);
+    char* grown = static_cast<char*>(std::realloc(p, capacity));  // large blocks move by remapping, not copying
+    if (grown == nullptr) std::free(p);
+    p = grown;
+  }
+  if (p == nullptr) throw std::bad_alloc();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++allocated_;
+  }
+  *out = Buffer(this, p, bytes);
+  return Status::Ok();
 }
 
 void BufferPool::Give(char* data, size_t size) {
@@ -51,7 +94,7 @@ void BufferPool::Give(char* data, size_t size) {
       return;
     }
   }
-  delete[] data;
+  std::free(data);
 }
 
 uint64_t BufferPool::reused() const {

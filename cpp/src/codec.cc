@@ -116,7 +116,8 @@ void EncodeHeader(const Header& h, uint8_t out[kHeaderBytes]) {
   w.Put(h.payload_bytes);
 }
 
-Status DecodeHeader(const uint8_t in[kHeaderBytes], uint64_t max_payload_bytes, Header* out) {
+Status DecodeHeader(const uint8_t in[kHeaderBytes], uint64_t max_payload_bytes, Header* out,
+                    const char* limit_name) {
   Reader r(in, kHeaderBytes);
   Header h;
   uint16_t command = 0;
@@ -146,7 +147,7 @@ Status DecodeHeader(const uint8_t in[kHeaderBytes], uint64_t max_payload_bytes, 
   h.dtype = static_cast<DType>(dtype);
   if (h.payload_bytes > max_payload_bytes) {
     return Status::Invalid("payload of " + std::to_string(h.payload_bytes) + " bytes exceeds the limit of " +
-                           std::to_string(max_payload_bytes) + " (P3_MAX_MESSAGE_BYTES)");
+                           std::to_string(max_payload_bytes) + " (" + limit_name + ")");
   }
   if (IsDataCommand(h.command)) {
     const uint64_t size = DTypeSize(h.dtype);

@@ -1,5 +1,6 @@
 #include "p3/connection.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <vector>
@@ -9,9 +10,10 @@
 
 namespace p3 {
 
-Connection::Connection(Socket socket, std::string peer, uint64_t max_payload_bytes, Counters* counters)
+Connection::Connection(Socket socket, std::string peer, uint64_t max_payload_bytes, Counters* counters,
+                       const char* limit_name)
     : socket_(std::move(socket)), peer_(std::move(peer)), max_payload_bytes_(max_payload_bytes),
-      counters_(counters) {}
+      limit_name_(limit_name), counters_(counters) {}
 
 Status Connection::Send(const Header& h, const void* payload) {
   uint8_t head[kHeaderBytes];
@@ -98,11 +100,43 @@ Status Connection::Authenticate(const std::string& secret, double timeout_s) con
   return AuthenticateConnector(socket_, secret, timeout_s);
 }
 
+Status Connection::RecvFrameBytes(void* dst, uint64_t len, bool first) {
+  if (frame_deadline_s_ <= 0) return socket_.RecvAll(dst, len);
+  char* p = static_cast<char*>(dst);
+  if (first) {
+    // Between frames the peer may be silent for as long as it likes: block for the first byte only.
+    Status st = socket_.RecvAll(p, 1);
+    if (!st.ok()) return st;
+    frame_end_ = std::chrono::steady_clock::now() +
+                 std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                     std::chrono::duration<double>(frame_deadline_s_));
+    ++p;
+    --len;
+  }
+  while (len > 0) {
+    const double left = std::chrono::duration<double>(frame_end_ - std::chrono::steady_clock::now()).count();
+    if (left <= 0 || !socket_.WaitReadable(left)) {
+      char secs[32];
+      std::snprintf(secs, sizeof secs, "%.0f", frame_deadline_s_);
+      return Status::Timeout(std::string("a frame was not complete within ") + secs + " s of its first byte");
+    }
+    size_t got = 0;
+    Status st = socket_.RecvSome(p, len, &got);
+    if (st.code() == Status::Code::kPeerLost) {
+      return Status::IoError("connection closed in the middle of a frame (truncated)");
+    }
+    if (!st.ok()) return st;
+    p += got;
+    len -= got;
+  }
+  return Status::Ok();
+}
+
 Status Connection::ReadHeader(Header* h) {
   uint8_t head[kHeaderBytes];
-  Status st = socket_.RecvAll(head, kHeaderBytes);
+  Status st = RecvFrameBytes(head, kHeaderBytes, /*first=*/true);
   if (!st.ok()) return st;
-  st = DecodeHeader(head, max_payload_bytes_, h);
+  st = DecodeHeader(head, max_payload_bytes_, h, limit_name_);
   if (!st.ok()) {
     counters_->rejected_frames.fetch_add(1, std::memory_order_relaxed);
     return st;
@@ -111,11 +145,57 @@ Status Connection::ReadHeader(Header* h) {
   return st;
 }
 
-Status Connection::ReadPayload(void* dst, uint64_t len) { return socket_.RecvAll(dst, len); }
+Status Connection::ReadPayload(void* dst, uint64_t len) { return RecvFrameBytes(dst, len, /*first=*/false); }
 
 Status Connection::ReadPayload(std::string* dst, uint64_t len) {
-  dst->resize(len);
-  return len == 0 ? Status::Ok() : socket_.RecvAll(&(*dst)[0], len);
+  // Grows as bytes arrive: a header that claims more than its sender sends costs nothing.
+  constexpr uint64_t kChunk = 1 << 16;
+  dst->clear();
+  while (dst->size() < len) {
+    const size_t at = dst->size();
+    const uint64_t n = std::min<uint64_t>(len - at, std::max<uint64_t>(kChunk, at));
+    dst->resize(at + n);
+    Status st = RecvFrameBytes(&(*dst)[at], n, /*first=*/false);
+    if (!st.ok()) return st;
+  }
+  return Status::Ok();
+}
+
+Status Connection::ReadAvailable(PartialFrame* f, bool* complete) {
+  *complete = false;
+  while (f->head_got < kHeaderBytes) {
+    size_t got = 0;
+    Status st = socket_.RecvSome(f->head + f->head_got, kHeaderBytes - f->head_got, &got);
+    if (st.code() == Status::Code::kPeerLost && f->begun()) {
+      return Status::IoError("connection closed in the middle of a frame (truncated)");
+    }
+    if (!st.ok()) return st;
+    if (got == 0) return st;
+    if (!f->begun()) f->started = std::chrono::steady_clock::now();
+    f->head_got += got;
+    if (f->head_got < kHeaderBytes) continue;
+    st = DecodeHeader(f->head, max_payload_bytes_, &f->header, limit_name_);
+    if (!st.ok()) {
+      counters_->rejected_frames.fetch_add(1, std::memory_order_relaxed);
+      return st;
+    }
+  }
+  constexpr size_t kChunk = 1 << 16;
+  while (f->payload.size() < f->header.payload_bytes) {
+    const size_t at = f->payload.size();
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(f->header.payload_bytes - at, kChunk));
+    f->payload.resize(at + want);
+    size_t got = 0;
+    Status st = socket_.RecvSome(&f->payload[at], want, &got);
+    f->payload.resize(at + got);
+    if (st.code() == Status::Code::kPeerLost) {
+      return Status::IoError("connection closed in the middle of a frame (truncated)");
+    }
+    if (!st.ok() || got == 0) return st;
+  }
+  counters_->CountReceived(f->header.command, kHeaderBytes + f->header.payload_bytes);
+  *complete = true;
+  return Status::Ok();
 }
 
 Status Connection::SkipPayload(uint64_t len) {

@@ -13,6 +13,8 @@ namespace p3 {
 
 struct Scheduler::Member {
   std::shared_ptr<Connection> conn;
+  PartialFrame in;  // the frame arriving now
+  std::chrono::steady_clock::time_point admitted;
   std::chrono::steady_clock::time_point last_seen;
   bool registered = false;
   Registration reg;
@@ -22,18 +24,24 @@ struct Scheduler::Member {
 };
 
 namespace {
-// A peer that starts a frame (or the handshake) must finish it promptly; the scheduler serves everyone on
-// one thread.
+// A peer that starts a frame must finish it promptly, and an authenticated stranger must register promptly: the
+// scheduler serves everyone on one thread (it never blocks on a peer, but a half-sent frame holds memory).
 constexpr double kFrameTimeoutS = 10.0;
-constexpr double kHandshakeTimeoutS = 2.0;
-// Connections in handshake at once; more are refused at once (a flood of idle connections costs threads).
-constexpr size_t kMaxHandshakes = 64;
+// The whole handshake, from accept to the proof (see p3/gatekeeper.h for the cap on pending handshakes).
+constexpr double kHandshakeTimeoutS = 5.0;
+constexpr size_t kMaxHandshakes = 128;
+// Authenticated connections that have not registered yet; beyond this the oldest is dropped.
+constexpr size_t kMaxUnregistered = 32;
 }  // namespace
 
-Scheduler::Scheduler(NodeConfig config) : config_(std::move(config)) {}
+Scheduler::Scheduler(NodeConfig config)
+    : config_(std::move(config)),
+      gate_(Gatekeeper::Options{config_.secret, kHandshakeTimeoutS, kMaxHandshakes, false},
+            [this](Socket* s, const std::string& peer, const uint8_t*) { return OnAuthenticated(s, peer); },
+            &counters_) {}
 
 Scheduler::~Scheduler() {
-  for (Handshake& h : handshakes_) h.thread.join();  // each ends within kHandshakeTimeoutS
+  gate_.Stop();  // before the pipes it writes to close
   for (int fd : {wake_pipe_[0], wake_pipe_[1], admit_pipe_[0], admit_pipe_[1]}) {
     if (fd >= 0) close(fd);
   }
@@ -48,32 +56,16 @@ Status Scheduler::Bind() {
   return Status::Ok();
 }
 
-void Scheduler::StartHandshake(Socket s, std::string peer) {
-  if (handshakes_.size() >= kMaxHandshakes) {
-    counters_.rejected_frames.fetch_add(1, std::memory_order_relaxed);
-    Log(LogLevel::kWarning, "scheduler", "refused the connection from " + peer + ": " +
-                                             std::to_string(kMaxHandshakes) + " connections are in handshake already");
-    return;
+Status Scheduler::OnAuthenticated(Socket* s, const std::string& peer) {
+  {
+    std::lock_guard<std::mutex> lock(authenticated_mu_);
+    authenticated_.emplace_back(std::move(*s), peer);
   }
-  auto done = std::make_shared<std::atomic<bool>>(false);
-  std::thread t([this, done, s = std::move(s), peer = std::move(peer)]() mutable {
-    const Status auth = AuthenticateConnector(s, config_.secret, kHandshakeTimeoutS);
-    if (auth.ok()) {
-      {
-        std::lock_guard<std::mutex> lock(authenticated_mu_);
-        authenticated_.emplace_back(std::move(s), std::move(peer));
-      }
-      const char c = 1;
-      if (write(admit_pipe_[1], &c, 1) < 0) {
-        // The pipe is full of wake-ups already: the loop will look.
-      }
-    } else {
-      counters_.rejected_frames.fetch_add(1, std::memory_order_relaxed);
-      Log(LogLevel::kWarning, "scheduler", "refused the connection from " + peer + ": " + auth.message());
-    }
-    done->store(true);
-  });
-  handshakes_.push_back(Handshake{std::move(t), std::move(done)});
+  const char c = 1;
+  if (write(admit_pipe_[1], &c, 1) < 0) {
+    // The pipe is full of wake-ups already: the loop will look.
+  }
+  return Status::Ok();
 }
 
 void Scheduler::AdmitAuthenticated() {
@@ -86,20 +78,47 @@ void Scheduler::AdmitAuthenticated() {
     ready.swap(authenticated_);
   }
   for (auto& [s, peer] : ready) {
-    s.SetReceiveTimeout(kFrameTimeoutS);
+    size_t strangers = 0;
+    for (auto& m : members_) strangers += !m->registered;
+    if (strangers >= kMaxUnregistered) {
+      for (auto it = members_.begin(); it != members_.end(); ++it) {
+        if ((*it)->registered) continue;
+        Log(LogLevel::kWarning, "scheduler", "dropped " + Describe(**it) + ": " + std::to_string(kMaxUnregistered) +
+                                                 " authenticated connections have not registered; closed the oldest");
+        members_.erase(it);
+        break;
+      }
+    }
+    s.SetSendTimeout(kFrameTimeoutS);  // a member that stops reading cannot block the loop for longer
     auto m = std::make_unique<Member>();
-    m->last_seen = std::chrono::steady_clock::now();
-    m->conn = std::make_shared<Connection>(std::move(s), peer, kMaxControlBytes, &counters_);
+    m->admitted = m->last_seen = std::chrono::steady_clock::now();
+    m->conn = std::make_shared<Connection>(std::move(s), peer, kMaxControlBytes, &counters_, kControlLimitName);
     members_.push_back(std::move(m));
   }
-  for (size_t i = 0; i < handshakes_.size();) {
-    if (handshakes_[i].done->load()) {
-      handshakes_[i].thread.join();
-      handshakes_.erase(handshakes_.begin() + static_cast<long>(i));
-    } else {
-      ++i;
+}
+
+Status Scheduler::EnforceDeadlines() {
+  const auto now = std::chrono::steady_clock::now();
+  const auto limit = std::chrono::duration<double>(kFrameTimeoutS);
+  for (auto it = members_.begin(); it != members_.end();) {
+    Member& m = **it;
+    std::string why;
+    if (m.in.begun() && now - m.in.started > limit) {
+      why = "a frame was not complete within " + std::to_string(static_cast<int>(kFrameTimeoutS)) +
+            " s of its first byte (" + std::to_string(m.in.head_got + m.in.payload.size()) + " bytes came)";
+    } else if (!m.registered && !m.in.begun() && now - m.admitted > limit) {  // (a begun frame has its own)
+      why = "no REGISTER within " + std::to_string(static_cast<int>(kFrameTimeoutS)) + " s of the handshake";
     }
+    if (why.empty()) {
+      ++it;
+      continue;
+    }
+    if (m.registered) return Status::PeerLost(Describe(m) + " stalled: " + why);
+    counters_.rejected_frames.fetch_add(1, std::memory_order_relaxed);
+    Log(LogLevel::kWarning, "scheduler", "dropped " + Describe(m) + ": " + why);
+    it = members_.erase(it);
   }
+  return Status::Ok();
 }
 
 void Scheduler::Stop() {
@@ -223,6 +242,13 @@ Status Scheduler::HandleFrame(Member* m, const Header& h, std::string payload) {
 }
 
 Status Scheduler::Run(const InterruptCheck& interrupted) {
+  Status st = gate_.Start(&listener_, "scheduler");
+  if (st.ok()) st = RunLoop(interrupted);
+  gate_.Stop();
+  return st;
+}
+
+Status Scheduler::RunLoop(const InterruptCheck& interrupted) {
   using Clock = std::chrono::steady_clock;
   const auto deadline = Clock::now() + std::chrono::duration<double>(config_.connect_timeout);
   const auto heartbeat_interval =
@@ -269,8 +295,10 @@ Status Scheduler::Run(const InterruptCheck& interrupted) {
       if (!failure.ok()) break;
     }
     AdmitAuthenticated();
+    failure = EnforceDeadlines();
+    if (!failure.ok()) break;
     std::vector<pollfd> fds;
-    fds.push_back({listener_.fd(), POLLIN, 0});
+    fds.push_back({-1, POLLIN, 0});  // (the listener is the gatekeeper's)
     fds.push_back({wake_pipe_[0], POLLIN, 0});
     fds.push_back({admit_pipe_[0], POLLIN, 0});
     constexpr size_t kFirstMember = 3;
@@ -279,18 +307,15 @@ Status Scheduler::Run(const InterruptCheck& interrupted) {
     if (interrupted && interrupted()) return Status::Aborted("scheduler interrupted");
     if (rc < 0) continue;  // EINTR
     if (fds[1].revents != 0) return Status::Aborted("scheduler stopped");
-    if (fds[0].revents & POLLIN) {
-      Socket s;
-      std::string peer;
-      if (listener_.Accept(0, &s, &peer).ok()) StartHandshake(std::move(s), std::move(peer));
-    }
     for (size_t i = kFirstMember; i < fds.size() && failure.ok(); ++i) {
       if (fds[i].revents == 0) continue;
       Member* m = members_[i - kFirstMember].get();
-      Header h;
-      Status st = m->conn->ReadHeader(&h);
-      std::string payload;
-      if (st.ok()) st = m->conn->ReadPayload(&payload, h.payload_bytes);
+      bool complete = false;
+      Status st = m->conn->ReadAvailable(&m->in, &complete);
+      if (st.ok() && !complete) continue;  // the rest of the frame comes later (within kFrameTimeoutS)
+      const Header h = m->in.header;
+      std::string payload = std::move(m->in.payload);
+      m->in = PartialFrame();
       if (st.ok()) m->last_seen = Clock::now();
       if (st.ok() && h.command == Command::kHeartbeat) continue;
       if (st.ok()) {

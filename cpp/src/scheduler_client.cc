@@ -14,15 +14,19 @@ SchedulerClient::~SchedulerClient() { Stop(); }
 
 Status SchedulerClient::Join(const std::string& host, uint16_t listen_port, NodeTable* table) {
   Socket s;
-  Status st = Socket::Connect(config_.root_uri, config_.root_port, 0, config_.connect_timeout, &s);
+  // Retries refused, reset and unfinished handshakes (the scheduler may start later, or be busy with a flood of
+  // connections) until P3_CONNECT_TIMEOUT; a wrong secret fails at once.
+  Status st = ConnectAuthenticated(config_.root_uri, config_.root_port, 0, config_.secret, config_.connect_timeout,
+                                   &s);
   if (!st.ok()) {
-    return st.WithContext("cannot reach the scheduler at P3_ROOT_URI=" + config_.root_uri +
-                          " P3_ROOT_PORT=" + std::to_string(config_.root_port) + " (is it running?)");
+    const std::string where = "the scheduler at " + config_.root_uri + ":" + std::to_string(config_.root_port);
+    if (st.code() == Status::Code::kRejected || st.code() == Status::Code::kInvalid) return st.WithContext(where);
+    return st.WithContext("cannot reach the scheduler at P3_ROOT_URI=" + config_.root_uri + " P3_ROOT_PORT=" +
+                          std::to_string(config_.root_port) + " (is it running?)");
   }
-  st = AuthenticateToAcceptor(s, config_.secret, config_.connect_timeout);
-  if (!st.ok()) return st.WithContext("the scheduler at " + config_.root_uri + ":" + std::to_string(config_.root_port));
   link_ = std::make_shared<Connection>(std::move(s), "scheduler at " + config_.root_uri + ":" +
-                                       std::to_string(config_.root_port), kMaxControlBytes, counters_);
+                                       std::to_string(config_.root_port), kMaxControlBytes, counters_,
+                                       kControlLimitName);
   Registration reg;
   reg.role = role_;
   reg.host = host;

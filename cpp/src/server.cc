@@ -11,6 +11,9 @@ namespace p3 {
 namespace {
 constexpr int32_t kErrorPriority = INT32_MAX;  // rejections and replies should not wait behind data
 constexpr uint64_t kMaxReasonBytes = 64 << 10;  // a failing worker's explanation
+// From accept to a complete HELLO header, in all; and connections in that state at once (p3/gatekeeper.h).
+constexpr double kHandshakeTimeoutS = 5.0;
+constexpr size_t kMaxHandshakes = 128;
 }  // namespace
 
 Server::Server(NodeConfig config, Updater updater, RequestHandler on_request)
@@ -27,11 +30,15 @@ Server::Server(NodeConfig config, Updater updater, RequestHandler on_request)
                   Aggregator::Hooks{[this](const UpdateRequest& r) { return Update(r); },
                                     [this](const SliceEntry& e, int32_t priority) { Broadcast(e, priority); },
                                     [this](int w, const Header& h, const std::string& why) { Reject(w, h, why); },
-                                    [this](Frame* f) { admission_.MarkHeld(&f->ticket); }}) {}
+                                    [this](Frame* f) { admission_.MarkHeld(&f->ticket); }},
+                  config_.server_slice_bytes),
+      gate_(Gatekeeper::Options{config_.secret, kHandshakeTimeoutS, kMaxHandshakes, true},
+            [this](Socket* s, const std::string& peer, const uint8_t* head) { return OnHello(s, peer, head); },
+            &counters_) {}
 
 Server::~Server() {
   Stop();
-  if (consumer_.joinable() || acceptor_.joinable()) Run();
+  if (consumer_.joinable()) Run();
 }
 
 std::string Server::WorkerName(int rank) const {
@@ -58,7 +65,8 @@ Status Server::Start() {
   }
   sender_.Start();
   consumer_ = std::thread([this] { ConsumeLoop(); });
-  acceptor_ = std::thread([this] { AcceptLoop(); });
+  st = gate_.Start(&listener_, "server " + std::to_string(rank_));
+  if (!st.ok()) return st;
   scheduler_.Start({[this] {
                       {
                         std::lock_guard<std::mutex> lock(mu_);
@@ -72,82 +80,36 @@ Status Server::Start() {
   return Status::Ok();
 }
 
-void Server::ReapReceiversLocked() {
-  for (auto it = receivers_.begin(); it != receivers_.end();) {
-    if (it->done->load()) {
-      it->thread.join();  // already returned
-      it = receivers_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-}
-
-void Server::AcceptLoop() {
-  while (!stopping_) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      ReapReceiversLocked();  // refused connections must not pile up descriptors
-    }
-    Socket s;
-    std::string peer;
-    Status st = listener_.Accept(-1, &s, &peer);
-    if (stopping_) return;
-    if (!st.ok()) {
-      Log(LogLevel::kWarning, "server " + std::to_string(rank_), st.message());
-      // Out of descriptors (or a similar transient error): back off instead of spinning on accept().
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      continue;
-    }
-    auto conn = std::make_shared<Connection>(std::move(s), peer, config_.max_message_bytes, &counters_);
-    auto done = std::make_shared<std::atomic<bool>>(false);
-    std::lock_guard<std::mutex> lock(mu_);
-    receivers_.push_back(Receiver{std::thread([this, conn, done] {
-                                    ReceiveLoop(conn);
-                                    done->store(true);
-                                  }),
-                                  conn, done});
-  }
-}
-
-void Server::ReceiveLoop(std::shared_ptr<Connection> conn) {
-  const std::string who = "server " + std::to_string(rank_);
-  // The peer must prove the job's secret, then say HELLO as a worker of this job, promptly.
+Status Server::OnHello(Socket* s, const std::string& peer, const uint8_t* head) {
   Header h;
-  Status st = conn->Authenticate(config_.secret, config_.connect_timeout);
-  bool counted = false;  // Connection::ReadHeader counts the frames it fails to decode itself
-  if (st.ok()) {
-    st = conn->WaitReadable(config_.connect_timeout) ? conn->ReadHeader(&h)
-                                                     : Status::Timeout("no HELLO within P3_CONNECT_TIMEOUT");
-    counted = st.code() == Status::Code::kInvalid;
-  }
-  if (st.ok() && h.command != Command::kHello) {
-    st = Status::Invalid(std::string("expected HELLO, got ") + CommandName(h.command));
-  } else if (st.ok() && h.payload_bytes != 0) {
-    st = Status::Invalid("HELLO with a " + std::to_string(h.payload_bytes) + "-byte payload");
-  }
-  int rank = h.sender;
-  if (st.ok()) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (rank < 0 || rank >= config_.num_worker) {
-      st = Status::Invalid("HELLO from worker rank " + std::to_string(rank) + ", but the job has " +
+  // Connection::ReadHeader would count a frame it fails to decode; the gatekeeper counts every refusal.
+  Status st = DecodeHeader(head, config_.max_message_bytes, &h);
+  if (!st.ok()) return st;
+  if (h.command != Command::kHello) return Status::Invalid(std::string("expected HELLO, got ") + CommandName(h.command));
+  if (h.payload_bytes != 0) return Status::Invalid("HELLO with a " + std::to_string(h.payload_bytes) + "-byte payload");
+  const int rank = h.sender;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_) return Status::Aborted("the server is stopping");
+  if (rank < 0 || rank >= config_.num_worker) {
+    return Status::Invalid("HELLO from worker rank " + std::to_string(rank) + ", but the job has " +
                            std::to_string(config_.num_worker) + " workers");
-    } else if (workers_[static_cast<size_t>(rank)]) {
-      st = Status::Invalid("a second connection claims to be worker " + std::to_string(rank));
-    } else {
-      workers_[static_cast<size_t>(rank)] = conn;
-      conn->set_peer("worker " + std::to_string(rank) + " (" + conn->peer() + ")");
-    }
   }
-  if (!st.ok()) {
-    if (!counted && st.code() != Status::Code::kPeerLost) {
-      counters_.rejected_frames.fetch_add(1, std::memory_order_relaxed);
-    }
-    if (!stopping_) Log(LogLevel::kWarning, who, "refused the connection from " + conn->peer() + ": " + st.message());
-    conn->Shutdown();
-    return;
+  if (workers_[static_cast<size_t>(rank)]) {
+    return Status::Invalid("a second connection claims to be worker " + std::to_string(rank));
   }
-  st = ReadWorkerFrames(rank, conn.get());
+  counters_.CountReceived(Command::kHello, kHeaderBytes);
+  auto conn = std::make_shared<Connection>(std::move(*s), "worker " + std::to_string(rank) + " (" + peer + ")",
+                                           config_.max_message_bytes, &counters_);
+  // A frame that has begun must be complete within P3_TIMEOUT (the bound of every wait): a worker stuck
+  // mid-frame fails the job instead of holding its receiver for ever.
+  conn->SetFrameDeadline(config_.timeout);
+  workers_[static_cast<size_t>(rank)] = conn;
+  receivers_.push_back(Receiver{std::thread([this, rank, conn] { ReceiveLoop(rank, conn); }), conn});
+  return Status::Ok();
+}
+
+void Server::ReceiveLoop(int rank, std::shared_ptr<Connection> conn) {
+  const Status st = ReadWorkerFrames(rank, conn.get());
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_ || shutdown_ || said_bye_[static_cast<size_t>(rank)]) return;
@@ -187,8 +149,8 @@ Status Server::ReadWorkerFrames(int rank, Connection* conn) {
     Frame f;
     f.header = h;
     if (!admission_.Admit(rank, h.payload_bytes, &f.ticket)) return Status::Aborted("server stopping");
-    f.payload = pool_.Take(h.payload_bytes);  // bounded by DecodeHeader's checks
-    st = conn->ReadPayload(f.payload.data(), h.payload_bytes);
+    // Allocated as the payload arrives (beyond a first MiB): a header's claim alone allocates nothing large.
+    st = pool_.Fill(h.payload_bytes, [conn](char* dst, size_t n) { return conn->ReadPayload(dst, n); }, &f.payload);
     if (!st.ok()) return st;
     trace_.Record(TraceEvent::kServerReceive, h.key, h.slice, h.priority, h.iteration, rank);
     inbox_.Push(h.priority, std::move(f));
@@ -214,11 +176,16 @@ void Server::ProcessRequest(const Frame& m) {
   Status st = on_request_ ? on_request_(static_cast<uint32_t>(m.header.key),
                                         std::string(m.payload.data(), m.payload.size()), &reply)
                           : Status::Invalid("this server takes no requests (it runs without a request handler)");
-  if (!st.ok()) reply = st.message();
   std::shared_ptr<Connection> conn;
   {
     std::lock_guard<std::mutex> lock(mu_);
     conn = workers_[static_cast<size_t>(m.header.sender)];
+  }
+  if (!st.ok()) {
+    reply = st.message();
+    Log(LogLevel::kWarning, "server " + std::to_string(rank_), "rejected control request " +
+        std::to_string(m.header.key) + " (id " + std::to_string(m.header.iteration) + ") from " +
+        (conn ? conn->peer() : WorkerName(m.header.sender)) + ": " + reply);
   }
   OutMessage out;
   out.conn = conn;
@@ -274,13 +241,15 @@ void Server::Broadcast(const SliceEntry& s, int32_t priority) {
 }
 
 void Server::Reject(int worker, const Header& h, const std::string& why) {
-  Log(LogLevel::kWarning, "server " + std::to_string(rank_), "rejected a request from " + WorkerName(worker) +
-      " for key " + std::to_string(h.key) + " slice " + std::to_string(h.slice) + ": " + why);
   std::shared_ptr<Connection> conn;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (worker >= 0 && worker < static_cast<int>(workers_.size())) conn = workers_[static_cast<size_t>(worker)];
   }
+  // conn->peer() names the worker and the address its connection comes from.
+  Log(LogLevel::kWarning, "server " + std::to_string(rank_), "rejected a request from " +
+      (conn ? conn->peer() : WorkerName(worker)) + " for key " + std::to_string(h.key) + " slice " +
+      std::to_string(h.slice) + ": " + why);
   if (!conn) return;
   OutMessage m;
   m.conn = conn;
@@ -334,8 +303,7 @@ Status Server::Run(const InterruptCheck& interrupted) {
     stopping_ = true;
   }
   admission_.Abort();
-  listener_.Shutdown();  // wakes the acceptor
-  if (acceptor_.joinable()) acceptor_.join();
+  gate_.Stop();  // no new workers' connections from here on
   inbox_.Abort();  // after SHUTDOWN every worker has all its broadcasts; after a failure nothing matters
   if (consumer_.joinable()) consumer_.join();
   std::vector<std::shared_ptr<Connection>> conns;

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -9,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -96,7 +98,21 @@ Status Socket::Connect(const std::string& host, uint16_t port, int buffer_bytes,
     Socket s(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
     if (!s.valid()) return Status::IoError(Errno("socket"));
     SetBuffers(s.fd_, buffer_bytes);  // before connect, so the window scale fits
-    if (connect(s.fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+    // Non-blocking connect with a deadline: a blocking one may wait minutes on a full listen backlog.
+    s.SetNonBlocking(true);
+    int rc = connect(s.fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+    if (rc != 0 && errno == EINPROGRESS) {
+      const auto left = std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
+      pollfd p{s.fd_, POLLOUT, 0};
+      const int ready = poll(&p, 1, std::max(0, static_cast<int>(left * 1000)));
+      int err = ETIMEDOUT;
+      socklen_t len = sizeof err;
+      if (ready > 0) getsockopt(s.fd_, SOL_SOCKET, SO_ERROR, &err, &len);
+      errno = err;
+      rc = err == 0 ? 0 : -1;
+    }
+    if (rc == 0) {
+      s.SetNonBlocking(false);
       SetNoDelay(s.fd_);
       *out = std::move(s);
       return Status::Ok();
@@ -123,6 +139,29 @@ Status Socket::Accept(double timeout_s, Socket* out, std::string* peer) const {
   if (peer != nullptr) *peer = Endpoint(ip, ntohs(addr.sin_port));
   *out = Socket(fd);
   return Status::Ok();
+}
+
+Status Socket::AcceptNow(Socket* out, std::string* peer) const {
+  sockaddr_in addr{};
+  socklen_t len = sizeof addr;
+  const int fd = accept4(fd_, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_CLOEXEC);
+  if (fd < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED) {
+      return Status::Timeout("no connection");
+    }
+    return Status::IoError(Errno("accept"));
+  }
+  SetNoDelay(fd);
+  char ip[INET_ADDRSTRLEN] = "?";
+  inet_ntop(AF_INET, &addr.sin_addr, ip, sizeof ip);
+  if (peer != nullptr) *peer = Endpoint(ip, ntohs(addr.sin_port));
+  *out = Socket(fd);
+  return Status::Ok();
+}
+
+void Socket::SetNonBlocking(bool on) const {
+  const int flags = fcntl(fd_, F_GETFL, 0);
+  if (flags >= 0) fcntl(fd_, F_SETFL, on ? flags | O_NONBLOCK : flags & ~O_NONBLOCK);
 }
 
 Status Socket::SendAll(const void* data, size_t len) const {
@@ -192,6 +231,22 @@ Status Socket::RecvAll(void* data, size_t len) const {
     got += static_cast<size_t>(n);
   }
   return Status::Ok();
+}
+
+Status Socket::RecvSome(void* data, size_t len, size_t* got) const {
+  *got = 0;
+  while (true) {
+    const ssize_t n = recv(fd_, data, len, MSG_DONTWAIT);
+    if (n > 0) {
+      *got = static_cast<size_t>(n);
+      return Status::Ok();
+    }
+    if (n == 0) return Status::PeerLost("connection closed by peer");
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return Status::Ok();
+    if (errno == ECONNRESET) return Status::PeerLost(Errno("recv"));
+    return Status::IoError(Errno("recv"));
+  }
 }
 
 bool Socket::WaitReadable(double timeout_s) const {

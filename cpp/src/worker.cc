@@ -46,8 +46,7 @@ Status Worker::Start() {
     }
     const std::string peer = "server " + std::to_string(n.rank) + " at " + n.host + ":" + std::to_string(n.port);
     Socket s;
-    st = Socket::Connect(n.host, n.port, config_.socket_buffer, config_.connect_timeout, &s);
-    if (st.ok()) st = AuthenticateToAcceptor(s, config_.secret, config_.connect_timeout);
+    st = ConnectAuthenticated(n.host, n.port, config_.socket_buffer, config_.secret, config_.connect_timeout, &s);
     if (!st.ok()) return st.WithContext("worker " + std::to_string(rank_) + " cannot reach " + peer);
     auto conn = std::make_shared<Connection>(std::move(s), peer, config_.max_message_bytes, &counters_);
     Header hello;

@@ -315,6 +315,39 @@ void TestAdmissionNeverBlocksAWorkerWhoseFramesAreAllHeld() {
   CHECK(refused.wait_for(std::chrono::seconds(5)) == std::future_status::ready && !refused.get());
 }
 
+void TestInitBeyondTheSliceBudgetIsRejectedBeforeAllocation() {
+  Recorder r;
+  Aggregator a(2, r.Hooks(), /*slice_budget_bytes=*/1000);  // 3 floats: 12 value + 12 accumulator bytes
+  a.OnFrame(MakeFrame(Command::kInit, 1, 99, 0, 0, {}, 1u << 26));  // a 64-byte INIT claiming 2^26 elements
+  CHECK(r.rejects.size() == 1 && r.rejects[0].first == 1);
+  CHECK(r.rejects[0].second.find("P3_SERVER_SLICE_BYTES") != std::string::npos);
+  CHECK(a.num_slices() == 0 && a.slice_bytes() == 0);
+  InitTwo(&a);  // a slice within the budget still works
+  CHECK(a.num_slices() == 1 && a.slice_bytes() == 24 && r.broadcasts.size() == 1);
+}
+
+void TestBufferPoolFillGrowsWithTheBytesThatArrive() {
+  BufferPool pool(1000);
+  const size_t claimed = 8 * BufferPool::kEagerBytes;
+  size_t offered = 0;
+  BufferPool::Buffer b;
+  // The "socket" delivers 1.5 eager buffers, then fails: at most two eager sizes were ever asked for.
+  Status st = pool.Fill(claimed, [&](char*, size_t n) {
+    offered += n;
+    return offered > BufferPool::kEagerBytes * 3 / 2 ? Status::IoError("truncated") : Status::Ok();
+  }, &b);
+  CHECK(!st.ok() && offered <= 2 * BufferPool::kEagerBytes && b.data() == nullptr);
+  std::vector<char> src(3 * BufferPool::kEagerBytes + 5);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<char>(i * 7);
+  size_t at = 0;
+  st = pool.Fill(src.size(), [&](char* dst, size_t n) {
+    std::memcpy(dst, src.data() + at, n);
+    at += n;
+    return Status::Ok();
+  }, &b);
+  CHECK(st.ok() && b.size() == src.size() && std::memcmp(b.data(), src.data(), src.size()) == 0);
+}
+
 void TestBufferPoolReusesBuffersBySize() {
   BufferPool pool(1000);
   char* first;
@@ -412,6 +445,8 @@ int main() {
   RUN(TestAdmissionSharesTheBoundPerWorker);
   RUN(TestAdmissionNeverBlocksAWorkerWhoseFramesAreAllHeld);
   RUN(TestBufferPoolReusesBuffersBySize);
+  RUN(TestInitBeyondTheSliceBudgetIsRejectedBeforeAllocation);
+  RUN(TestBufferPoolFillGrowsWithTheBytesThatArrive);
   RUN(TestSliceOptimizerWithoutKernelAggregatesOrCallsTheFunction);
   RUN(TestSliceOptimizerAsksForTheStepOncePerKeyAndIteration);
   std::printf("%d passed, %d failed\n", g_passed, g_failed);

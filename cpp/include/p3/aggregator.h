@@ -63,7 +63,11 @@ class Aggregator {
     std::function<void(Frame* f)> held;
   };
 
-  Aggregator(int workers, Hooks hooks) : workers_(workers), hooks_(std::move(hooks)) {}
+  // `slice_budget_bytes` bounds the slices' memory (value, accumulator, float16 rounding buffer) over the job:
+  // an INIT that would pass it is rejected before anything is allocated (0: no bound). A 64-byte INIT may
+  // declare a slice of any size, so without the bound a peer could make the server allocate without limit.
+  Aggregator(int workers, Hooks hooks, uint64_t slice_budget_bytes = 0)
+      : workers_(workers), hooks_(std::move(hooks)), slice_budget_(slice_budget_bytes) {}
 
   // An INIT or PUSH frame from worker h.sender (validated by the codec; the payload matches payload_bytes).
   void OnFrame(Frame f);
@@ -96,6 +100,7 @@ class Aggregator {
 
   const int workers_;
   const Hooks hooks_;
+  const uint64_t slice_budget_;
   std::map<std::pair<uint64_t, uint32_t>, Slice> slices_;
   std::map<uint64_t, uint32_t> key_slices_;  // slices of each key held here
   std::atomic<uint64_t> value_copies_{0};

@@ -5,10 +5,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
+
+#include "p3/status.h"
 
 namespace p3 {
 
@@ -43,6 +46,11 @@ class BufferPool {
 
   // Any thread. A buffer of exactly `bytes` bytes, uninitialised (the caller overwrites it).
   Buffer Take(size_t bytes);
+  // Any thread. A buffer of `bytes` bytes filled by calls of `read(dst, n)` in order (a socket's payload).
+  // A pooled buffer of that size is reused; otherwise at most kEagerBytes are allocated up front and the buffer
+  // grows as bytes arrive, so a header that claims more than its sender sends costs only what was sent.
+  static constexpr size_t kEagerBytes = 1 << 20;
+  Status Fill(size_t bytes, const std::function<Status(char* dst, size_t n)>& read, Buffer* out);
   // Any thread: buffers handed out that came from the free lists, and that had to be allocated.
   uint64_t reused() const;
   uint64_t allocated() const;

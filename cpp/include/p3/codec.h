@@ -17,7 +17,9 @@ const char* RoleName(Role r);
 void EncodeHeader(const Header& h, uint8_t out[kHeaderBytes]);
 // Checks magic, version, command and dtype, and that the payload fits `max_payload_bytes` (and the
 // control limit for control commands) and, for data commands, equals count * dtype size when present.
-Status DecodeHeader(const uint8_t in[kHeaderBytes], uint64_t max_payload_bytes, Header* out);
+// `limit_name` says in the error where max_payload_bytes comes from (a variable to raise, or a fixed limit).
+Status DecodeHeader(const uint8_t in[kHeaderBytes], uint64_t max_payload_bytes, Header* out,
+                    const char* limit_name = "P3_MAX_MESSAGE_BYTES");
 
 struct NodeInfo {
   Role role = Role::kWorker;

@@ -20,6 +20,7 @@ struct NodeConfig {
   double timeout = 600.0;          // seconds any blocking wait may take
   uint64_t max_message_bytes = 1ull << 30;
   uint64_t server_queue_bytes = 64ull << 20;  // server: payload bytes received but not yet aggregated
+  uint64_t server_slice_bytes = 0;  // server: bound on its slices' memory (value + accumulator); 0: none
   bool trace = false;              // record per-slice trace events
   std::string secret;              // the job's shared secret: every connection proves it (handshake.h)
   double heartbeat_interval = 1.0;  // seconds between heartbeats node <-> scheduler

@@ -4,6 +4,7 @@
 // block say so per call (MSG_DONTWAIT).
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
@@ -17,9 +18,22 @@
 
 namespace p3 {
 
+// A frame read piece by piece as bytes arrive (Connection::ReadAvailable), for a loop that serves many peers and
+// must never block on one of them.
+struct PartialFrame {
+  uint8_t head[kHeaderBytes] = {};
+  size_t head_got = 0;
+  Header header;            // valid once head_got == kHeaderBytes
+  std::string payload;      // grows as the payload arrives: a header's claim allocates nothing by itself
+  std::chrono::steady_clock::time_point started;  // when its first byte came
+  bool begun() const { return head_got > 0; }
+};
+
 class Connection {
  public:
-  Connection(Socket socket, std::string peer, uint64_t max_payload_bytes, Counters* counters);
+  // `limit_name` names max_payload_bytes in errors (see DecodeHeader).
+  Connection(Socket socket, std::string peer, uint64_t max_payload_bytes, Counters* counters,
+             const char* limit_name = "P3_MAX_MESSAGE_BYTES");
 
   // Any thread but the sender's. Sends header + payload (h.payload_bytes bytes at `payload`) as one frame,
   // blocking; waits first for a frame another thread has started here to finish.
@@ -49,6 +63,13 @@ class Connection {
   Status ReadPayload(void* dst, uint64_t len);
   Status ReadPayload(std::string* dst, uint64_t len);
   Status SkipPayload(uint64_t len);
+  // Receiver thread, before reading frames: once a frame's first byte has come, ReadHeader and the ReadPayload
+  // that follows must have the whole frame within `timeout_s` in all (0: no bound), else they fail with Timeout.
+  // A peer may be silent between frames for as long as it likes.
+  void SetFrameDeadline(double timeout_s) { frame_deadline_s_ = timeout_s; }
+  // The receiving loop's thread: reads what has arrived of the frame in `f` without blocking. *complete is
+  // true when f holds a whole validated frame (the caller then starts the next one with a fresh PartialFrame).
+  Status ReadAvailable(PartialFrame* f, bool* complete);
   int fd() const { return socket_.fd(); }
   // Receiver thread, before any frame: checks that the connecting peer holds `secret` (handshake.h).
   Status Authenticate(const std::string& secret, double timeout_s) const;
@@ -68,9 +89,15 @@ class Connection {
   bool ClaimWrites(double timeout_s);
   Status FrameError(const Header& h, const Status& st) const;
 
+  // RecvAll bounded by the current frame's deadline (when there is one).
+  Status RecvFrameBytes(void* dst, uint64_t len, bool first);
+
   Socket socket_;
   std::string peer_;
   const uint64_t max_payload_bytes_;
+  const char* const limit_name_;
+  double frame_deadline_s_ = 0;  // receiver thread only
+  std::chrono::steady_clock::time_point frame_end_;  // receiver thread only
   Counters* counters_;
   std::mutex claim_mu_;
   std::condition_variable claim_cv_;

@@ -15,6 +15,8 @@ constexpr uint16_t kProtocolVersion = 1;
 constexpr size_t kHeaderBytes = 64;
 // Control payloads (node tables, error texts) are small; anything larger is hostile or corrupt.
 constexpr uint64_t kMaxControlBytes = 1 << 20;
+// How errors name that limit (it is fixed: no variable raises it).
+constexpr const char* kControlLimitName = "the fixed 1 MiB limit of frames to and from the scheduler";
 
 enum class Command : uint16_t {
   kRegister = 1,     // node -> scheduler: role, address, job size

@@ -2,8 +2,11 @@
 // assigns ranks in registration order, sends every node the node table, runs worker barriers, watches
 // every node's connection, and ends the job: cleanly (SHUTDOWN to all) once every worker has finished, or
 // with NODE_FAILED naming the node whose connection dropped.
-// Run() is a poll loop on the calling thread; Stop() may be called from any thread. Handshakes run on
-// short-lived threads of their own, so a silent or slow peer cannot stall the loop (and so the job).
+// Run() is a poll loop on the calling thread; Stop() may be called from any thread. Handshakes run in the
+// gatekeeper's event loop (p3/gatekeeper.h), and the loop reads members' frames as bytes arrive, never
+// blocking on one peer: a silent or slow peer (authenticated or not) cannot stall the loop, and so the job.
+// Every frame must be complete within a deadline of its first byte, and an authenticated connection must
+// register within the same deadline; the log names a peer dropped for either.
 #pragma once
 
 #include <atomic>
@@ -18,6 +21,7 @@
 #include "p3/config.h"
 #include "p3/connection.h"
 #include "p3/counters.h"
+#include "p3/gatekeeper.h"
 #include "p3/socket.h"
 
 namespace p3 {
@@ -44,21 +48,22 @@ class Scheduler {
   Status HandleFrame(Member* m, const Header& h, std::string payload);
   void Broadcast(Command c, const std::string& payload, bool servers, bool workers);
   std::string Describe(const Member& m) const;
-  void StartHandshake(Socket s, std::string peer);
-  void AdmitAuthenticated();  // loop thread: authenticated connections become members; finished threads joined
+  Status RunLoop(const InterruptCheck& interrupted);
+  // Gatekeeper thread: queues an authenticated connection for the loop.
+  Status OnAuthenticated(Socket* s, const std::string& peer);
+  void AdmitAuthenticated();  // loop thread: authenticated connections become members
+  // Loop thread: frames past their deadline, strangers that never registered. Returns a failure for a
+  // registered member; drops (and logs) unregistered ones.
+  Status EnforceDeadlines();
 
   const NodeConfig config_;
   Socket listener_;
   int wake_pipe_[2] = {-1, -1};
-  int admit_pipe_[2] = {-1, -1};  // a handshake thread's "connection authenticated" wake-up of the loop
-  struct Handshake {
-    std::thread thread;
-    std::shared_ptr<std::atomic<bool>> done;
-  };
-  std::vector<Handshake> handshakes_;  // loop thread only
+  int admit_pipe_[2] = {-1, -1};  // the gatekeeper's "connection authenticated" wake-up of the loop
   std::mutex authenticated_mu_;
   std::vector<std::pair<Socket, std::string>> authenticated_;  // guarded by authenticated_mu_
   Counters counters_;
+  Gatekeeper gate_;  // after the listener it serves and the pipe it writes to
   std::vector<std::unique_ptr<Member>> members_;
   bool tables_sent_ = false;
   int finished_workers_ = 0;

@@ -29,6 +29,7 @@
 #include "p3/config.h"
 #include "p3/connection.h"
 #include "p3/counters.h"
+#include "p3/gatekeeper.h"
 #include "p3/priority_queue.h"
 #include "p3/scheduler_client.h"
 #include "p3/sender.h"
@@ -69,8 +70,10 @@ class Server {
   const Trace& trace() const { return trace_; }
 
  private:
-  void AcceptLoop();
-  void ReceiveLoop(std::shared_ptr<Connection> conn);
+  // Gatekeeper thread: an authenticated connection sent its first header; it becomes worker `rank`'s connection
+  // (and gets its receiver thread) only if that is a HELLO from a worker of the job not connected yet.
+  Status OnHello(Socket* s, const std::string& peer, const uint8_t* head);
+  void ReceiveLoop(int rank, std::shared_ptr<Connection> conn);
   Status ReadWorkerFrames(int rank, Connection* conn);
   void ConsumeLoop();
   void Process(Frame f);
@@ -94,7 +97,7 @@ class Server {
   Admission admission_;   // before everything that holds its tickets
   PriorityQueue<Frame> inbox_;
   Aggregator aggregator_;  // consumer thread only
-  std::thread acceptor_;
+  Gatekeeper gate_;  // handshakes and HELLOs: one thread however many connections are pending
   std::thread consumer_;
 
   mutable std::mutex mu_;
@@ -102,13 +105,11 @@ class Server {
   std::vector<std::shared_ptr<Connection>> workers_;  // by rank, set on HELLO
   std::vector<std::string> worker_hosts_;
   std::vector<bool> said_bye_;
-  struct Receiver {  // one accepted connection and the thread reading it
+  struct Receiver {  // a worker's connection (past its HELLO) and the thread reading it
     std::thread thread;
     std::shared_ptr<Connection> conn;
-    std::shared_ptr<std::atomic<bool>> done;
   };
-  // Joins the receivers of refused or closed connections, releasing their sockets. Holds mu_.
-  void ReapReceiversLocked();
+  // At most one per worker (a second HELLO for a rank is refused before any thread starts). Guarded by mu_.
   std::vector<Receiver> receivers_;
   Status fatal_;
   bool fatal_from_scheduler_ = false;

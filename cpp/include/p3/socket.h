@@ -26,11 +26,16 @@ class Socket {
   // Listens on host:port (port 0 picks a free port; see LocalPort). `buffer_bytes` > 0 sets the
   // receive/send buffers that accepted sockets inherit.
   static Status Listen(const std::string& host, uint16_t port, int buffer_bytes, Socket* out);
-  // Connects, retrying refused connections until `timeout_s` has passed (peers may start later).
+  // Connects, retrying refused connections until `timeout_s` has passed (peers may start later). The whole
+  // call is bounded by timeout_s, also when the peer's listen backlog is full (SYNs unanswered).
   static Status Connect(const std::string& host, uint16_t port, int buffer_bytes, double timeout_s,
                         Socket* out);
   // Waits up to timeout_s for a connection; returns Timeout if none came.
   Status Accept(double timeout_s, Socket* out, std::string* peer) const;
+  // Listener in non-blocking mode: one pending connection, or Timeout at once if there is none. The accepted
+  // socket itself is blocking.
+  Status AcceptNow(Socket* out, std::string* peer) const;
+  void SetNonBlocking(bool on) const;
 
   Status SendAll(const void* data, size_t len) const;
   // Writes all bytes of all iovecs (a header and its payload go out in one call).
@@ -42,6 +47,9 @@ class Socket {
   double SendTimeout() const;
   // Reads exactly len bytes. PeerLost on an orderly close before the first byte, IoError otherwise.
   Status RecvAll(void* data, size_t len) const;
+  // Reads what has arrived, up to len bytes, never blocking: *got is 0 when nothing is there. PeerLost when
+  // the peer closed (orderly or reset) with nothing left to read.
+  Status RecvSome(void* data, size_t len, size_t* got) const;
   // Waits until readable or timeout; returns true if readable (or closed).
   bool WaitReadable(double timeout_s) const;
 
