@@ -10,7 +10,7 @@ CORE := $(shell find cpp -name '*.cc' -o -name '*.h') setup.py pyproject.toml
 # Network namespaces need root: run the cluster benchmarks through sudo unless we are root already.
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo -E)
 
-.PHONY: setup test demo bench bench-transport sweeps lint clean
+.PHONY: setup test demo bench bench-transport sweeps lint clean sim
 
 setup: $(STAMP)
 
@@ -48,3 +48,8 @@ bench-transport: setup
 
 clean:
 	rm -rf build *.egg-info p3kv/_p3*.so $(VENV)
+
+# The simulator (benchmarks/sim): fit CPU costs on transport.csv, validate against every emulated-cluster
+# measurement, then the paper's evaluation at paper scale and past it (pure Python, no root, ~2-3 min on 2 cores).
+sim:
+	$(PY) -m benchmarks.sim.run all

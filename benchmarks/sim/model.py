@@ -1,0 +1,66 @@
+"""The model profile: per-layer forward/backward seconds and parameter arrays, in forward order.
+
+Built from benchmarks/shapes/<model>.json with benchmarks/emulated_compute.py's own functions, so a simulated
+layer takes exactly the time an emulated one does (FLOPs x batch / (GPU peak x 0.5 x scale), backward 2x).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from benchmarks import emulated_compute
+
+ITEMSIZE = {"float32": 4, "float16": 2, "float64": 8}
+# Compute past the paper, as multiples of the profile's P100 (EFFICIENCY 0.5: ResNet-50 at about 190 images/s).
+# Ratios of published ResNet-50 training throughput per GPU (NVIDIA's Deep Learning Examples / MLPerf-era
+# figures, mixed precision): V100 ~1,400, A100 ~2,700, H100 ~5,000 images/s. Applied uniformly to every layer
+# and model: an approximation (transformers gain more from tensor cores than convolutions, small layers less).
+GPU_SPEEDUP = {"p100": 1.0, "v100": 1400 / 190, "a100": 2700 / 190, "h100": 5000 / 190}
+
+
+@dataclasses.dataclass(frozen=True)
+class Layer:
+    forward_s: float
+    backward_s: float
+    arrays: tuple[int, ...]  # element count of each parameter array of the layer, forward order
+    itemsize: int = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelProfile:
+    name: str
+    layers: tuple[Layer, ...]
+    samples_per_batch: int
+    unit: str
+
+    @property
+    def compute_s(self) -> float:
+        return sum(layer.forward_s + layer.backward_s for layer in self.layers)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(n * layer.itemsize for layer in self.layers for n in layer.arrays)
+
+
+def load(model: str, batch_size: int = 32, gpu: str = "p100", scale: float = 1.0) -> ModelProfile:
+    """`gpu` beyond the emulator's table (a100, h100) scales a P100 by GPU_SPEEDUP; `scale` is --gpu-scale."""
+    description = emulated_compute.load_description(model)
+    if gpu in emulated_compute.GPU_PEAK_FLOPS:
+        profile = emulated_compute.Profile(gpu, scale)
+    else:
+        profile = emulated_compute.Profile("p100", scale * GPU_SPEEDUP[gpu])
+    params = description["params"]
+    layers = []
+    for entry in emulated_compute.layers_of(description, batch_size, profile):
+        arrays = tuple(math.prod(params[i]["shape"]) for i in entry.params)
+        itemsize = ITEMSIZE.get(params[entry.params[0]]["dtype"], 4) if entry.params else 4
+        layers.append(Layer(entry.forward_s, entry.backward_s, arrays, itemsize))
+    per_sample = description.get("tokens_per_sample", 1)
+    return ModelProfile(model, tuple(layers), batch_size * per_sample, description.get("sample_unit", "samples"))
+
+
+def synthetic(layers: list[tuple[float, float, int]], itemsize: int = 4) -> ModelProfile:
+    """A hand-made profile for tests: (forward_s, backward_s, elements) per layer, one array each."""
+    return ModelProfile("synthetic", tuple(Layer(f, b, (n,) if n else (), itemsize) for f, b, n in layers), 1,
+                        "samples")
