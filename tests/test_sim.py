@@ -91,3 +91,24 @@ def test_ring_fuses_up_to_the_threshold():
     one_buffer = ring.iteration_seconds(m, c, cycle_s=0.0)
     three = ring.iteration_seconds(m, c, fusion_bytes=4_000_000, cycle_s=0.0)
     assert three - one_buffer == pytest.approx(2 * 6 * 1e-3)  # two more allreduces' latency steps
+
+
+@pytest.mark.parametrize("window", [2, 10])
+def test_send_window_delays_the_urgent_layer_by_the_committed_slices(window):
+    # MXNet's P3 van: DMLC_PS_WATER_MARK messages already sit in the socket, in order, ahead of the priority
+    # queue. Layer 1 (40 slices) is pushed first; layer 0 (10 slices) is ready 1 ms later and, with window w,
+    # waits for w slices of layer 1 instead of the one in service: w - 1 slice times later, every iteration
+    # (layer 0's long forward hides layer 1's transfer).
+    m = model.synthetic([(0.1, 0.001, 500_000), (0.0, 0.001, 2_000_000)])
+    c = link(2)
+    ideal = simulate(m, c, P3KV).iteration_s
+    windowed = simulate(m, c, dataclasses.replace(P3KV, window=window)).iteration_s
+    assert windowed - ideal == pytest.approx((window - 1) * 200_000 * 8 / GBIT)
+
+
+def test_pushpull_answers_without_a_pull_round_trip():
+    # MXNet's kv.pushpull (ZPushPull): the server answers each push with the aggregate, so responses of earlier
+    # arrays overlap pushes of later ones: (k + 1) arrays' time for k arrays, as P3's broadcast.
+    m = model.synthetic([(0.0, 0.0, 100_000)] * 10)
+    r = simulate(m, link(2), DIST_SYNC)
+    assert r.iteration_s == pytest.approx(11 * 400_000 * 8 / GBIT)

@@ -80,10 +80,22 @@ def points(which: str) -> list[Point]:
     return pts
 
 
+def estimated_cost(p: Point) -> float:
+    """Roughly the simulation's events: messages per iteration (parts x workers x (1 + workers))."""
+    if p.system == "horovod":
+        return 0.0
+    profile = model_lib.load(p.model, 32, p.gpu)
+    if p.system in ("dist_sync", "p3-priority-only"):
+        parts = sum(len(layer.arrays) for layer in profile.layers)
+    else:
+        parts = profile.nbytes / 4 / (p.slice_size or SYSTEMS[p.system].slice_size)
+    return parts * p.hosts * (1 + p.hosts) * (2 if p.cpu == "measured" else 1)
+
+
 def run(which: str = "all", processes: int = 2) -> list[dict]:
     pts = points(which)
     # Two processes: the machine has 2 cores shared with others. Slowest points first for load balance.
-    order = sorted(pts, key=lambda p: (p.system == "horovod", -p.hosts, p.model != "vgg19"))
+    order = sorted(pts, key=lambda p: -estimated_cost(p))
     with multiprocessing.Pool(processes) as pool:
         rows = pool.map(run_point, order, chunksize=1)
     by_sweep: dict[str, list[dict]] = {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pathlib
 
+from benchmarks.sim import model as model_lib
 from benchmarks.sim import paper
 
 
@@ -82,14 +83,16 @@ def future(rows: list[dict], path: pathlib.Path) -> None:
     fig, axes = plt.subplots(1, len(models), figsize=(4 * len(models), 3.4), squeeze=False)
     t = {(r["model"], r["gpu"], r["gbps"], r["system"]): r["throughput"] for r in rows}
     gpus = ("p100", "v100", "a100", "h100")
+    # The x axis is a compute speed-up over the P100 profile; the GPU names are rough positions (model.py).
+    labels = [f"{g}{'?' if g == 'h100' else ''}\nx{model_lib.GPU_SPEEDUP[g]:.1f}" for g in gpus]
     for ax, m in zip(axes[0], models):
         for g in sorted({r["gbps"] for r in rows}):
-            ax.plot(gpus, [t[(m, gpu, g, "p3")] / t[(m, gpu, g, "dist_sync")] for gpu in gpus], marker="o",
+            ax.plot(labels, [t[(m, gpu, g, "p3")] / t[(m, gpu, g, "dist_sync")] for gpu in gpus], marker="o",
                     label=f"p3/dist_sync {g:g} Gbps")
-            ax.plot(gpus, [t[(m, gpu, g, "p3")] / t[(m, gpu, g, "horovod")] for gpu in gpus], ls=":", marker=".",
+            ax.plot(labels, [t[(m, gpu, g, "p3")] / t[(m, gpu, g, "horovod")] for gpu in gpus], ls=":", marker=".",
                     label=f"p3/horovod {g:g} Gbps")
         ax.axhline(1.0, color="gray", lw=0.6)
-        ax.set(title=m, ylabel="throughput ratio")
+        ax.set(title=m, ylabel="throughput ratio", xlabel="compute speed-up over P100 (h100?: unverified)")
         ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -1,12 +1,15 @@
 """Parameter-server systems: p3kv, its two ablations, MXNet dist_sync and MXNet's built-in P3, as one model with
-four switches (how keys are cut and placed, send order, and whether the server broadcasts or answers pulls).
+five switches (how keys are cut and placed, send order, the sender's committed window, and whether the server
+answers with the aggregate at once or acks and waits for pull requests).
 
 A worker runs forward layer 0..n-1 then backward n-1..0 on one serial device (a GPU stream). When layer k's
 backward ends its parts are pushed; layer k's next forward waits until every part of layer k is back. A server
-part is aggregated once all W pushes of it were processed by the server's one consumer thread, then either
-broadcast to every worker (P3) or acknowledged, after which each worker sends a pull request and gets the part
-(MXNet's push-then-pull). CPU: a pushed part costs its CPU on the server thread, a part coming back costs it on
-the receiving host's cores, control messages (ack, pull request) cost one per-message charge each.
+part is aggregated once all W pushes of it were processed by the server's one consumer thread, then sent to
+every worker (P3's broadcast, and MXNet's pushpull, which answers each worker's ZPushPull request), or, with
+broadcast=False, acknowledged, after which each worker sends a pull request and gets the part (MXNet's separate
+push and pull calls, which none of the benchmarks uses). CPU: a pushed part costs its CPU on the server thread,
+a part coming back costs it on the receiving host's cores, control messages (ack, pull request) cost one
+per-message charge each.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ class PSSystem:
     big_array_bound: int | None = None  # MXNet: arrays above it split evenly over all servers, others on one
     priority: bool = False  # sender and server queues by (layer, arrival) instead of arrival
     broadcast: bool = True  # the server sends the aggregated part at once; else ack + pull request + response
+    window: int = 1  # messages committed to the socket ahead of the sender's priority queue (see engine.Server)
     costs: CpuCosts = CpuCosts()
 
     def with_costs(self, costs: CpuCosts) -> PSSystem:
@@ -81,7 +85,7 @@ class PSRun:
                  record: bool = False) -> None:
         self.model, self.cluster, self.system, self.iters = model, cluster, system, iters
         self.loop = EventLoop()
-        self.net = Network(self.loop, cluster, system.priority, record)
+        self.net = Network(self.loop, cluster, system.priority, record, system.window)
         shared = CpuPool(cluster.shared_cores) if cluster.shared_cores else None
         self.cpu = [shared or CpuPool(cluster.cores) for _ in range(cluster.hosts)]
         W, S = cluster.workers, cluster.servers
@@ -92,6 +96,16 @@ class PSRun:
             self.layer_parts[p.layer].append(i)
         self.nparts = [len(ids) for ids in self.layer_parts]
         self.threads = [Server(self.loop, self._serve, self._served, system.priority) for _ in range(S)]
+        # Per part, computed once (the hot paths run per message): priority, hosts, CPU of push and reply.
+        costs = system.costs
+        self.prio = [p.layer if system.priority else 0 for p in self.parts]
+        self.part_host = [cluster.server_host(p.server) for p in self.parts]
+        self.part_thread = [self.threads[p.server] for p in self.parts]
+        self.push_cost = [costs.of(p.nbytes) for p in self.parts]
+        reply_bytes = [p.nbytes if system.broadcast else CONTROL_BYTES for p in self.parts]
+        self.reply_bytes = reply_bytes
+        self.reply_cost = [costs.of(b) if b > CONTROL_BYTES else costs.per_message for b in reply_bytes]
+        self.worker_hosts = [cluster.worker_host(w) for w in range(W)]
         self.pushed = [0] * len(self.parts)
         self.received = [[0] * n for _ in range(W)]
         self.version = [[0] * n for _ in range(W)]
@@ -123,62 +137,61 @@ class PSRun:
             self.forward_done[w].append(self.loop.now)
         if j >= n:
             k = 2 * n - 1 - j
-            src = self.cluster.worker_host(w)
+            src = self.worker_hosts[w]
+            send, prio, host, at_server = self.net.send, self.prio, self.part_host, self._at_server
             for i in self.layer_parts[k]:
-                part = self.parts[i]
-                self.net.send(src, self.cluster.server_host(part.server), part.nbytes, self._prio(part),
-                              self._at_server(("push", i, w)))
+                send(src, host[i], self.parts[i].nbytes, prio[i], at_server, ("push", i, w))
         self.op[w] = j + 1
         if self.op[w] == 2 * n:
             self.op[w] = 0
             self.iteration[w] += 1
         self._advance(w)
 
-    def _prio(self, part: Part) -> int:
-        return part.layer if self.system.priority else 0
-
     # --- server ---
-    def _at_server(self, job):
-        part = self.parts[job[1]]
-        return lambda t: self.threads[part.server].put(self._prio(part), job)
+    def _at_server(self, t: float, job) -> None:
+        i = job[1]
+        self.part_thread[i].put(self.prio[i], job)
 
     def _serve(self, job, now: float) -> float:
         kind, i, _ = job
-        part = self.parts[i]
-        cost = self.system.costs.of(part.nbytes) if kind == "push" else self.system.costs.per_message
-        return self.cpu[self.cluster.server_host(part.server)].acquire(now, cost) - now
+        cost = self.push_cost[i] if kind == "push" else self.system.costs.per_message
+        if cost <= 0:
+            return 0.0
+        return self.cpu[self.part_host[i]].acquire(now, cost) - now
 
     def _served(self, job, now: float) -> None:
         kind, i, w = job
-        part = self.parts[i]
-        src = self.cluster.server_host(part.server)
+        src = self.part_host[i]
         if kind == "pull":
-            self._reply(src, i, w, part.nbytes, self._deliver)
+            self._reply(src, i, w, self.parts[i].nbytes, self._deliver)
             return
         self.pushed[i] += 1
         if self.pushed[i] < self.cluster.workers:
             return
         self.pushed[i] = 0
+        nbytes, then = self.reply_bytes[i], (self._deliver if self.system.broadcast else self._acked)
         for v in range(self.cluster.workers):
-            self._reply(src, i, v, part.nbytes if self.system.broadcast else CONTROL_BYTES,
-                        self._deliver if self.system.broadcast else self._acked)
+            self._reply(src, i, v, nbytes, then)
 
     def _reply(self, src: int, i: int, w: int, nbytes: int, then) -> None:
-        part = self.parts[i]
-        dst = self.cluster.worker_host(w)
-        cost = self.system.costs.of(nbytes) if nbytes > CONTROL_BYTES else self.system.costs.per_message
+        if nbytes == self.reply_bytes[i]:
+            cost = self.reply_cost[i]
+        else:
+            cost = self.system.costs.of(nbytes) if nbytes > CONTROL_BYTES else self.system.costs.per_message
+        dst = self.worker_hosts[w]
+        self.net.send(src, dst, nbytes, self.prio[i], self._arrived, dst, cost, then, i, w)
 
-        def arrived(t: float) -> None:
-            end = self.cpu[dst].acquire(t, cost)
+    def _arrived(self, t: float, dst: int, cost: float, then, i: int, w: int) -> None:
+        end = self.cpu[dst].acquire(t, cost) if cost > 0 else t
+        if end > t:
             self.loop.at(end, then, i, w)
-
-        self.net.send(src, dst, nbytes, self._prio(part), arrived)
+        else:
+            then(i, w)
 
     # --- worker receive ---
     def _acked(self, i: int, w: int) -> None:
-        part = self.parts[i]
-        self.net.send(self.cluster.worker_host(w), self.cluster.server_host(part.server), CONTROL_BYTES,
-                      self._prio(part), self._at_server(("pull", i, w)))
+        self.net.send(self.worker_hosts[w], self.part_host[i], CONTROL_BYTES, self.prio[i], self._at_server,
+                      ("pull", i, w))
 
     def _deliver(self, i: int, w: int) -> None:
         k = self.parts[i].layer
@@ -211,8 +224,13 @@ def summarise(forward_done: list[list[float]], model: ModelProfile, workers: int
 P3KV = PSSystem("p3", slice_size=50_000, priority=True)
 SLICING_ONLY = PSSystem("p3-slicing-only", slice_size=50_000, priority=False)
 PRIORITY_ONLY = PSSystem("p3-priority-only", slice_size=None, priority=True)
-DIST_SYNC = PSSystem("dist_sync", big_array_bound=MXNET_BIGARRAY_BOUND, priority=False, broadcast=False)
-MXNET_P3 = PSSystem("mxnet-p3", slice_size=40_000, priority=True, broadcast=False)
+# MXNet 1.9's kv.pushpull is one ps-lite ZPushPull request per part (kvstore_dist.h PushPullDefault; P3StoreDist
+# one per slice): the server answers every worker's request with the aggregate as soon as it has all of them, so
+# no ack and no pull round trip: the same traffic as P3's broadcast. What the benchmarks ran (cluster_worker.py,
+# bench_worker.py) is pushpull, with no optimizer on the servers.
+DIST_SYNC = PSSystem("dist_sync", big_array_bound=MXNET_BIGARRAY_BOUND, priority=False, broadcast=True)
+# MXNet's P3 van: a priority queue and a send thread in front of a ZMQ socket with DMLC_PS_WATER_MARK=10.
+MXNET_P3 = PSSystem("mxnet-p3", slice_size=40_000, priority=True, broadcast=True, window=10)
 SYSTEMS = {s.name: s for s in (P3KV, SLICING_ONLY, PRIORITY_ONLY, DIST_SYNC, MXNET_P3)}
 
 

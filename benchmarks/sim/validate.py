@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import multiprocessing
 import pathlib
 import statistics
 
@@ -23,7 +24,26 @@ SOURCES = ("demo.csv", "sweep_bandwidth.csv", "sweep_ablation.csv", "sweep_scale
            "sweep_utilisation.csv", "sweep_targets.csv")
 COLUMNS = ("source", "model", "kvstore", "hosts", "layout", "bandwidth", "p100_equiv_gbps", "compute",
            "gpu_scale", "slice_size", "batch_size", "load_1m_before", "measured_s", "simulated_s", "rel_error",
-           "measured_throughput", "simulated_throughput", "unit")
+           "measured_throughput", "simulated_throughput", "unit", "note")
+
+
+def note(row: dict, rel_error: float) -> str:
+    """One line on why a point misses by more than 10% (empty when it does not): the known gaps of the model.
+    Where the cause is a hypothesis, not a measured fact, the line says so."""
+    if abs(rel_error) <= 0.10:
+        return ""
+    kv, hosts = row["kvstore"], int(row["hosts"])
+    if kv == "p3-priority-only":
+        return "one 411 MB message per array to one server: a single TCP flow through tbf, not modelled"
+    if hosts >= 8 and rel_error < 0:
+        return f"{2 * hosts} processes on 2 cores: scheduling contention beyond the 4-process transport fit"
+    if kv in ("mxnet-p3", "dist_sync") and rel_error < 0:
+        return ("hypothesis: ZMQ sockets (autotuned buffers up to 4 MiB) overfill tbf's 50 ms queue and lose "
+                "packets; p3kv caps SO_SNDBUF at 128 KiB; TCP loss not modelled (send window 1-80 tried: <=6 pts)")
+    if kv == "dist_sync":
+        return ("whole big-array parts (MXNet splits, not slices) are stored and forwarded with their CPU after "
+                "the last byte; the real copy overlaps the transfer")
+    return "CPU of the emulated links (veth, bridge, tbf) is not in the loopback fit"
 
 
 def measured_rows() -> list[dict]:
@@ -45,13 +65,21 @@ def simulate_row(row: dict, cpus: int = costs_lib.TRANSPORT_CPUS) -> float:
     system = costs_lib.system(row["kvstore"])
     if row["slice_size"]:
         system = dataclasses.replace(system, slice_size=int(row["slice_size"]))
-    return simulate(profile, cluster, system).iteration_s
+    return simulate(profile, cluster, system, iters=3).iteration_s  # the paper sweeps' rule
 
 
-def run(path: pathlib.Path = RESULTS / "sim_validation.csv") -> list[dict]:
+def run(path: pathlib.Path = RESULTS / "sim_validation.csv", processes: int = 2) -> list[dict]:
     out = []
-    for row in measured_rows():
-        sim = simulate_row(row)
+    rows = measured_rows()
+    costs_lib.measured_costs()  # fit once here, so the worker processes inherit the cache
+    # Slowest first (most bytes and hosts), so the two processes finish together.
+    order = sorted(range(len(rows)), key=lambda i: -int(rows[i]["model_bytes"] or 0) * int(rows[i]["hosts"]) ** 2)
+    with multiprocessing.Pool(processes) as pool:
+        done = pool.map(simulate_row, [rows[i] for i in order], chunksize=1)
+    sims = [0.0] * len(rows)
+    for i, sim in zip(order, done):
+        sims[i] = sim
+    for row, sim in zip(rows, sims):
         measured = float(row["median_s"])
         workers = int(row["workers"])
         spb = float(row["samples_per_batch"])
@@ -65,7 +93,7 @@ def run(path: pathlib.Path = RESULTS / "sim_validation.csv") -> list[dict]:
             "measured_s": round(measured, 4), "simulated_s": round(sim, 4),
             "rel_error": round((sim - measured) / measured, 4),
             "measured_throughput": row["throughput"], "simulated_throughput": round(workers * spb / sim, 2),
-            "unit": row["unit"]})
+            "unit": row["unit"], "note": note(row, (sim - measured) / measured)})
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, COLUMNS)
         writer.writeheader()
