@@ -41,9 +41,9 @@ def note(row: dict, rel_error: float) -> str:
         return ("hypothesis: ZMQ sockets (autotuned buffers up to 4 MiB) overfill tbf's 50 ms queue and lose "
                 "packets; p3kv caps SO_SNDBUF at 128 KiB; TCP loss not modelled (send window 1-80 tried: <=6 pts)")
     if kv == "dist_sync":
-        return ("whole big-array parts (MXNet splits, not slices) are stored and forwarded with their CPU after "
-                "the last byte; the real copy overlaps the transfer")
-    return "CPU of the emulated links (veth, bridge, tbf) is not in the loopback fit"
+        return ("hypothesis: MXNet's big-array parts (split over servers, not sliced) queue whole behind each "
+                "other on the server thread; overlapping the receive copy with the transfer was tried: no change")
+    return "hypothesis: CPU of the emulated links (veth, bridge, tbf) is not in the loopback fit"
 
 
 def measured_rows() -> list[dict]:
