@@ -16,7 +16,7 @@ CORE := $(shell find cpp -name '*.cc' -o -name '*.h') setup.py pyproject.toml
 # Network namespaces need root: run the cluster benchmarks through sudo unless we are root already.
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo -E)
 
-.PHONY: setup system-deps test demo bench bench-setup bench-kvstore bench-transport bench-server sweeps lint clean
+.PHONY: setup system-deps test demo bench bench-setup bench-kvstore bench-transport bench-server sweeps sim lint clean
 
 setup: system-deps $(STAMP)
 
@@ -86,3 +86,8 @@ bench-server: setup
 
 clean:
 	rm -rf build *.egg-info p3kv/_p3*.so $(VENV)
+
+# The simulator (benchmarks/sim): fit CPU costs on transport.csv, validate against every emulated-cluster
+# measurement, then the paper's evaluation at paper scale and past it (pure Python, no root, ~1.5 min on 2 cores).
+sim: setup
+	$(PY) -m benchmarks.sim.run all
