@@ -29,7 +29,7 @@ def test_cpp_unit_tests_pass(tmp_path, compiler):
                    check=True, timeout=300)
     result = subprocess.run([binary], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
     assert result.returncode == 0, result.stdout
-    assert "15 passed, 0 failed" in result.stdout, result.stdout
+    assert "16 passed, 0 failed" in result.stdout, result.stdout
 
 
 def test_core_compiles_without_warnings(tmp_path, compiler):

@@ -42,16 +42,18 @@ SECRET = secrets.token_hex(16)  # P3_SECRET of the jobs these tests start node b
 
 MAGIC = 0x564B3350
 HELLO, PUSH = 9, 11
+LITTLE_ENDIAN, BIG_ENDIAN = 1, 2  # a HELLO's byte order (cpp/include/p3/message.h ByteOrder)
 FLOAT32 = 0  # p3::DType::kFloat32
 
 
 # ---- helpers ----
 
-def header(command: int, *, sender: int = 0, magic: int = MAGIC, version: int = 1, count: int = 0,
-           payload_bytes: int = 0) -> bytes:
-    """A 64-byte frame header as cpp/src/codec.cc encodes it."""
-    data = struct.pack("<IHHiiBBHIQQQQQ", magic, version, command, 0, sender, FLOAT32, 0, 0, 0, 0, 0, count, 0,
-                       payload_bytes)
+def header(command: int, *, sender: int = 0, magic: int = MAGIC, version: int = 2, count: int = 0,
+           payload_bytes: int = 0, byte_order: int = LITTLE_ENDIAN) -> bytes:
+    """A 64-byte frame header as cpp/src/codec.cc encodes it (a HELLO declares `byte_order`)."""
+    reserved8 = byte_order if command == HELLO else 0
+    data = struct.pack("<IHHiiBBHIQQQQQ", magic, version, command, 0, sender, FLOAT32, reserved8, 0, 0, 0, 0, count,
+                       0, payload_bytes)
     assert len(data) == 64
     return data
 
@@ -349,7 +351,7 @@ BAD_FRAMES = {
     # name: (bytes to send after the handshake, before closing; the reason the server must log)
     "garbage": (bytes(range(256)), "bad magic"),
     "bad magic": (header(HELLO, magic=0x12345678), "bad magic"),
-    "bad version": (header(HELLO, version=7), "protocol version 7, expected 1"),
+    "bad version": (header(HELLO, version=7), "protocol version 7, expected 2"),
     "oversized payload": (header(HELLO, payload_bytes=2**40),
                           "payload of 1099511627776 bytes exceeds the limit of 1073741824 (P3_MAX_MESSAGE_BYTES)"),
     "truncated frame": (header(PUSH, count=250, payload_bytes=1000) + bytes(10), "expected HELLO, got PUSH"),
@@ -358,6 +360,8 @@ BAD_FRAMES = {
     "HELLO with payload": (header(HELLO, payload_bytes=8) + bytes(8), "HELLO with a 8-byte payload"),
     "unknown worker": (header(HELLO, sender=7), "HELLO from worker rank 7, but the job has 2 workers"),
     "impostor": (header(HELLO, sender=0), "a second connection claims to be worker 0"),
+    "other byte order": (header(HELLO, sender=1, byte_order=BIG_ENDIAN),
+                         "worker 1 sends payloads in big-endian byte order, this server's host is little-endian"),
 }
 
 

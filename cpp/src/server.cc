@@ -11,6 +11,7 @@ namespace p3 {
 namespace {
 constexpr int32_t kErrorPriority = INT32_MAX;  // rejections and replies should not wait behind data
 constexpr uint64_t kMaxReasonBytes = 64 << 10;  // a failing worker's explanation
+constexpr int32_t kByePriority = INT32_MIN;     // a worker's goodbye goes after all its frames
 }  // namespace
 
 Server::Server(NodeConfig config, Updater updater, RequestHandler on_request)
@@ -27,7 +28,8 @@ Server::Server(NodeConfig config, Updater updater, RequestHandler on_request)
                   Aggregator::Hooks{[this](const UpdateRequest& r) { return Update(r); },
                                     [this](const SliceEntry& e, int32_t priority) { Broadcast(e, priority); },
                                     [this](int w, const Header& h, const std::string& why) { Reject(w, h, why); },
-                                    [this](Frame* f) { admission_.MarkHeld(&f->ticket); }}) {}
+                                    [this](Frame* f) { admission_.MarkHeld(&f->ticket); },
+                                    [this](const std::string& why) { Strand(why); }}) {}
 
 Server::~Server() {
   Stop();
@@ -121,11 +123,8 @@ void Server::ReceiveLoop(std::shared_ptr<Connection> conn) {
                                                      : Status::Timeout("no HELLO within P3_CONNECT_TIMEOUT");
     counted = st.code() == Status::Code::kInvalid;
   }
-  if (st.ok() && h.command != Command::kHello) {
-    st = Status::Invalid(std::string("expected HELLO, got ") + CommandName(h.command));
-  } else if (st.ok() && h.payload_bytes != 0) {
-    st = Status::Invalid("HELLO with a " + std::to_string(h.payload_bytes) + "-byte payload");
-  }
+  bool byte_order_mismatch = false;
+  if (st.ok()) st = CheckHello(h, &byte_order_mismatch);
   int rank = h.sender;
   if (st.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -144,6 +143,15 @@ void Server::ReceiveLoop(std::shared_ptr<Connection> conn) {
       counters_.rejected_frames.fetch_add(1, std::memory_order_relaxed);
     }
     if (!stopping_) Log(LogLevel::kWarning, who, "refused the connection from " + conn->peer() + ": " + st.message());
+    if (byte_order_mismatch) {
+      // An authenticated worker of this job that can never work here: it fails naming both byte orders.
+      const std::string why = who + " refused this worker: " + st.message();
+      Header note;
+      note.command = Command::kNodeFailed;
+      note.sender = rank_;
+      note.payload_bytes = why.size();
+      conn->SendLastWords(note, why.data(), 1.0);
+    }
     conn->Shutdown();
     return;
   }
@@ -171,8 +179,15 @@ Status Server::ReadWorkerFrames(int rank, Connection* conn) {
       return Status::Invalid("frame claims to come from worker " + std::to_string(h.sender));
     }
     if (h.command == Command::kBye) {
-      std::lock_guard<std::mutex> lock(mu_);
-      said_bye_[static_cast<size_t>(rank)] = true;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        said_bye_[static_cast<size_t>(rank)] = true;
+      }
+      // The aggregator hears of it after every frame this worker sent (the lowest priority, and FIFO among
+      // equals): what it never pushed can then never come (Aggregator::WorkerLeft).
+      Frame bye;
+      bye.header = h;
+      inbox_.Push(kByePriority, std::move(bye));
       return Status::Ok();
     }
     if (h.command == Command::kNodeFailed) {  // the worker's last words: why it is leaving
@@ -203,6 +218,10 @@ void Server::Process(Frame f) {
   const Header& h = f.header;
   if (h.command == Command::kRequest) {
     ProcessRequest(f);
+    return;
+  }
+  if (h.command == Command::kBye) {
+    aggregator_.WorkerLeft(h.sender);
     return;
   }
   trace_.Record(TraceEvent::kAggregate, h.key, h.slice, h.priority, h.iteration, h.sender);
@@ -294,6 +313,12 @@ void Server::Reject(int worker, const Header& h, const std::string& why) {
   m.header.iteration = h.iteration;
   m.header.payload_bytes = why.size();
   sender_.Enqueue(std::move(m));
+}
+
+void Server::Strand(const std::string& why) {
+  // The workers still pushing were told why (Reject); the others may be waiting for something else (a barrier,
+  // another server): end the job for everyone, naming the cause, rather than let them wait for ever.
+  Fail(Status::Rejected("the job cannot go on: " + why));
 }
 
 void Server::Fail(const Status& status, bool from_scheduler) {
