@@ -23,7 +23,7 @@ def compiler():
 
 def test_cpp_unit_tests_pass(tmp_path, compiler):
     binary = str(tmp_path / "unit_tests")
-    units = ("dtype.cc", "codec.cc", "slicer.cc", "socket.cc", "handshake.cc", "virtual_stream.cc")
+    units = ("dtype.cc", "codec.cc", "slicer.cc", "socket.cc", "handshake.cc", "virtual_stream.cc", "log.cc")
     sources = [os.path.join(CPP, "src", f) for f in units]
     subprocess.run([compiler, *FLAGS, *sources, os.path.join(CPP, "tests", "unit_tests.cc"), "-o", binary, "-lcrypto"],
                    check=True, timeout=300)

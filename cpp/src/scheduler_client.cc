@@ -45,7 +45,7 @@ Status SchedulerClient::Join(const std::string& host, uint16_t listen_port, Node
   const double wait_s = config_.connect_timeout + std::max(config_.connect_timeout, config_.heartbeat_timeout);
   if (!link_->WaitReadable(wait_s)) {
     return Status::Timeout("the scheduler did not complete the rendezvous within " +
-                           std::to_string(static_cast<int>(wait_s)) +
+                           Seconds(wait_s) +
                            " s (twice P3_CONNECT_TIMEOUT, and at least P3_HEARTBEAT_TIMEOUT more) nor said which "
                            "node is missing: is the scheduler hung, or are all P3_NUM_SERVER servers and "
                            "P3_NUM_WORKER workers started?");
@@ -100,7 +100,7 @@ void SchedulerClient::ReadLoop() {
     if (!st.ok()) {
       Status failure = st.code() == Status::Code::kTimeout
                            ? Status::PeerLost("no word from the " + link_->peer() + " for " +
-                                              std::to_string(static_cast<int>(config_.heartbeat_timeout)) +
+                                              Seconds(config_.heartbeat_timeout) +
                                               " s (P3_HEARTBEAT_TIMEOUT): it hung, its host died, or the network "
                                               "to it failed")
                            : Status::PeerLost("lost the connection to the " + link_->peer() + " (" +
@@ -165,7 +165,7 @@ Status SchedulerClient::Barrier(double timeout_s) {
   if (!failure_.ok()) return failure_;
   if (!done) {
     return Status::Timeout("barrier not reached by every worker within " +
-                           std::to_string(static_cast<int>(timeout_s)) + " s (P3_TIMEOUT)");
+                           Seconds(timeout_s) + " s (P3_TIMEOUT)");
   }
   return Status::Ok();
 }

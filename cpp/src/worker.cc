@@ -404,7 +404,7 @@ Status Worker::WaitFor(const std::function<bool()>& idle, double timeout_s, cons
   }
   std::string names;
   for (int s : servers) names += (names.empty() ? "" : ", ") + std::to_string(s);
-  return Status::Timeout(what + " did not complete within " + std::to_string(static_cast<int>(timeout_s)) +
+  return Status::Timeout(what + " did not complete within " + Seconds(timeout_s) +
                          " s (P3_TIMEOUT): " + std::to_string(slices) + " slices still expected from servers {" +
                          names + "}; do all workers init and push the same keys?");
 }
@@ -470,6 +470,12 @@ Status Worker::Close(double timeout_s) {
     }
     if (st.ok()) st = scheduler_.Finish();
   } else {
+    // As the server does: shut the connections first, so that nothing can still be blocked writing to a server
+    // that stopped reading (the sender's writes do not block, but Connection::Send and last words wait for a
+    // partly written frame), then drop what is queued.
+    for (auto& conn : servers_) {
+      if (conn) conn->Shutdown();
+    }
     sender_.Abort();
   }
   for (auto& conn : servers_) {
