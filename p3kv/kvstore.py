@@ -375,11 +375,16 @@ class P3(mx.kvstore.KVStoreBase):
                 info.latest.wait_to_read()
         pieces: dict = {}
         counts: dict = {}
+        page_bytes = self._worker.config.max_message_bytes // 2  # a page and its pickle fit in one frame
         for s in range(self._worker.num_servers):
-            reply = pickle.loads(self._worker.request(s, requests.GET_STATES, b""))
-            pieces.update(reply["states"])
-            for index, count in reply["counts"].items():
-                counts[index] = max(count, counts.get(index, 0))
+            start = 0
+            while start is not None:
+                body = pickle.dumps({"start": start, "max_bytes": page_bytes}, protocol=4)
+                reply = pickle.loads(self._worker.request(s, requests.GET_STATES, body))
+                pieces.update(reply["states"])
+                for index, count in reply["counts"].items():
+                    counts[index] = max(count, counts.get(index, 0))
+                start = reply["next"]
         states = {}
         for info in self._keys.values():
             parts = [pieces.get((info.index, sl[0])) for sl in self._worker.slices(info.index)]
@@ -420,8 +425,11 @@ class P3(mx.kvstore.KVStoreBase):
                     continue
                 for index, offset, count, server in self._worker.slices(info.index):
                     per_server[server][(info.index, index)] = _cut(states[info.index], offset, count)
-            for s, body in enumerate(per_server):
-                self._worker.request(s, requests.SET_STATES, pickle.dumps(body, protocol=4))
+            page_bytes = self._worker.config.max_message_bytes // 2  # a page and its pickle fit in one frame
+            for s, states_here in enumerate(per_server):
+                for i, page in enumerate(requests.pages(states_here, page_bytes)):
+                    body = pickle.dumps({"states": page, "first": i == 0}, protocol=4)
+                    self._worker.request(s, requests.SET_STATES, body)
         self._worker.barrier()
 
     def set_gradient_compression(self, compression_params) -> None:

@@ -65,9 +65,14 @@ class OptimizerHost:
             self._set_optimizer(self._unpickle(body))
             return b""
         if kind == requests.GET_STATES:
-            return pickle.dumps(self._get_states(), protocol=4)
+            page = pickle.loads(body) if body else {}
+            return pickle.dumps(self._get_states(page.get("start", 0), page.get("max_bytes")), protocol=4)
         if kind == requests.SET_STATES:
-            self._set_states(pickle.loads(body))
+            page = pickle.loads(body)
+            if "states" in page:
+                self._set_states(page["states"], replace=page.get("first", True))
+            else:  # the whole states in one request
+                self._set_states(page, replace=True)
             return b""
         if kind == requests.SET_HYPERPARAMETERS:
             self._set_hyperparameters(pickle.loads(body))
@@ -167,22 +172,44 @@ class OptimizerHost:
         """Once per key and iteration: what MXNet computes per parameter and update."""
         return server_kernels.step_params(self.optimizer, key)
 
-    def _get_states(self) -> dict:
+    def _get_states(self, start: int = 0, max_bytes: int | None = None) -> dict:
+        """The states of the slices from index `start` (in (key, slice) order) on, as many as fit in `max_bytes`
+        (estimated; at least one; None: all), with "next" the index to ask for next (None at the end)."""
         if self.kernel is None:
-            return {"states": {k: _to_numpy(s) for k, s in self.states.items()},
-                    "counts": {**self.base_counts, **{key: self._count(key, slc) for key, slc in self.updates}}}
-        templates: dict = {}
-        states = {}
-        for key, slc in self.native.slices():
-            weight_dtype, arrays = self.native.states(key, slc)
-            if (key, weight_dtype) not in templates:
-                templates[(key, weight_dtype)] = server_kernels.state_template(self.optimizer, weight_dtype, key)
-            states[(key, slc)] = _to_numpy(server_kernels.unflatten_state(templates[(key, weight_dtype)], arrays))
-        return {"states": states, "counts": dict(self.optimizer._index_update_count)}
+            indices = sorted(self.states)
+            state_of = lambda index: _to_numpy(self.states[index])  # noqa: E731
+            counts = {**self.base_counts, **{key: self._count(key, slc) for key, slc in self.updates}}
+        else:
+            indices = sorted(self.native.slices())
+            templates: dict = {}
 
-    def _set_states(self, states: dict) -> None:
+            def state_of(index):
+                weight_dtype, arrays = self.native.states(*index)
+                if (index[0], weight_dtype) not in templates:
+                    templates[(index[0], weight_dtype)] = server_kernels.state_template(self.optimizer, weight_dtype,
+                                                                                         index[0])
+                return _to_numpy(server_kernels.unflatten_state(templates[(index[0], weight_dtype)], arrays))
+            counts = dict(self.optimizer._index_update_count)
+        states: dict = {}
+        size = 0
+        position = start
+        while position < len(indices):
+            state = state_of(indices[position])
+            n = requests.state_bytes(state)
+            if states and max_bytes is not None and size + n > max_bytes:
+                break
+            states[indices[position]] = state
+            size += n
+            position += 1
+        return {"states": states, "counts": counts, "next": position if position < len(indices) else None}
+
+    def _set_states(self, states: dict, replace: bool = True) -> None:
+        """Loads a page of states; `replace` (the first page) drops the states this server had (the per-slice
+        MXNet path; a kernel's states are overwritten slice by slice)."""
         if self.kernel is None:
-            self.states = {k: _to_ndarray(s) for k, s in states.items()}
+            if replace:
+                self.states = {}
+            self.states.update({k: _to_ndarray(s) for k, s in states.items()})
             return
         for (key, slc), state in states.items():
             arrays = [np.ascontiguousarray(a) for a in server_kernels.flatten_state(state)]

@@ -19,4 +19,4 @@ def test_server_parts_unit_tests_pass(tmp_path, compiler):  # noqa: F811
                    check=True, timeout=300)
     result = subprocess.run([binary], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
     assert result.returncode == 0, result.stdout
-    assert "18 passed, 0 failed" in result.stdout, result.stdout
+    assert "20 passed, 0 failed" in result.stdout, result.stdout

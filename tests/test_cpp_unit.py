@@ -23,13 +23,13 @@ def compiler():
 
 def test_cpp_unit_tests_pass(tmp_path, compiler):
     binary = str(tmp_path / "unit_tests")
-    units = ("dtype.cc", "codec.cc", "slicer.cc", "socket.cc", "handshake.cc", "virtual_stream.cc")
+    units = ("dtype.cc", "codec.cc", "slicer.cc", "socket.cc", "handshake.cc", "virtual_stream.cc", "log.cc")
     sources = [os.path.join(CPP, "src", f) for f in units]
     subprocess.run([compiler, *FLAGS, *sources, os.path.join(CPP, "tests", "unit_tests.cc"), "-o", binary, "-lcrypto"],
                    check=True, timeout=300)
     result = subprocess.run([binary], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
     assert result.returncode == 0, result.stdout
-    assert "15 passed, 0 failed" in result.stdout, result.stdout
+    assert "16 passed, 0 failed" in result.stdout, result.stdout
 
 
 def test_core_compiles_without_warnings(tmp_path, compiler):

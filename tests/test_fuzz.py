@@ -39,7 +39,8 @@ REFUSED = r"p3kv\.core\[server (\d)\]: refused the connection from " + re.escape
 
 
 def frame(command: int, *, sender: int = 0, count: int = 0, payload: bytes = b"", **fields: int) -> bytes:
-    values = dict(magic=MAGIC, version=1, command=command, priority=0, sender=sender, dtype=0, reserved8=0,
+    values = dict(magic=MAGIC, version=2, command=command, priority=0, sender=sender, dtype=0,
+                  reserved8=1 if command == HELLO else 0,  # a HELLO declares little-endian payloads
                   reserved16=0, slice=0, key=0, offset=0, count=count, iteration=1, payload_bytes=len(payload))
     values.update(fields)
     return HEADER.pack(*(values[name] for name in FIELDS)) + payload
@@ -64,7 +65,7 @@ def random_frame(draw) -> bytes:
     """A header whose every field is random (command and dtype mostly in range, so decoding gets further)."""
     values = [draw(field_value(bits)) for bits in FIELD_BITS]
     if draw(st.booleans()):
-        values[0], values[1] = MAGIC, 1
+        values[0], values[1] = MAGIC, 2
     if draw(st.booleans()):
         values[2] = draw(st.integers(0, 17))
         values[5] = draw(st.integers(0, 6))

@@ -369,6 +369,36 @@ def test_states_saved_mid_training_resume_exactly(jobs, config):
     assert set(states) == set(FORWARD_ORDER) and optimizer.num_update == CHECKPOINT
 
 
+SMALL_FRAMES = 8192  # P3_MAX_MESSAGE_BYTES below each server's Adam states (~10 KB of ~20 KB): they travel in pages
+
+
+def test_states_larger_than_a_frame_save_and_resume_in_pages(jobs):
+    # Optimizer states are as large as the parameters (Adam: twice): GET_STATES and SET_STATES page them, so a
+    # limit on frames smaller than a server's states neither fails the job nor changes what is saved or resumed.
+    env = (f"P3_SLICE_SIZE={SLICE}", f"P3_MAX_MESSAGE_BYTES={SMALL_FRAMES}")
+    adam = ["--optimizer", "adam"]
+    small = jobs.run("adam-small-frames", lambda d: [
+        GLUON, "p3", d, "--steps", STEPS, "--checkpoint-at", CHECKPOINT, *adam], env=env).check()
+    full = jobs.gluon("adam", "p3")  # the same job with the default limit (1 GiB)
+    with open(small.out / "states-rank0", "rb") as f:
+        data = f.read()
+    assert len(data) > 2 * SMALL_FRAMES, len(data)  # more than the states of one server fit in one frame
+    states, optimizer = pickle.loads(data)
+    with open(full.out / "states-rank0", "rb") as f:
+        expected, expected_optimizer = pickle.loads(f.read())
+    assert optimizer._index_update_count == expected_optimizer._index_update_count
+    assert sorted(states) == sorted(expected) == sorted(FORWARD_ORDER)
+    for k in expected:
+        for part, want in zip(states[k], expected[k], strict=True):
+            assert np.array_equal(part.asnumpy(), want.asnumpy()), k
+    resumed = jobs.run("adam-small-frames-resumed", lambda d: [
+        GLUON, "p3", d, "--steps", STEPS - CHECKPOINT, "--resume", small.out, "--start-step", CHECKPOINT, *adam],
+        env=env).check()
+    for r in range(WORKERS):
+        assert_close(resumed.arrays(f"p3-rank{r}.npz"), full.arrays(f"p3-rank{r}.npz"),
+                     f"10 + resumed 10 steps in pages vs 20 steps, rank {r}", rtol=1e-6)
+
+
 def test_states_carry_gluon_lr_and_wd_multipliers(jobs):
     # Gluon keeps lr_mult/wd_mult in optimizer.param_dict, which pickling drops (dist_sync's servers ignore
     # them): p3's servers honour them, also after load_states. gluon_train --mults freezes cdense_weight

@@ -46,6 +46,7 @@ Aggregator::Slice* Aggregator::Find(const Header& h) {
   s.accum.resize(h.count * DTypeSize(AccumulatorType(h.dtype)));
   if (h.dtype == DType::kFloat16) s.rounded.resize(s.entry.value->size());
   s.contributed.assign(static_cast<size_t>(workers_), false);
+  s.sent.assign(static_cast<size_t>(workers_), 0);
   slice_bytes_ += s.entry.value->size() + s.accum.size() + s.rounded.size();
   key_slices_[h.key] += 1;
   return &s;
@@ -77,6 +78,12 @@ void Aggregator::OnFrame(Frame f) {
     }
     return;
   }
+  const std::string gone = NeedsDeparted(*s, h.key, h.command == Command::kInit ? 0 : h.iteration);
+  if (!gone.empty()) {
+    hooks_.reject(h.sender, h, gone);
+    if (hooks_.stranded) hooks_.stranded(gone);
+    return;
+  }
   if (h.command == Command::kInit) {
     OnInit(s, std::move(f));
   } else {
@@ -100,6 +107,7 @@ void Aggregator::OnInit(Slice* s, Frame f) {
     std::memcpy(value.data(), f.payload.data(), value.size());
   }
   s->contributed[w] = true;
+  s->sent[w] = std::max<uint64_t>(s->sent[w], 1);
   if (++s->arrived < workers_) return;
   s->initialized = true;
   s->entry.iteration = 0;
@@ -125,6 +133,7 @@ void Aggregator::OnPush(Slice* s, Frame f) {
       return;
     }
     if (hooks_.held) hooks_.held(&f);
+    s->sent[w] = std::max(s->sent[w], h.iteration + 1);
     s->held.push_back(std::move(f));
     return;
   }
@@ -138,6 +147,7 @@ void Aggregator::OnPush(Slice* s, Frame f) {
     AddToAccumulator(s->entry.dtype, f.payload.data(), s->accum.data(), s->entry.count);
   }
   s->contributed[w] = true;
+  s->sent[w] = std::max(s->sent[w], h.iteration + 1);
   const int32_t priority = h.priority;
   f = Frame();  // the payload is summed: give its buffer and memory share back before the update
   if (++s->arrived == workers_) Complete(s, priority);
@@ -183,6 +193,60 @@ void Aggregator::ReplayHeld(Slice* s) {
   std::deque<Frame> held;
   held.swap(s->held);
   for (Frame& f : held) OnPush(s, std::move(f));
+}
+
+std::string Aggregator::NeedsDeparted(const Slice& s, uint64_t key, uint64_t iteration) const {
+  for (int w = 0; w < workers_; ++w) {
+    const uint64_t sent = s.sent[static_cast<size_t>(w)];
+    if (!left_[static_cast<size_t>(w)] || sent > iteration) continue;
+    const std::string k = "key " + std::to_string(key);
+    const std::string last = sent == 0 ? "without declaring " + k : "after its iteration " + std::to_string(sent - 1) +
+                                                                       " of " + k;
+    const std::string needed = iteration == 0 ? k + " can never initialise"
+                                              : "iteration " + std::to_string(iteration) + " of " + k + " (slice " +
+                                                    std::to_string(s.entry.slice) + ") can never complete";
+    return "worker " + std::to_string(w) + " has left the job (it closed " + last + "), so " + needed +
+           ": every worker must run the same number of steps (uneven data shards?)";
+  }
+  return "";
+}
+
+void Aggregator::WorkerLeft(int w) {
+  if (w < 0 || w >= workers_) return;
+  left_[static_cast<size_t>(w)] = true;
+  for (auto& [id, s] : slices_) {
+    if (!s.broken.empty()) continue;
+    const uint64_t pending = s.initialized ? s.entry.iteration + 1 : 0;
+    if (s.arrived > 0) {
+      const std::string why = NeedsDeparted(s, s.entry.key, pending);
+      if (!why.empty()) {
+        // Part of this iteration is summed and the rest can never come: fail it for those who pushed it (later
+        // pushes of it are refused by OnFrame).
+        Header h;
+        h.command = s.initialized ? Command::kPush : Command::kInit;
+        h.key = s.entry.key;
+        h.slice = s.entry.slice;
+        h.iteration = pending;
+        for (int v = 0; v < workers_; ++v) {
+          if (s.contributed[static_cast<size_t>(v)]) hooks_.reject(v, h, why);
+        }
+        s.arrived = 0;
+        s.contributed.assign(s.contributed.size(), false);
+        if (hooks_.stranded) hooks_.stranded(why);
+      }
+    }
+    std::deque<Frame> keep;
+    for (Frame& f : s.held) {
+      const std::string why = NeedsDeparted(s, s.entry.key, f.header.iteration);
+      if (why.empty()) {
+        keep.push_back(std::move(f));
+        continue;
+      }
+      hooks_.reject(f.header.sender, f.header, why);
+      if (hooks_.stranded) hooks_.stranded(why);
+    }
+    s.held.swap(keep);
+  }
 }
 
 }  // namespace p3

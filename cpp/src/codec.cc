@@ -95,6 +95,47 @@ const char* CommandName(Command c) {
   return "?";
 }
 
+ByteOrder HostByteOrder() {
+  const uint16_t probe = 1;
+  uint8_t first;
+  std::memcpy(&first, &probe, 1);
+  return first == 1 ? ByteOrder::kLittleEndian : ByteOrder::kBigEndian;
+}
+
+const char* ByteOrderName(ByteOrder order) {
+  switch (order) {
+    case ByteOrder::kLittleEndian: return "little-endian";
+    case ByteOrder::kBigEndian: return "big-endian";
+    case ByteOrder::kUndeclared: break;
+  }
+  return "undeclared";
+}
+
+Header MakeHello(int32_t sender) {
+  Header h;
+  h.command = Command::kHello;
+  h.sender = sender;
+  h.reserved8 = static_cast<uint8_t>(HostByteOrder());
+  return h;
+}
+
+Status CheckHello(const Header& h, bool* byte_order_mismatch) {
+  *byte_order_mismatch = false;
+  if (h.command != Command::kHello) return Status::Invalid(std::string("expected HELLO, got ") + CommandName(h.command));
+  if (h.payload_bytes != 0) return Status::Invalid("HELLO with a " + std::to_string(h.payload_bytes) + "-byte payload");
+  const ByteOrder here = HostByteOrder();
+  if (h.reserved8 != static_cast<uint8_t>(here)) {
+    *byte_order_mismatch = true;
+    const ByteOrder theirs = h.reserved8 == static_cast<uint8_t>(ByteOrder::kLittleEndian) ? ByteOrder::kLittleEndian
+                             : h.reserved8 == static_cast<uint8_t>(ByteOrder::kBigEndian) ? ByteOrder::kBigEndian
+                                                                                           : ByteOrder::kUndeclared;
+    return Status::Invalid("worker " + std::to_string(h.sender) + " sends payloads in " + ByteOrderName(theirs) +
+                           " byte order, this server's host is " + ByteOrderName(here) + ": p3kv does not convert "
+                           "payloads, so every worker and server of a job must run on hosts of one byte order");
+  }
+  return Status::Ok();
+}
+
 bool IsValidCommand(uint16_t raw) { return raw >= 1 && raw < kNumCommands; }
 
 void EncodeHeader(const Header& h, uint8_t out[kHeaderBytes]) {

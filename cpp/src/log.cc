@@ -29,4 +29,14 @@ void Log(LogLevel level, const std::string& who, const std::string& message) {
   std::fflush(stderr);
 }
 
+std::string Seconds(double s) {
+  char buf[32];
+  if (s >= 100 || s == static_cast<double>(static_cast<long long>(s))) {
+    std::snprintf(buf, sizeof buf, "%.0f", s);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.3g", s);
+  }
+  return buf;
+}
+
 }  // namespace p3

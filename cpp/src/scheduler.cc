@@ -272,7 +272,7 @@ Status Scheduler::RunLoop(const InterruptCheck& interrupted) {
       failure = Status::Timeout(
           "only " + std::to_string(servers) + " of " + std::to_string(config_.num_server) + " servers and " +
           std::to_string(workers) + " of " + std::to_string(config_.num_worker) + " workers registered within " +
-          std::to_string(static_cast<int>(config_.connect_timeout)) + " s (P3_CONNECT_TIMEOUT): start every node "
+          Seconds(config_.connect_timeout) + " s (P3_CONNECT_TIMEOUT): start every node "
           "with the same P3_ROOT_URI/P3_ROOT_PORT and check they can reach it");
       break;
     }
@@ -286,7 +286,7 @@ Status Scheduler::RunLoop(const InterruptCheck& interrupted) {
         // A member whose frames are waiting was only not read yet (e.g. during a slow handshake): alive.
         if (m->registered && now - m->last_seen > heartbeat_timeout && !m->conn->WaitReadable(0)) {
           failure = Status::PeerLost(Describe(*m) + " sent nothing for " +
-                                     std::to_string(static_cast<int>(config_.heartbeat_timeout)) +
+                                     Seconds(config_.heartbeat_timeout) +
                                      " s (P3_HEARTBEAT_TIMEOUT): the process hung, its host died, or the network "
                                      "to it failed");
           break;

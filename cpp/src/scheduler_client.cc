@@ -1,5 +1,6 @@
 #include "p3/scheduler_client.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "p3/handshake.h"
@@ -39,12 +40,19 @@ Status SchedulerClient::Join(const std::string& host, uint16_t listen_port, Node
   h.payload_bytes = payload.size();
   st = link_->Send(h, payload.data());
   if (!st.ok()) return st;
-  // The table comes once every node has registered: wait for it, but not forever.
-  if (!link_->WaitReadable(config_.connect_timeout)) {
+  // The table comes once every node has registered: wait for it, but not forever. The scheduler is the judge
+  // of a rendezvous that does not complete: P3_CONNECT_TIMEOUT after it started, it tells every registered node
+  // which nodes never came. This node's own deadline is only the backstop for a scheduler that cannot say so
+  // (hung), so it comes a grace later: were it the same P3_CONNECT_TIMEOUT (counted from this node's
+  // registration, which can come before a loaded scheduler's clock runs out), this healthy node would leave
+  // first and every other node would blame it instead of the node that never came.
+  const double wait_s = config_.connect_timeout + std::max(config_.connect_timeout, config_.heartbeat_timeout);
+  if (!link_->WaitReadable(wait_s)) {
     return Status::Timeout("the scheduler did not complete the rendezvous within " +
-                           std::to_string(static_cast<int>(config_.connect_timeout)) +
-                           " s (P3_CONNECT_TIMEOUT): are all P3_NUM_SERVER servers and P3_NUM_WORKER workers "
-                           "started?");
+                           Seconds(wait_s) +
+                           " s (twice P3_CONNECT_TIMEOUT, and at least P3_HEARTBEAT_TIMEOUT more) nor said which "
+                           "node is missing: is the scheduler hung, or are all P3_NUM_SERVER servers and "
+                           "P3_NUM_WORKER workers started?");
   }
   Header reply;
   std::string body;
@@ -96,7 +104,7 @@ void SchedulerClient::ReadLoop() {
     if (!st.ok()) {
       Status failure = st.code() == Status::Code::kTimeout
                            ? Status::PeerLost("no word from the " + link_->peer() + " for " +
-                                              std::to_string(static_cast<int>(config_.heartbeat_timeout)) +
+                                              Seconds(config_.heartbeat_timeout) +
                                               " s (P3_HEARTBEAT_TIMEOUT): it hung, its host died, or the network "
                                               "to it failed")
                            : Status::PeerLost("lost the connection to the " + link_->peer() + " (" +
@@ -161,7 +169,7 @@ Status SchedulerClient::Barrier(double timeout_s) {
   if (!failure_.ok()) return failure_;
   if (!done) {
     return Status::Timeout("barrier not reached by every worker within " +
-                           std::to_string(static_cast<int>(timeout_s)) + " s (P3_TIMEOUT)");
+                           Seconds(timeout_s) + " s (P3_TIMEOUT)");
   }
   return Status::Ok();
 }

@@ -14,6 +14,7 @@ constexpr uint64_t kMaxReasonBytes = 64 << 10;  // a failing worker's explanatio
 // From accept to a complete HELLO header, in all; and connections in that state at once (p3/gatekeeper.h).
 constexpr double kHandshakeTimeoutS = 5.0;
 constexpr size_t kMaxHandshakes = 128;
+constexpr int32_t kByePriority = INT32_MIN;     // a worker's goodbye goes after all its frames
 }  // namespace
 
 Server::Server(NodeConfig config, Updater updater, RequestHandler on_request)
@@ -30,7 +31,8 @@ Server::Server(NodeConfig config, Updater updater, RequestHandler on_request)
                   Aggregator::Hooks{[this](const UpdateRequest& r) { return Update(r); },
                                     [this](const SliceEntry& e, int32_t priority) { Broadcast(e, priority); },
                                     [this](int w, const Header& h, const std::string& why) { Reject(w, h, why); },
-                                    [this](Frame* f) { admission_.MarkHeld(&f->ticket); }},
+                                    [this](Frame* f) { admission_.MarkHeld(&f->ticket); },
+                                    [this](const std::string& why) { Strand(why); }},
                   config_.server_slice_bytes),
       gate_(Gatekeeper::Options{config_.secret, kHandshakeTimeoutS, kMaxHandshakes, true},
             [this](Socket* s, const std::string& peer, const uint8_t* head) { return OnHello(s, peer, head); },
@@ -85,8 +87,22 @@ Status Server::OnHello(Socket* s, const std::string& peer, const uint8_t* head) 
   // Connection::ReadHeader would count a frame it fails to decode; the gatekeeper counts every refusal.
   Status st = DecodeHeader(head, config_.max_message_bytes, &h);
   if (!st.ok()) return st;
-  if (h.command != Command::kHello) return Status::Invalid(std::string("expected HELLO, got ") + CommandName(h.command));
-  if (h.payload_bytes != 0) return Status::Invalid("HELLO with a " + std::to_string(h.payload_bytes) + "-byte payload");
+  bool byte_order_mismatch = false;
+  st = CheckHello(h, &byte_order_mismatch);
+  if (!st.ok()) {
+    if (byte_order_mismatch) {
+      // An authenticated worker of this job that can never work here: it fails naming both byte orders.
+      const std::string why = "server " + std::to_string(rank_) + " refused this worker: " + st.message();
+      Header note;
+      note.command = Command::kNodeFailed;
+      note.sender = rank_;
+      note.payload_bytes = why.size();
+      Connection c(std::move(*s), peer, config_.max_message_bytes, &counters_);
+      c.SendLastWords(note, why.data(), 1.0);
+      c.Shutdown();
+    }
+    return st;
+  }
   const int rank = h.sender;
   std::lock_guard<std::mutex> lock(mu_);
   if (stopping_) return Status::Aborted("the server is stopping");
@@ -133,8 +149,15 @@ Status Server::ReadWorkerFrames(int rank, Connection* conn) {
       return Status::Invalid("frame claims to come from worker " + std::to_string(h.sender));
     }
     if (h.command == Command::kBye) {
-      std::lock_guard<std::mutex> lock(mu_);
-      said_bye_[static_cast<size_t>(rank)] = true;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        said_bye_[static_cast<size_t>(rank)] = true;
+      }
+      // The aggregator hears of it after every frame this worker sent (the lowest priority, and FIFO among
+      // equals): what it never pushed can then never come (Aggregator::WorkerLeft).
+      Frame bye;
+      bye.header = h;
+      inbox_.Push(kByePriority, std::move(bye));
       return Status::Ok();
     }
     if (h.command == Command::kNodeFailed) {  // the worker's last words: why it is leaving
@@ -165,6 +188,10 @@ void Server::Process(Frame f) {
   const Header& h = f.header;
   if (h.command == Command::kRequest) {
     ProcessRequest(f);
+    return;
+  }
+  if (h.command == Command::kBye) {
+    aggregator_.WorkerLeft(h.sender);
     return;
   }
   trace_.Record(TraceEvent::kAggregate, h.key, h.slice, h.priority, h.iteration, h.sender);
@@ -263,6 +290,12 @@ void Server::Reject(int worker, const Header& h, const std::string& why) {
   m.header.iteration = h.iteration;
   m.header.payload_bytes = why.size();
   sender_.Enqueue(std::move(m));
+}
+
+void Server::Strand(const std::string& why) {
+  // The workers still pushing were told why (Reject); the others may be waiting for something else (a barrier,
+  // another server): end the job for everyone, naming the cause, rather than let them wait for ever.
+  Fail(Status::Rejected("the job cannot go on: " + why));
 }
 
 void Server::Fail(const Status& status, bool from_scheduler) {

@@ -15,6 +15,8 @@
 #include <cstring>
 #include <thread>
 
+#include "p3/log.h"
+
 namespace p3 {
 namespace {
 
@@ -119,12 +121,15 @@ Status Socket::Connect(const std::string& host, uint16_t port, int buffer_bytes,
     }
     last_error = std::strerror(errno);
     // The peer may simply not be listening yet (nodes start in any order): retry with backoff.
-    if (std::chrono::steady_clock::now() + backoff > deadline) break;
-    std::this_thread::sleep_for(backoff);
+    // The last attempt comes at the deadline, so that the whole timeout is waited (not up to a backoff less).
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) break;
+    using Duration = std::chrono::steady_clock::duration;
+    std::this_thread::sleep_for(std::min<Duration>(backoff, std::chrono::duration_cast<Duration>(deadline - now)));
     backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
   }
   return Status::Timeout("cannot connect to " + Endpoint(host, port) + " within " +
-                         std::to_string(static_cast<int>(timeout_s)) + " s (" + last_error + ")");
+                         Seconds(timeout_s) + " s (" + last_error + ")");
 }
 
 Status Socket::Accept(double timeout_s, Socket* out, std::string* peer) const {

@@ -49,10 +49,7 @@ Status Worker::Start() {
     st = ConnectAuthenticated(n.host, n.port, config_.socket_buffer, config_.secret, config_.connect_timeout, &s);
     if (!st.ok()) return st.WithContext("worker " + std::to_string(rank_) + " cannot reach " + peer);
     auto conn = std::make_shared<Connection>(std::move(s), peer, config_.max_message_bytes, &counters_);
-    Header hello;
-    hello.command = Command::kHello;
-    hello.sender = rank_;
-    st = conn->Send(hello, nullptr);
+    st = conn->Send(MakeHello(rank_), nullptr);
     if (!st.ok()) return st;
     servers_[static_cast<size_t>(n.rank)] = conn;
   }
@@ -90,7 +87,7 @@ Status Worker::Init(uint64_t key, const std::string& name, DType dtype, uint64_t
     ks.slices = SliceKey(count, config_.slice_size, config_.num_server, &round_robin_);
     ks.next_iteration = 1;
     empty = ks.slices.empty();
-    if (!empty) ks.ops.push_back(Op{0, static_cast<char*>(out), ks.slices.size(), std::move(done)});
+    if (!empty) ks.ops.push_back(Op{0, static_cast<char*>(out), ks.slices.size(), std::move(done), 0, Status()});
     // Only worker 0's value matters; the others just declare the slices.
     EnqueueSlicesLocked(Command::kInit, key, ks, kInitPriority, 0, rank_ == 0 ? data : nullptr);
   }
@@ -110,7 +107,9 @@ Status Worker::Push(uint64_t key, const void* grad, void* out, int32_t priority,
     KeyState& ks = it->second;
     const uint64_t iteration = ks.next_iteration++;
     empty = ks.slices.empty();
-    if (!empty) ks.ops.push_back(Op{iteration, static_cast<char*>(out), ks.slices.size(), std::move(done)});
+    if (!empty) {
+      ks.ops.push_back(Op{iteration, static_cast<char*>(out), ks.slices.size(), std::move(done), 0, Status()});
+    }
     EnqueueSlicesLocked(Command::kPush, key, ks, priority, iteration, grad);
   }
   if (empty && done) done(Status::Ok());
@@ -200,7 +199,9 @@ Status Worker::HandleBroadcast(int server, Connection* conn, const Header& h) {
                              " does not match the slice this worker sent");
     }
     for (Op& op : ks.ops) {
-      if (op.iteration == h.iteration && fatal_.ok()) dst = op.out + s.offset * DTypeSize(ks.dtype);
+      if (op.iteration != h.iteration || !fatal_.ok() || !op.failed.ok()) continue;
+      dst = op.out + s.offset * DTypeSize(ks.dtype);
+      ++op.writers;
     }
     if (dst == nullptr) {
       // The operation already failed (a server rejected it): drop the late slice.
@@ -214,15 +215,28 @@ Status Worker::HandleBroadcast(int server, Connection* conn, const Header& h) {
   // Straight from the socket into the caller's buffer: no copy of the parameter on the worker.
   Status st = conn->ReadPayload(dst, h.payload_bytes);
   Callback done;
+  Status result;
   {
     std::lock_guard<std::mutex> lock(mu_);
     --active_writes_;
     cv_.notify_all();
+    KeyState& ks = keys_[h.key];
+    auto op = ks.ops.begin();
+    while (op != ks.ops.end() && op->iteration != h.iteration) ++op;
+    if (op != ks.ops.end()) --op->writers;  // (Fail() may have completed it already: then it is gone)
     if (!st.ok()) return st;
     if (!fatal_.ok()) return Status::Ok();  // Fail() completes the operation
-    KeyState& ks = keys_[h.key];
-    for (auto op = ks.ops.begin(); op != ks.ops.end(); ++op) {
-      if (op->iteration != h.iteration) continue;
+    if (op != ks.ops.end() && !op->failed.ok()) {
+      // A server rejected the operation while this slice was being written: the last writer completes it, so
+      // that MXNet never gets the buffer back while a slice is still landing in it.
+      if (op->writers == 0) {
+        done = std::move(op->done);
+        result = op->failed;
+        ks.ops.erase(op);
+      }
+      op = ks.ops.end();
+    }
+    for (; op != ks.ops.end(); ++op) {
       trace_.Record(TraceEvent::kWorkerReceive, h.key, h.slice, h.priority, h.iteration, server);
       if (--op->remaining == 0) {
         trace_.Record(TraceEvent::kComplete, h.key, static_cast<uint32_t>(ks.slices.size()), h.priority,
@@ -233,7 +247,8 @@ Status Worker::HandleBroadcast(int server, Connection* conn, const Header& h) {
       break;
     }
   }
-  if (done) done(Status::Ok());
+  cv_.notify_all();
+  if (done) done(result);
   return Status::Ok();
 }
 
@@ -250,9 +265,15 @@ void Worker::HandleError(int server, const Header& h, const std::string& text) {
     if (it == keys_.end()) return;
     KeyState& ks = it->second;
     for (auto op = ks.ops.begin(); op != ks.ops.end(); ++op) {
-      if (op->iteration != h.iteration) continue;
-      done = std::move(op->done);
-      ks.ops.erase(op);
+      if (op->iteration != h.iteration || !op->failed.ok()) continue;
+      if (op->writers > 0) {
+        // Another server's slice is being written into the caller's buffer: no new writes start, and the last
+        // writer completes the operation with this error (HandleBroadcast).
+        op->failed = error;
+      } else {
+        done = std::move(op->done);
+        ks.ops.erase(op);
+      }
       break;
     }
     if (ks.error.ok()) ks.error = error;
@@ -382,7 +403,7 @@ Status Worker::WaitFor(const std::function<bool()>& idle, double timeout_s, cons
   }
   std::string names;
   for (int s : servers) names += (names.empty() ? "" : ", ") + std::to_string(s);
-  return Status::Timeout(what + " did not complete within " + std::to_string(static_cast<int>(timeout_s)) +
+  return Status::Timeout(what + " did not complete within " + Seconds(timeout_s) +
                          " s (P3_TIMEOUT): " + std::to_string(slices) + " slices still expected from servers {" +
                          names + "}; do all workers init and push the same keys?");
 }
@@ -448,6 +469,12 @@ Status Worker::Close(double timeout_s) {
     }
     if (st.ok()) st = scheduler_.Finish();
   } else {
+    // As the server does: shut the connections first, so that nothing can still be blocked writing to a server
+    // that stopped reading (the sender's writes do not block, but Connection::Send and last words wait for a
+    // partly written frame), then drop what is queued.
+    for (auto& conn : servers_) {
+      if (conn) conn->Shutdown();
+    }
     sender_.Abort();
   }
   for (auto& conn : servers_) {

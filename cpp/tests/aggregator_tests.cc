@@ -415,6 +415,57 @@ void TestSliceOptimizerAsksForTheStepOncePerKeyAndIteration() {
   CHECK(st != nullptr && st->arrays.size() == 1 && st->count == 2);
 }
 
+bool Names(const std::string& why, const std::string& what) { return why.find(what) != std::string::npos; }
+
+void TestAWorkerThatLeftAfterTheLastIterationStrandsNothing() {
+  Recorder r;
+  std::vector<std::string> stranded;
+  Aggregator::Hooks hooks = r.Hooks();
+  hooks.stranded = [&](const std::string& why) { stranded.push_back(why); };
+  Aggregator a(2, hooks);
+  InitTwo(&a);
+  a.OnFrame(MakeFrame(Command::kPush, 0, 7, 0, 1, {1, 1, 1}));
+  a.OnFrame(MakeFrame(Command::kPush, 1, 7, 0, 1, {1, 1, 1}));
+  // Worker 1 finished iteration 2 and closed while worker 0's push of the same iteration is still on its way.
+  a.OnFrame(MakeFrame(Command::kPush, 1, 7, 0, 2, {1, 1, 1}));
+  a.WorkerLeft(1);
+  a.OnFrame(MakeFrame(Command::kPush, 0, 7, 0, 2, {1, 1, 1}));
+  CHECK(r.broadcasts.size() == 3 && r.broadcasts[2].iteration == 2);
+  CHECK(r.rejects.empty() && stranded.empty());
+}
+
+void TestAWorkerThatLeftEarlyFailsPendingHeldAndLaterPushes() {
+  Recorder r;
+  std::vector<std::string> stranded;
+  Aggregator::Hooks hooks = r.Hooks();
+  hooks.stranded = [&](const std::string& why) { stranded.push_back(why); };
+  Aggregator a(3, hooks);
+  a.OnFrame(MakeFrame(Command::kInit, 2, 7, 0, 0, {}, 3));
+  a.OnFrame(MakeFrame(Command::kInit, 1, 7, 0, 0, {}, 3));
+  a.OnFrame(MakeFrame(Command::kInit, 0, 7, 0, 0, {1, 2, 3}));
+  for (int w : {0, 1, 2}) a.OnFrame(MakeFrame(Command::kPush, w, 7, 0, 1, {1, 1, 1}));
+  a.OnFrame(MakeFrame(Command::kPush, 0, 7, 0, 2, {1, 1, 1}));  // pending: worker 2 will never push it
+  a.OnFrame(MakeFrame(Command::kPush, 0, 7, 0, 3, {1, 1, 1}));  // held for iteration 3
+  CHECK(a.held_frames() == 1 && r.rejects.empty());
+  a.WorkerLeft(2);  // after its iteration 1
+  CHECK(r.rejects.size() == 2 && a.held_frames() == 0);
+  for (const auto& [w, why] : r.rejects) {
+    CHECK(w == 0);
+    CHECK(Names(why, "worker 2 has left the job") && Names(why, "after its iteration 1 of key 7"));
+  }
+  CHECK(Names(r.rejects[0].second, "iteration 2 of key 7"));
+  CHECK(Names(r.rejects[1].second, "iteration 3 of key 7"));
+  CHECK(stranded.size() == 2);
+  a.OnFrame(MakeFrame(Command::kPush, 1, 7, 0, 2, {1, 1, 1}));  // a later push is refused at once
+  CHECK(r.rejects.size() == 3 && r.rejects[2].first == 1 && Names(r.rejects[2].second, "worker 2 has left"));
+  CHECK(r.broadcasts.size() == 2 && r.updates.size() == 1);  // init and iteration 1 only
+  // A key that worker 2 never declared can never initialise.
+  a.OnFrame(MakeFrame(Command::kInit, 0, 8, 0, 0, {1}));
+  CHECK(r.rejects.size() == 4 && Names(r.rejects[3].second, "without declaring key 8") &&
+        Names(r.rejects[3].second, "can never initialise"));
+  CHECK(stranded.size() == 4);
+}
+
 void Run(const char* name, void (*test)()) {
   const int before = g_failed_checks;
   test();
@@ -449,6 +500,8 @@ int main() {
   RUN(TestBufferPoolFillGrowsWithTheBytesThatArrive);
   RUN(TestSliceOptimizerWithoutKernelAggregatesOrCallsTheFunction);
   RUN(TestSliceOptimizerAsksForTheStepOncePerKeyAndIteration);
+  RUN(TestAWorkerThatLeftAfterTheLastIterationStrandsNothing);
+  RUN(TestAWorkerThatLeftEarlyFailsPendingHeldAndLaterPushes);
   std::printf("%d passed, %d failed\n", g_passed, g_failed);
   return g_failed == 0 ? 0 : 1;
 }

@@ -156,6 +156,33 @@ void TestCodecRejects() {
   }, "huge control frame");
 }
 
+void TestHelloDeclaresTheByteOrderAndAMismatchIsRefused() {
+  uint8_t buf[p3::kHeaderBytes];
+  Header d;
+  p3::EncodeHeader(p3::MakeHello(3), buf);
+  CHECK(p3::DecodeHeader(buf, 1 << 30, &d).ok());
+  bool mismatch = true;
+  CHECK(p3::CheckHello(d, &mismatch).ok() && !mismatch);
+  CHECK(d.sender == 3 && d.reserved8 == static_cast<uint8_t>(p3::HostByteOrder()));
+  const bool little = p3::HostByteOrder() == p3::ByteOrder::kLittleEndian;
+  d.reserved8 = static_cast<uint8_t>(little ? p3::ByteOrder::kBigEndian : p3::ByteOrder::kLittleEndian);
+  p3::Status st = p3::CheckHello(d, &mismatch);
+  CHECK(!st.ok() && mismatch);
+  CHECK(st.message().find("worker 3 sends payloads in big-endian byte order") != std::string::npos || !little);
+  CHECK(st.message().find("this server's host is little-endian") != std::string::npos || !little);
+  d.reserved8 = 0;  // a version-1 peer (refused by the version check before this)
+  st = p3::CheckHello(d, &mismatch);
+  CHECK(!st.ok() && mismatch && st.message().find("undeclared byte order") != std::string::npos);
+  Header h = p3::MakeHello(0);
+  h.version = 1;  // the protocol before HELLO declared the byte order
+  p3::EncodeHeader(h, buf);
+  st = p3::DecodeHeader(buf, 1 << 30, &d);
+  CHECK(!st.ok() && st.message().find("protocol version 1, expected 2") != std::string::npos);
+  h = p3::MakeHello(0);
+  h.command = p3::Command::kPush;
+  CHECK(!p3::CheckHello(h, &mismatch).ok() && !mismatch);
+}
+
 void TestRegistrationAndTableRoundTrip() {
   p3::Registration r{p3::Role::kServer, "10.0.0.7", 9001, 4, 2};
   p3::Registration r2;
@@ -298,6 +325,7 @@ int main() {
       {"queue_pop_for_times_out", TestQueuePopForTimesOut},
       {"codec_round_trip", TestCodecRoundTrip},
       {"codec_rejects", TestCodecRejects},
+      {"hello_declares_the_byte_order", TestHelloDeclaresTheByteOrderAndAMismatchIsRefused},
       {"registration_and_table_round_trip", TestRegistrationAndTableRoundTrip},
       {"slicer", TestSlicer},
       {"half", TestHalf},

@@ -73,6 +73,8 @@ def main():
     p.add_argument("--optimizer", default="sgd")
     p.add_argument("--update-on-kvstore", type=int, default=1)
     p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--rank-steps", metavar="N0,N1,...", help="steps per worker rank (overrides --steps): uneven "
+                   "steps, as with data shards of different lengths")
     p.add_argument("--devices", type=int, default=1)
     p.add_argument("--checkpoint-at", type=int, metavar="N")
     p.add_argument("--fail-optimizer", action="store_true")
@@ -108,6 +110,8 @@ def main():
     trainer._init_kvstore()
     kv = trainer._kvstore
     rank = kv.rank
+    if args.rank_steps:
+        args.steps = int(args.rank_steps.split(",")[rank])
     if args.resume:
         # Weights first: Trainer.load_states initialises the kvstore keys with worker 0's values. Then the
         # statistics only this worker computes (BatchNorm's running mean/var), which that overwrote.

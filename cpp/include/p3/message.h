@@ -11,7 +11,8 @@
 namespace p3 {
 
 constexpr uint32_t kMagic = 0x564b3350;  // "P3KV" read as little-endian bytes
-constexpr uint16_t kProtocolVersion = 1;
+// 2: HELLO declares the worker's payload byte order (reserved8; version 1 sent none).
+constexpr uint16_t kProtocolVersion = 2;
 constexpr size_t kHeaderBytes = 64;
 // Control payloads (node tables, error texts) are small; anything larger is hostile or corrupt.
 constexpr uint64_t kMaxControlBytes = 1 << 20;
@@ -41,6 +42,13 @@ constexpr int kNumCommands = 17;  // array bound for per-command counters (index
 const char* CommandName(Command c);
 bool IsValidCommand(uint16_t raw);
 
+// Headers and control payloads are little-endian; data payloads (slice values and gradients) travel in the
+// sender's host byte order, unconverted (no copy on either side). A worker's HELLO declares that order and a
+// server refuses a worker whose order differs from its own (codec.h: CheckHello).
+enum class ByteOrder : uint8_t { kUndeclared = 0, kLittleEndian = 1, kBigEndian = 2 };
+ByteOrder HostByteOrder();
+const char* ByteOrderName(ByteOrder order);
+
 struct Header {
   uint32_t magic = kMagic;
   uint16_t version = kProtocolVersion;
@@ -48,7 +56,7 @@ struct Header {
   int32_t priority = 0;  // larger is more urgent; layer k of L gets -k (MXNet's convention)
   int32_t sender = -1;   // rank of the sending node within its role
   DType dtype = DType::kFloat32;
-  uint8_t reserved8 = 0;
+  uint8_t reserved8 = 0;  // HELLO: the sender's ByteOrder; REPLY: 1 marks an error text
   uint16_t reserved16 = 0;
   uint32_t slice = 0;      // slice index within the key
   uint64_t key = 0;

@@ -82,6 +82,8 @@ class Server {
   void Broadcast(const SliceEntry& s, int32_t priority);
   void Reject(int worker, const Header& h, const std::string& why);
   void Fail(const Status& status, bool from_scheduler = false);
+  // A slice needs an iteration from a worker that has left: the job cannot go on (consumer thread).
+  void Strand(const std::string& why);
   std::string WorkerName(int rank) const;
 
   const NodeConfig config_;

@@ -73,6 +73,8 @@ class Worker {
     char* out;
     size_t remaining;  // slices not yet received
     Callback done;
+    int writers = 0;   // receivers writing a slice into `out` right now
+    Status failed;     // a server rejected it: completes with this once the last writer is done
   };
   struct KeyState {
     std::string name;
