@@ -11,7 +11,7 @@ from conftest import ROOT
 
 CPP = os.path.join(ROOT, "cpp")
 FLAGS = ["-std=c++17", "-Wall", "-Wextra", "-Werror", "-O1", "-pthread", "-I", os.path.join(CPP, "include")]
-UNITS = ("sender.cc", "connection.cc", "socket.cc", "codec.cc", "dtype.cc", "handshake.cc", "trace.cc")
+UNITS = ("sender.cc", "connection.cc", "socket.cc", "codec.cc", "dtype.cc", "handshake.cc", "trace.cc", "log.cc")
 
 
 @pytest.fixture(scope="module")
