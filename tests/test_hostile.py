@@ -22,7 +22,17 @@ import time
 import numpy as np
 import p3auth
 import pytest
-from test_failures import FAILURE_WORKER, HOST, REPORT_SERVER, SECRET, Job, Node, free_port, node_env
+from test_failures import (
+    FAILURE_WORKER,
+    HOST,
+    LITTLE_ENDIAN,
+    REPORT_SERVER,
+    SECRET,
+    Job,
+    Node,
+    free_port,
+    node_env,
+)
 
 HEARTBEAT = {"P3_HEARTBEAT_TIMEOUT": "3", "P3_HEARTBEAT_INTERVAL": "0.5"}  # a stall of 3 s fails the job
 MAGIC = 0x564B3350
@@ -52,9 +62,11 @@ def stats(pid: int) -> dict[str, int]:
 
 def frame(command: int, *, sender: int = 0, key: int = 0, count: int = 0, iteration: int = 0, payload: bytes = b"",
           payload_bytes: int | None = None) -> bytes:
+    """A frame as cpp/src/codec.cc encodes it (protocol version 2; a HELLO declares little-endian payloads)."""
     n = len(payload) if payload_bytes is None else payload_bytes
-    return struct.pack("<IHHiiBBHIQQQQQ", MAGIC, 1, command, 0, sender, FLOAT32, 0, 0, 0, key, 0, count, iteration,
-                       n) + payload
+    byte_order = LITTLE_ENDIAN if command == HELLO else 0
+    return struct.pack("<IHHiiBBHIQQQQQ", MAGIC, 2, command, 0, sender, FLOAT32, byte_order, 0, 0, key, 0, count,
+                       iteration, n) + payload
 
 
 def read_frame(s: socket.socket) -> tuple[int, int, int, bytes]:

@@ -19,7 +19,7 @@ Worker::Worker(NodeConfig config)
     : config_(std::move(config)),
       trace_(config_.trace),
       scheduler_(config_, Role::kWorker, &counters_),
-      sender_(&trace_, [this](const OutMessage&, const Status& st) { Fail(st); }) {}
+      sender_(&trace_, [this](const OutMessage&, const Status& st) { OnSendError(st); }) {}
 
 Worker::~Worker() {
   if (closed_) return;
@@ -330,6 +330,17 @@ Status Worker::Request(int server, uint32_t type, const std::string& body, std::
   }
   requests_.erase(id);
   return st;
+}
+
+void Worker::OnSendError(const Status& st) {
+  // A write fails mostly because the server is gone. What it said before going (a rejection, its last words)
+  // names the cause better than "broken pipe", and its receiver is about to read it: give that a moment.
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, std::chrono::seconds(1), [&] { return !fatal_.ok() || closed_; });
+    if (!fatal_.ok() || closed_) return;
+  }
+  Fail(st);
 }
 
 void Worker::Fail(const Status& status, bool from_scheduler) {

@@ -14,20 +14,9 @@
 #include "p3/aggregator.h"
 #include "p3/buffer_pool.h"
 #include "p3/slice_optimizer.h"
+#include "check.h"
 
 namespace {
-
-int g_failed_checks = 0;
-int g_passed = 0;
-int g_failed = 0;
-
-#define CHECK(cond)                                                                  \
-  do {                                                                               \
-    if (!(cond)) {                                                                   \
-      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++g_failed_checks;                                                             \
-    }                                                                                \
-  } while (0)
 
 using namespace p3;
 
@@ -466,42 +455,31 @@ void TestAWorkerThatLeftEarlyFailsPendingHeldAndLaterPushes() {
   CHECK(stranded.size() == 4);
 }
 
-void Run(const char* name, void (*test)()) {
-  const int before = g_failed_checks;
-  test();
-  if (g_failed_checks == before) {
-    ++g_passed;
-  } else {
-    ++g_failed;
-    std::fprintf(stderr, "FAILED %s\n", name);
-  }
-}
-
 }  // namespace
 
-#define RUN(t) Run(#t, t)
+#define RUN(t) {#t, t}
 
 int main() {
-  RUN(TestInitBroadcastsWorkerZerosValue);
-  RUN(TestPushesSumThenUpdateThenBroadcast);
-  RUN(TestAggregateOnlyBroadcastsTheSum);
-  RUN(TestLaterIterationIsHeldUntilItsTurn);
-  RUN(TestPushesBeforeInitCompletesAreHeld);
-  RUN(TestBadRequestsAreRejectedWithReasons);
-  RUN(TestWorkersDisagreeingOnShapeFailTheSliceForAll);
-  RUN(TestFailedUpdateRejectsEveryWorkerAndKeepsHeldPushes);
-  RUN(TestBroadcastSharesTheValueAndCopiesOnlyWhileASendHoldsIt);
-  RUN(TestKeySlicesCountsTheKeysSlicesHere);
-  RUN(TestFloat16IsSummedInFloat32AndRounded);
-  RUN(TestAdmissionSharesTheBoundPerWorker);
-  RUN(TestAdmissionNeverBlocksAWorkerWhoseFramesAreAllHeld);
-  RUN(TestBufferPoolReusesBuffersBySize);
-  RUN(TestInitBeyondTheSliceBudgetIsRejectedBeforeAllocation);
-  RUN(TestBufferPoolFillGrowsWithTheBytesThatArrive);
-  RUN(TestSliceOptimizerWithoutKernelAggregatesOrCallsTheFunction);
-  RUN(TestSliceOptimizerAsksForTheStepOncePerKeyAndIteration);
-  RUN(TestAWorkerThatLeftAfterTheLastIterationStrandsNothing);
-  RUN(TestAWorkerThatLeftEarlyFailsPendingHeldAndLaterPushes);
-  std::printf("%d passed, %d failed\n", g_passed, g_failed);
-  return g_failed == 0 ? 0 : 1;
+  return p3test::RunTests({
+      RUN(TestInitBroadcastsWorkerZerosValue),
+      RUN(TestPushesSumThenUpdateThenBroadcast),
+      RUN(TestAggregateOnlyBroadcastsTheSum),
+      RUN(TestLaterIterationIsHeldUntilItsTurn),
+      RUN(TestPushesBeforeInitCompletesAreHeld),
+      RUN(TestBadRequestsAreRejectedWithReasons),
+      RUN(TestWorkersDisagreeingOnShapeFailTheSliceForAll),
+      RUN(TestFailedUpdateRejectsEveryWorkerAndKeepsHeldPushes),
+      RUN(TestBroadcastSharesTheValueAndCopiesOnlyWhileASendHoldsIt),
+      RUN(TestKeySlicesCountsTheKeysSlicesHere),
+      RUN(TestFloat16IsSummedInFloat32AndRounded),
+      RUN(TestAdmissionSharesTheBoundPerWorker),
+      RUN(TestAdmissionNeverBlocksAWorkerWhoseFramesAreAllHeld),
+      RUN(TestBufferPoolReusesBuffersBySize),
+      RUN(TestInitBeyondTheSliceBudgetIsRejectedBeforeAllocation),
+      RUN(TestBufferPoolFillGrowsWithTheBytesThatArrive),
+      RUN(TestSliceOptimizerWithoutKernelAggregatesOrCallsTheFunction),
+      RUN(TestSliceOptimizerAsksForTheStepOncePerKeyAndIteration),
+      RUN(TestAWorkerThatLeftAfterTheLastIterationStrandsNothing),
+      RUN(TestAWorkerThatLeftEarlyFailsPendingHeldAndLaterPushes),
+  });
 }

@@ -17,18 +17,9 @@
 #include "p3/sender.h"
 #include "p3/socket.h"
 #include "p3/trace.h"
+#include "check.h"
 
 namespace {
-
-int g_failed_checks = 0;
-
-#define CHECK(cond)                                                        \
-  do {                                                                     \
-    if (!(cond)) {                                                         \
-      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++g_failed_checks;                                                   \
-    }                                                                      \
-  } while (0)
 
 using p3::Command;
 using p3::Connection;
@@ -54,7 +45,7 @@ Link MakeLink(const std::string& name, p3::Counters* counters, int buffer_bytes 
       !p3::Socket::Connect("127.0.0.1", listener.LocalPort(), buffer_bytes, 5.0, &a).ok() ||
       !listener.Accept(5.0, &b, &who).ok()) {
     std::fprintf(stderr, "cannot make a loopback connection\n");
-    ++g_failed_checks;
+    ++p3test::FailedChecks();
     return link;
   }
   link.conn = std::make_shared<Connection>(std::move(a), name, 1ull << 30, counters);
@@ -370,15 +361,5 @@ int main() {
       {"large_frame_partially_written_arrives_intact", TestLargeFramePartiallyWrittenArrivesIntact},
       {"last_words_wait_for_part_frame", TestLastWordsWaitForPartFrame},
   };
-  int passed = 0, failed = 0;
-  for (auto& [name, fn] : tests) {
-    const int before = g_failed_checks;
-    fn();
-    const bool ok = g_failed_checks == before;
-    std::printf("%s %s\n", ok ? "PASS" : "FAIL", name);
-    std::fflush(stdout);
-    (ok ? passed : failed) += 1;
-  }
-  std::printf("%d passed, %d failed\n", passed, failed);
-  return failed == 0 ? 0 : 1;
+  return p3test::RunTests(tests);
 }

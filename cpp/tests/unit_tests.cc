@@ -18,18 +18,9 @@
 #include "p3/priority_queue.h"
 #include "p3/slicer.h"
 #include "p3/virtual_stream.h"
+#include "check.h"
 
 namespace {
-
-int g_failed_checks = 0;
-
-#define CHECK(cond)                                                        \
-  do {                                                                     \
-    if (!(cond)) {                                                         \
-      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++g_failed_checks;                                                   \
-    }                                                                      \
-  } while (0)
 
 using p3::Header;
 using p3::PriorityQueue;
@@ -333,14 +324,5 @@ int main() {
       {"handshake", TestHandshake},
       {"virtual_stream", TestVirtualStream},
   };
-  int passed = 0, failed = 0;
-  for (auto& [name, fn] : tests) {
-    const int before = g_failed_checks;
-    fn();
-    const bool ok = g_failed_checks == before;
-    std::printf("%s %s\n", ok ? "PASS" : "FAIL", name);
-    (ok ? passed : failed) += 1;
-  }
-  std::printf("%d passed, %d failed\n", passed, failed);
-  return failed == 0 ? 0 : 1;
+  return p3test::RunTests(tests);
 }

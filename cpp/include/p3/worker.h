@@ -95,6 +95,8 @@ class Worker {
   void HandleReply(const Header& h, std::string body);
   // Ends the job for this worker: every outstanding and future operation fails with `status`. Unless the
   // scheduler told us, the scheduler hears the reason.
+  // Sender thread: a failed write fails the job, unless the peer's own reason arrives within a second.
+  void OnSendError(const Status& st);
   void Fail(const Status& status, bool from_scheduler = false);
   Status CheckUsableLocked() const;
   Status WaitFor(const std::function<bool()>& idle, double timeout_s, const InterruptCheck& interrupted,
