@@ -75,7 +75,11 @@ def test_nothing_missing_does_nothing(tmp_path):
 
 
 def test_make_setup_runs_it_and_ci_runs_the_readme_command():
-    dry = subprocess.run(["make", "-n", "-B", "test"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    # A make of its own: under `make test` (CI) the parent's MAKEFLAGS/MAKELEVEL would make it print
+    # "Entering directory" lines.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    dry = subprocess.run(["make", "--no-print-directory", "-n", "-B", "test"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60, env=env)
     assert dry.returncode == 0, dry.stderr
     lines = dry.stdout.splitlines()
     assert lines[0] == "bash scripts/system-deps.sh", lines[:3]  # before the venv and the build
