@@ -6,8 +6,9 @@ usage: overlap_train.py OUT_DIR [--steps N]     (run with P3_TRACE set, under py
 
 Forward: conv "afirst" (the first layer) -> marker -> 3 convs -> pool -> dense "zlast" (the last layer, 16.8M
 parameters, 67 MB). Backward through the convs is short (24x24 inputs) next to the last layer's transfer, so the
-first layer's gradient is ready while the last layer's slices are still queued, even with a fast server. The marker is a CustomOp that passes its input through and appends time.time_ns() to a list
-each time its forward runs, i.e. as soon as the first layer's forward output exists. Writes
+first layer's gradient is ready while the last layer's slices are still queued, even with a fast server. The
+marker is a CustomOp that passes its input through and appends time.time_ns() to a list each time its forward
+runs, i.e. as soon as the first layer's forward output exists. Writes
 OUT_DIR/overlap-rank<r>.json: {"marks": [ns per step], "keys": {name: kvstore key}}.
 """
 
