@@ -147,7 +147,7 @@ p3::Updater PyUpdater(py::object f) {
   return [callable](const p3::UpdateRequest& r) -> Status {
     py::gil_scoped_acquire gil;  // the consumer thread takes the GIL only for the update itself
     try {
-      callable->fn(r.key, r.slice, r.offset, r.iteration, View(r.dtype, r.aggregated, r.count, false),
+      callable->fn(r.key, r.slice, r.offset, r.iteration, View(r.dtype, p3::Aggregated(r), r.count, false),
                    View(r.dtype, r.value, r.count, true));
     } catch (py::error_already_set& e) {
       return PyErrorStatus(e, "update function");

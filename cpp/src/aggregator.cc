@@ -163,18 +163,16 @@ void Aggregator::Complete(Slice* s, int32_t priority) {
     e.value = std::make_shared<std::vector<char>>(*e.value);
     value_copies_.fetch_add(1, std::memory_order_relaxed);
   }
-  const void* aggregated = s->accum.data();
-  if (e.dtype == DType::kFloat16) {
-    CopyFromAccumulator(e.dtype, s->accum.data(), s->rounded.data(), e.count);
-    aggregated = s->rounded.data();
-  }
+  // Float16 sums are rounded only if the update reads them (Aggregated()).
+  const bool rounds = AccumulatorType(e.dtype) != e.dtype;
+  const UpdateRequest req{e.key, e.slice, e.offset, e.count, e.iteration, e.dtype,
+                          rounds ? nullptr : s->accum.data(), e.value->data(), key_slices_[e.key], s->accum.data(),
+                          rounds ? s->rounded.data() : nullptr};
   Status updated;
   if (hooks_.update) {
-    const UpdateRequest req{e.key, e.slice, e.offset, e.count, e.iteration, e.dtype, aggregated, e.value->data(),
-                            key_slices_[e.key], s->accum.data()};
     updated = hooks_.update(req);
   } else {
-    std::memcpy(e.value->data(), aggregated, e.value->size());
+    CopyAggregate(req);
   }
   if (updated.ok()) {
     hooks_.broadcast(e, priority);
@@ -187,6 +185,20 @@ void Aggregator::Complete(Slice* s, int32_t priority) {
   }
   // Pushes held for the next iteration go on either way, so a failed update cannot strand them.
   ReplayHeld(s);
+}
+
+const void* Aggregated(const UpdateRequest& r) {
+  if (r.aggregated != nullptr) return r.aggregated;
+  CopyFromAccumulator(r.dtype, r.sum, r.rounded, r.count);
+  return r.rounded;
+}
+
+void CopyAggregate(const UpdateRequest& r) {
+  if (r.sum != nullptr) {
+    CopyFromAccumulator(r.dtype, r.sum, r.value, r.count);
+  } else {
+    std::memcpy(r.value, r.aggregated, r.count * DTypeSize(r.dtype));
+  }
 }
 
 void Aggregator::ReplayHeld(Slice* s) {

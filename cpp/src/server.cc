@@ -233,7 +233,7 @@ Status Server::Update(const UpdateRequest& r) {
   if (updater_ && updater_enabled_) {
     st = updater_(r);
   } else {  // aggregate only: the value becomes the sum
-    std::memcpy(r.value, r.aggregated, r.count * DTypeSize(r.dtype));
+    CopyAggregate(r);
   }
   if (st.ok()) trace_.Record(TraceEvent::kUpdate, r.key, r.slice, 0, r.iteration, -1);
   return st;

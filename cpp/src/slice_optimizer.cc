@@ -44,7 +44,7 @@ Status SliceOptimizer::StepFor(const UpdateRequest& r, StepParams* out) {
 Status SliceOptimizer::Update(const UpdateRequest& r) {
   if (!kernel_) {
     if (function_) return function_(r);
-    std::memcpy(r.value, r.aggregated, r.count * DTypeSize(r.dtype));
+    CopyAggregate(r);
     return Status::Ok();
   }
   const int n = NumStates(spec_, r.dtype);
@@ -88,7 +88,7 @@ Status SliceOptimizer::Update(const UpdateRequest& r) {
   if (UpdatesMasterCopy(spec_, r.dtype) && r.sum != nullptr) {
     ApplyUpdateToMaster(spec_, step, r.value, static_cast<const float*>(r.sum), ptrs, r.count);
   } else {
-    ApplyUpdate(spec_, step, r.dtype, r.value, r.aggregated, ptrs, r.count);
+    ApplyUpdate(spec_, step, r.dtype, r.value, Aggregated(r), ptrs, r.count);
   }
   return Status::Ok();
 }

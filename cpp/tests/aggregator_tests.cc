@@ -234,7 +234,7 @@ void TestFloat16IsSummedInFloat32AndRounded() {
   Aggregator::Hooks h;
   std::vector<uint16_t> seen;
   h.update = [&](const UpdateRequest& u) {
-    const uint16_t* g = static_cast<const uint16_t*>(u.aggregated);
+    const uint16_t* g = static_cast<const uint16_t*>(Aggregated(u));
     seen.assign(g, g + u.count);
     return Status::Ok();
   };

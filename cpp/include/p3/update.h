@@ -9,9 +9,10 @@
 
 namespace p3 {
 
-// `aggregated` holds the sum over workers (in `dtype`); `sum` the same sum in AccumulatorType(dtype) before
-// rounding (float32 for float16 slices; the same buffer otherwise); `value` is the stored slice to update in place;
-// it is then broadcast. `key_slices` is how many slices of the key this server holds (an update function that works
+// `sum` holds the sum over workers in AccumulatorType(dtype) (float32 for float16 slices); `aggregated` the same
+// sum in `dtype`, or null for float16 slices, whose rounded sum Aggregated() makes on demand in `rounded` (an
+// update that reads the float32 sum, as multi_precision does, never pays for rounding); `value` is the stored
+// slice to update in place; it is then broadcast. `key_slices` is how many slices of the key this server holds (an update function that works
 // once per key and iteration knows when every slice of the key has had its turn).
 struct UpdateRequest {
   uint64_t key;
@@ -23,8 +24,14 @@ struct UpdateRequest {
   const void* aggregated;
   void* value;
   uint32_t key_slices = 1;
-  const void* sum = nullptr;  // null: use `aggregated`
+  const void* sum = nullptr;  // null: only `aggregated` is given
+  void* rounded = nullptr;    // float16: where Aggregated() rounds `sum` to
 };
+
+// The workers' sum in the slice's dtype (rounds `sum` into `rounded` when `aggregated` is null).
+const void* Aggregated(const UpdateRequest& r);
+// Aggregate only: the value becomes the workers' sum.
+void CopyAggregate(const UpdateRequest& r);
 // Runs on the server's consumer thread. A non-Ok status is reported to every worker waiting on the key.
 using Updater = std::function<Status(const UpdateRequest&)>;
 
