@@ -286,7 +286,7 @@ def test_forward_order_stays_bounded_when_it_never_learns_and_still_learns_the_l
 
 # ---- 5. Overlap ----
 
-OVERLAP_STEPS = 4
+OVERLAP_STEPS = 5
 
 
 def test_communication_overlaps_backward_and_the_next_forward(jobs):

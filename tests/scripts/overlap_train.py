@@ -5,10 +5,12 @@ backward and the next forward.
 usage: overlap_train.py OUT_DIR [--steps N]     (run with P3_TRACE set, under python -m p3kv.launch)
 
 Forward: conv "afirst" (the first layer) -> marker -> 3 convs -> pool -> dense "zlast" (the last layer, 16.8M
-parameters, 67 MB). Backward through the convs is short (24x24 inputs) next to the last layer's transfer, so the
-first layer's gradient is ready while the last layer's slices are still queued, even with a fast server. The
-marker is a CustomOp that passes its input through and appends time.time_ns() to a list each time its forward
-runs, i.e. as soon as the first layer's forward output exists. Writes
+parameters, 67 MB). The marker's backward sleeps 20 ms (standing for the layers a real net has there), so the
+last layer's slices are on the wire well before the first layer's gradient exists; the rest of backward is short
+(12x12 inputs) next to the last layer's transfer, so the first layer's gradient is ready while the last layer's
+slices are still queued, even with a fast server. The marker is a CustomOp that passes its input through and
+appends time.time_ns() to a list each time its forward runs, i.e. as soon as the first layer's forward output
+exists. Writes
 OUT_DIR/overlap-rank<r>.json: {"marks": [ns per step], "keys": {name: kvstore key}}.
 """
 
@@ -25,6 +27,7 @@ from mxnet import autograd, gluon
 import p3kv  # noqa: F401  (makes kvstore='p3' available)
 
 MARKS = []  # time.time_ns() of each forward of the marker, in order
+BACKWARD_SECONDS = 0.02
 
 
 class Marker(mx.operator.CustomOp):
@@ -33,6 +36,7 @@ class Marker(mx.operator.CustomOp):
         self.assign(out_data[0], req[0], in_data[0])
 
     def backward(self, req, out_grad, in_data, out_data, in_grad, aux):
+        time.sleep(BACKWARD_SECONDS)  # stands for the backward of layers a real net has here
         self.assign(in_grad[0], req[0], out_grad[0])
 
 
@@ -59,7 +63,7 @@ class MarkerBlock(gluon.HybridBlock):
         return F.Custom(x, op_type="p3_overlap_marker")
 
 
-CLASSES = 8192
+CLASSES = 32768
 
 
 def build_net():
@@ -73,7 +77,7 @@ def build_net():
                                     prefix=f"mid{i}_"))
         net.add(gluon.nn.MaxPool2D(3))
         net.add(gluon.nn.Flatten())
-        net.add(gluon.nn.Dense(CLASSES, in_units=32 * 8 * 8, prefix="zlast_"))
+        net.add(gluon.nn.Dense(CLASSES, in_units=32 * 4 * 4, prefix="zlast_"))
     return net
 
 
@@ -96,7 +100,7 @@ def main():
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     for step in range(args.steps):
         rng = np.random.RandomState(10 * rank + step)
-        x = mx.nd.array(rng.rand(batch, 3, 24, 24).astype(np.float32))
+        x = mx.nd.array(rng.rand(batch, 3, 12, 12).astype(np.float32))
         y = mx.nd.array(rng.randint(0, CLASSES, size=(batch,)).astype(np.float32))
         with autograd.record():
             loss = loss_fn(net(x), y)
