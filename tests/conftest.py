@@ -1,25 +1,39 @@
-"""Shared helpers for tests that run real p3kv jobs."""
+"""The test tiers and the shared fixtures. tests/harness.py starts p3kv processes; tests/cpp_build.py builds the
+C++ unit tests.
+
+Every test has exactly one tier (a `pytestmark = pytest.mark.TIER` line at the top of its module, or a mark per
+test where a module mixes tiers); collection fails otherwise. `pytest -m unit` runs one tier.
+"""
 
 import os
-import subprocess
-import sys
 
 import pytest
+from harness import ROOT, SCRIPTS, run_job  # noqa: F401  (tests once imported these from here)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = os.path.join(ROOT, "tests", "scripts")
+# name -> what a test of the tier may do (also registered in pyproject.toml, which --strict-markers enforces)
+TIERS = {
+    "unit": "one process, no p3kv job and no MXNet training: pure Python and the C++ unit tests",
+    "integration": "real p3kv jobs over loopback with numpy workers (the launcher, node by node, raw sockets)",
+    "mxnet": "MXNet in the loop: kvstore='p3' and the baselines in jobs, Gluon/Module/Sockeye training",
+    "system": "root: network namespaces and tc, sshd and Fabric (skipped with the reason when not root)",
+}
 
 
-def run_job(workers, servers, worker_args, *, env=None, server_script=None, timeout=120, launcher_args=()):
-    """Runs a job through the real launcher; returns the CompletedProcess (output merged into stdout)."""
-    cmd = [sys.executable, "-m", "p3kv.launch", "-n", str(workers), "-s", str(servers), *launcher_args]
-    if server_script:
-        cmd += ["--server-command", f"{sys.executable} {os.path.join(SCRIPTS, server_script)}"]
-    cmd += ["--", sys.executable, *worker_args]
-    full_env = dict(os.environ)
-    full_env.update(env or {})
-    return subprocess.run(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=timeout, cwd=ROOT)
+def pytest_collection_modifyitems(config, items):
+    wrong = []
+    for item in items:
+        tiers = sorted({mark.name for mark in item.iter_markers() if mark.name in TIERS})
+        if len(tiers) != 1:
+            wrong.append(f"{item.nodeid}: {', '.join(tiers) or 'no tier'}")
+    if wrong:
+        raise pytest.UsageError("every test needs exactly one tier mark (" + ", ".join(TIERS) + "): put "
+                                "`pytestmark = pytest.mark.TIER` at the top of its module, or mark each test where "
+                                "a module mixes tiers:\n  " + "\n  ".join(wrong))
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("system") is not None and os.geteuid() != 0:
+        pytest.skip("a system test needs root (network namespaces, tc, sshd): CI runs as root; locally use sudo")
 
 
 @pytest.fixture
@@ -29,7 +43,7 @@ def job_runner():
 
 @pytest.fixture
 def nodes():
-    """The processes a test started (objects with a kill() method, e.g. test_failures.Node); whatever still runs
+    """The processes a test started (harness.Node objects, or anything with a kill() method); whatever still runs
     at teardown is killed."""
     started: list = []
     yield started

@@ -4,239 +4,54 @@ but sending bad frames) are refused and logged while a job keeps computing corre
 SIGKILL or an update function that raises makes every blocked wait raise P3Error within a bound and every process
 exit non-zero. tests/test_security_liveness.py covers the secret and heartbeats further.
 
-Jobs are started process by process (scheduler, servers, workers) with explicit P3_* environments, so each exit
-code and each process's output can be checked. The servers run tests/scripts/report_server.py, which prints its
-rank, pid and port once it joined; the workers run tests/scripts/failure_worker.py (see its docstring). Every
-wait has a hard timeout; processes are synchronized through their output, never by sleeping; a test's processes
-are killed at teardown if it failed half-way.
+Jobs are started process by process (scheduler, servers, workers) with explicit P3_* environments through
+tests/harness.py, so each exit code and each process's output can be checked. The servers run
+tests/scripts/report_server.py, which prints its rank, pid and port once it joined; the workers run
+tests/scripts/failure_worker.py (see its docstring). Every wait has a hard timeout; processes are synchronized
+through their output, never by sleeping; a test's processes are killed at teardown if it failed half-way.
 """
 
 from __future__ import annotations
 
 import os
-import queue
 import re
-import secrets
 import signal
 import socket
-import struct
 import subprocess
 import sys
-import threading
 import time
-from pathlib import Path
 
 import p3auth
 import pytest
+from frames import BIG_ENDIAN, HELLO, PUSH, header
+from harness import (
+    FAILURE_BOUND,
+    FAILURE_WORKER,
+    HOST,
+    MISUSE_WORKER,
+    NAMED_NODE,
+    RAISING_SERVER,
+    REPORT_SERVER,
+    ROLE_COMMANDS,
+    SCRIPTS,
+    STEP,
+    Job,
+    Node,
+    assert_failed_with,
+    bad_frame,
+    base_env,
+    free_port,
+    launcher_argv,
+    node_env,
+    refused_reason,
+    run_launcher,
+    run_node,
+)
 
-REPO = Path(__file__).resolve().parent.parent
-SCRIPTS = REPO / "tests" / "scripts"
-FAILURE_WORKER = str(SCRIPTS / "failure_worker.py")
-MISUSE_WORKER = str(SCRIPTS / "misuse_worker.py")
-REPORT_SERVER = str(SCRIPTS / "report_server.py")
-RAISING_SERVER = str(SCRIPTS / "raising_server.py")
-STEP = 20.0  # seconds: no single wait of these tests may take longer
-FAILURE_BOUND = 10.0  # seconds from a node's death to every other process's exit
-HOST = "127.0.0.1"
-SECRET = secrets.token_hex(16)  # P3_SECRET of the jobs these tests start node by node
-
-MAGIC = 0x564B3350
-HELLO, PUSH = 9, 11
-LITTLE_ENDIAN, BIG_ENDIAN = 1, 2  # a HELLO's byte order (cpp/include/p3/message.h ByteOrder)
-FLOAT32 = 0  # p3::DType::kFloat32
-
-
-# ---- helpers ----
-
-def header(command: int, *, sender: int = 0, magic: int = MAGIC, version: int = 2, count: int = 0,
-           payload_bytes: int = 0, byte_order: int = LITTLE_ENDIAN) -> bytes:
-    """A 64-byte frame header as cpp/src/codec.cc encodes it (a HELLO declares `byte_order`)."""
-    reserved8 = byte_order if command == HELLO else 0
-    data = struct.pack("<IHHiiBBHIQQQQQ", magic, version, command, 0, sender, FLOAT32, reserved8, 0, 0, 0, 0, count,
-                       0, payload_bytes)
-    assert len(data) == 64
-    return data
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
-def base_env(**extra: str) -> dict[str, str]:
-    """This process's environment without any P3_*/DMLC_* variable, with short timeouts and small slices (so a
-    3000-element key spans both servers)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("P3_", "DMLC_"))}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    env.update(PYTHONUNBUFFERED="1", P3_CONNECT_TIMEOUT="15", P3_TIMEOUT="30", P3_SLICE_SIZE="1000")
-    env.update(extra)
-    return env
-
-
-def node_env(role: str, root_port: int | None, workers: int = 2, servers: int = 2, **extra: str) -> dict[str, str]:
-    """`base_env` plus the description of a job on loopback for a node of `role` (no P3_ROOT_PORT if None), with
-    P3_SECRET=SECRET unless `extra` says otherwise."""
-    job = {"P3_ROLE": role, "P3_ROOT_URI": HOST, "P3_NODE_HOST": HOST, "P3_NUM_WORKER": str(workers),
-           "P3_NUM_SERVER": str(servers), "P3_SECRET": SECRET}
-    if root_port is not None:
-        job["P3_ROOT_PORT"] = str(root_port)
-    return base_env(**{**job, **extra})
-
-
-class Node:
-    """One process with its stdout and stderr merged; lines can be awaited with a timeout."""
-
-    def __init__(self, name: str, argv: list[str], env: dict[str, str]):
-        self.name = name
-        self.proc = subprocess.Popen(argv, env=env, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)
-        self._lines: queue.SimpleQueue = queue.SimpleQueue()
-        self.seen: list[str] = []
-        self._reader = threading.Thread(target=self._read, name=f"read {name}", daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self._lines.put(line)
-        self._lines.put(None)
-
-    def _take(self, timeout: float) -> bool:
-        """Move one line into `seen`; False at the end of the output."""
-        line = self._lines.get(timeout=timeout)
-        if line is None:
-            self._lines.put(None)  # keep the end marker for later calls
-            return False
-        self.seen.append(line)
-        return True
-
-    @property
-    def output(self) -> str:
-        return "".join(self.seen)
-
-    def wait_for(self, pattern: str, timeout: float = STEP) -> re.Match:
-        """The first line (seen so far or to come) matching `pattern`; fails the test after `timeout`."""
-        deadline = time.monotonic() + timeout
-        index = 0
-        while True:
-            for line in self.seen[index:]:
-                if m := re.search(pattern, line):
-                    return m
-            index = len(self.seen)
-            try:
-                more = self._take(max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                more = None
-            if not more:
-                state = "ended" if more is False else f"printed nothing more within {timeout:g} s"
-                pytest.fail(f"{self.name} {state} without a line matching {pattern!r}; its output:\n{self.output}")
-
-    def finish(self, timeout: float = STEP) -> int:
-        """Wait for the exit and the whole output; the exit code. Kills the process and fails after `timeout`."""
-        try:
-            code = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            pytest.fail(f"{self.name} did not exit within {timeout:g} s; its output:\n{self.output}")
-        self._reader.join(STEP)
-        while not self._lines.empty() and self._take(0):
-            pass
-        return code
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(timeout=STEP)
-
-
-def run_node(argv: list[str], env: dict[str, str]) -> tuple[int, str, float]:
-    """Run a process to its end (hard timeout STEP); its exit code, merged output and running time."""
-    start = time.monotonic()
-    result = subprocess.run(argv, env=env, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, timeout=STEP)
-    return result.returncode, result.stdout, time.monotonic() - start
-
-
-class Job:
-    """A scheduler, `servers` servers and `workers` workers started as separate processes."""
-
-    def __init__(self, nodes: list[Node], *, workers: int = 2, servers: int = 2,
-                 server_script: str = REPORT_SERVER, worker_args: tuple[str, ...] = (), **env: str):
-        """`env`: extra variables for every process (e.g. P3_HEARTBEAT_TIMEOUT)."""
-        port = free_port()  # another process could take it first; then the scheduler fails and the test shows why
-        self.port = port  # the scheduler's (P3_ROOT_PORT)
-        self.scheduler = Node("scheduler", [sys.executable, "-m", "p3kv.scheduler"],
-                              node_env("scheduler", port, workers, servers, **env))
-        nodes.append(self.scheduler)
-        self.servers = [Node(f"server process {i}", [sys.executable, server_script],
-                             node_env("server", port, workers, servers, **env)) for i in range(servers)]
-        nodes.extend(self.servers)
-        self.workers = [Node(f"worker process {i}", [sys.executable, FAILURE_WORKER, *worker_args],
-                             node_env("worker", port, workers, servers, **env)) for i in range(workers)]
-        nodes.extend(self.workers)
-
-    def server_ports(self) -> dict[int, tuple[Node, int, int]]:
-        """rank -> (node, pid, port), from report_server.py's line."""
-        found = {}
-        for node in self.servers:
-            m = node.wait_for(r"^server rank=(\d+) pid=(\d+) port=(\d+)$")
-            found[int(m.group(1))] = (node, int(m.group(2)), int(m.group(3)))
-        assert sorted(found) == list(range(len(self.servers))), found
-        return found
-
-    def worker_ranks(self) -> dict[int, tuple[Node, int]]:
-        """rank -> (node, pid), from failure_worker.py's ready line."""
-        found = {}
-        for node in self.workers:
-            m = node.wait_for(r"^ready rank=(\d+) pid=(\d+)$")
-            found[int(m.group(1))] = (node, int(m.group(2)))
-        assert sorted(found) == list(range(len(self.workers))), found
-        return found
-
-    def wait_iteration(self, iteration: int) -> None:
-        for node in self.workers:
-            node.wait_for(rf"^iteration {iteration} ok$")
-
-
-def start_node(nodes: list[Node], name: str, argv: list[str], role: str, port: int, **env: str) -> Node:
-    """One node of a job on `port`, started now and killed at teardown (`nodes` fixture)."""
-    node = Node(name, argv, node_env(role, port, **env))
-    nodes.append(node)
-    return node
-
-
-def start_rendezvous(nodes: list[Node], port: int, **env: str) -> tuple[Node, list[Node], Node]:
-    """The scheduler (P3_LOG_LEVEL=INFO), both servers and one of two workers; returns when the scheduler has
-    registered all three, so the rendezvous waits for the last worker."""
-    env = {"P3_LOG_LEVEL": "INFO", **env}
-    scheduler = start_node(nodes, "scheduler", ROLE_COMMANDS["scheduler"], "scheduler", port, **env)
-    servers = [start_node(nodes, f"server process {i}", [sys.executable, REPORT_SERVER], "server", port, **env)
-               for i in range(2)]
-    worker = start_node(nodes, "worker process 0", [sys.executable, FAILURE_WORKER], "worker", port, **env)
-    for name in ("server 0", "server 1", "worker 0"):
-        scheduler.wait_for(rf"registered {name} ")
-    return scheduler, servers, worker
-
-
-def assert_failed_with(node: Node, pattern: str) -> re.Match:
-    """The worker's wait raised P3Error (not a timeout) whose message matches `pattern`; exit code 3."""
-    code = node.finish(FAILURE_BOUND)
-    m = re.search(r"^FAILED (\w+) after ([\d.]+) s: (.*)$", node.output, re.MULTILINE)
-    assert m, f"{node.name} did not report a failed operation (exit code {code}):\n{node.output}"
-    assert code == 3, node.output
-    assert m.group(1) == "P3Error", node.output
-    assert re.search(pattern, m.group(3)), f"{m.group(3)!r} does not match {pattern!r}"
-    return m
+pytestmark = pytest.mark.integration
 
 
 # ---- configuration: fail fast, name the variable ----
-
-ROLE_COMMANDS = {
-    "scheduler": [sys.executable, "-m", "p3kv.scheduler"],
-    "server": [sys.executable, "-m", "p3kv.server"],
-    "worker": [sys.executable, "-c", "from p3kv import P3Worker; P3Worker()"],
-}
 
 
 @pytest.mark.parametrize("role", ROLE_COMMANDS)
@@ -318,10 +133,8 @@ def test_mismatched_job_size_fails_both_ends(role, variable, nodes):
 # ---- misuse of the API: ConfigError, and the job goes on ----
 
 def test_shape_dtype_and_unknown_keys_raise_config_error_and_the_job_completes():
-    result = subprocess.run([sys.executable, "-m", "p3kv.launch", "-n", "2", "-s", "2", "--timeout", "60", "--",
-                             sys.executable, MISUSE_WORKER],
-                            env=base_env(), cwd=REPO, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                            timeout=STEP * 2)
+    result = run_launcher("-n", "2", "-s", "2", "--timeout", "60", "--", sys.executable, MISUSE_WORKER,
+                          env=base_env(), stdin=subprocess.DEVNULL, timeout=STEP * 2)
     assert result.returncode == 0, result.stdout + result.stderr
     expected = {
         "push-shape": "push of key 'w': gradient has shape (2501,) and dtype float32, but the key was initialised "
@@ -379,12 +192,6 @@ BAD_FRAMES = {
 }
 
 
-def refused_reason(node: Node, who: str, local_port: int) -> str:
-    """The reason `node` (whose logs say `who`: "server 0", "scheduler") logged for refusing the connection
-    from our `local_port`."""
-    return node.wait_for(rf"p3kv\.core\[{who}\]: refused the connection from {HOST}:{local_port}: (.*)$").group(1)
-
-
 def bad_handshake(port: int, behave) -> int:
     """Connect to `port`, misbehave during the handshake, close; our local port."""
     with socket.create_connection((HOST, port), timeout=STEP) as s:
@@ -393,15 +200,6 @@ def bad_handshake(port: int, behave) -> int:
             behave(s)
         except ConnectionError:
             pass  # the acceptor hung up on a wrong answer: what we test
-    return local_port
-
-
-def bad_frame(port: int, data: bytes, secret: str = SECRET) -> int:
-    """Connect to `port`, pass the handshake, send `data`, close; our local port."""
-    with socket.create_connection((HOST, port), timeout=STEP) as s:
-        local_port = s.getsockname()[1]
-        p3auth.authenticate(s, secret)
-        s.sendall(data)
     return local_port
 
 
@@ -437,9 +235,6 @@ def test_malformed_connections_are_refused_while_the_job_computes_correct_sums(n
 # that died of the cascade. Causality still fixes some things: nothing but the victim fails before some peer of
 # the victim notices its death, so the first failure report names the victim. With one worker there is no cascade
 # before the worker fails, so its message must name the victim.
-
-NAMED_NODE = r"\b(server|worker) \d+\b"
-
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_killed_server_fails_every_blocked_wait_and_the_job(workers, nodes):
@@ -492,9 +287,9 @@ def kill_reported(output: str) -> None:
 
 
 def test_killed_server_fails_the_launched_job():
-    launcher = Node("launcher", [sys.executable, "-m", "p3kv.launch", "-n", "2", "-s", "2", "--timeout", "60",
-                                 "--server-command", f"{sys.executable} {REPORT_SERVER}", "--",
-                                 sys.executable, FAILURE_WORKER], base_env())
+    launcher = Node("launcher", launcher_argv("-n", "2", "-s", "2", "--timeout", "60", "--server-command",
+                                              f"{sys.executable} {REPORT_SERVER}", "--", sys.executable,
+                                              FAILURE_WORKER), base_env())
     try:
         m = launcher.wait_for(r"^\[(server \d)\] server rank=\d pid=(\d+) port=\d+$")
         for worker in ("0", "1"):
