@@ -7,7 +7,7 @@ import sys
 
 import mxnet as mx
 import pytest
-from conftest import ROOT
+from harness import ROOT
 
 BENCHMARKS = os.path.join(ROOT, "benchmarks")
 sys.path.insert(0, BENCHMARKS)
@@ -27,10 +27,12 @@ def load(model):
         return json.load(f)
 
 
+@pytest.mark.unit
 def test_every_model_has_a_shape_file():
     assert sorted(f[:-5] for f in os.listdir(SHAPES) if f.endswith(".json")) == sorted(real_models.MODELS)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("model", real_models.MODELS)
 def test_layers_cover_every_parameter_once_in_order(model):
     description = load(model)
@@ -43,6 +45,7 @@ def test_layers_cover_every_parameter_once_in_order(model):
     assert description["flops_ignored"] == []
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("model", real_models.MODELS)
 def test_forward_flops_per_sample(model):
     description = load(model)
@@ -54,6 +57,7 @@ def test_forward_flops_per_sample(model):
         assert description["sample_unit"] == "images"
 
 
+@pytest.mark.unit
 def test_sockeye_target_embedding_comes_right_before_the_decoder():
     names = [layer["name"] for layer in load("sockeye")["layers"]]
     at = names.index("target_embed")
@@ -62,6 +66,7 @@ def test_sockeye_target_embedding_comes_right_before_the_decoder():
     assert names[-1] == "target_output"
 
 
+@pytest.mark.mxnet
 def test_real_resnet50_trains_in_shape_file_order(monkeypatch):
     """One forward/backward of the real model gives every parameter a gradient of its shape, and the forward
     pass reads the parameters in the order of the shape file (what p3kv's kvstore learns its priorities from)."""

@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT
+from harness import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
@@ -58,6 +58,7 @@ def _measure(cluster, src, dst):
     return float(out.strip())
 
 
+@pytest.mark.unit
 def test_parse_rate():
     assert emulated_cluster.parse_rate("1gbit") == 1e9
     assert emulated_cluster.parse_rate("300mbit") == 300e6
@@ -67,6 +68,7 @@ def test_parse_rate():
         emulated_cluster.parse_rate("fast")
 
 
+@pytest.mark.system
 def test_cluster_caps_links_and_tears_down():
     _require_cluster()
     with emulated_cluster.EmulatedCluster(3, "200mbit") as cluster:
@@ -86,6 +88,7 @@ def test_cluster_caps_links_and_tears_down():
     assert _our_namespaces(cluster) == []
 
 
+@pytest.mark.system
 def test_cut_link_blocks_traffic():
     _require_cluster()
     with emulated_cluster.EmulatedCluster(2) as cluster:
@@ -96,6 +99,7 @@ def test_cut_link_blocks_traffic():
         assert cluster.run(0, ping, capture_output=True).returncode != 0
 
 
+@pytest.mark.system
 def test_stale_namespaces_of_dead_processes_are_removed():
     _require_cluster()
     # A cluster created by a process that was SIGKILLed leaves namespaces behind; the next cluster removes them.
@@ -120,6 +124,7 @@ def _toy(layers=5, fwd_flops=0.02):
             "layers": [{"name": f"l{k}", "params": [k], "fwd_flops": fwd_flops} for k in range(layers)]}
 
 
+@pytest.mark.mxnet
 def test_emulated_layers_take_their_profiled_time_and_run_backward_last_to_first():
     import mxnet as mx
 
@@ -156,6 +161,7 @@ def test_emulated_layers_take_their_profiled_time_and_run_backward_last_to_first
     mx.nd.waitall()
 
 
+@pytest.mark.unit
 def test_shape_files_have_a_profile_for_every_model():
     for model in cluster_bench.MODELS:
         description = emulated_compute.load_description(model)
@@ -165,12 +171,14 @@ def test_shape_files_have_a_profile_for_every_model():
         assert all(layer.forward_s > 0 for layer in layers[1:]) or model == "sockeye"
 
 
+@pytest.mark.unit
 def test_comm_bound():
     # 4 hosts, 100 MB model, 1 Gbit: each link carries 2 x 3/4 x 100 MB each way = 1.2 s.
     assert cluster_bench.comm_bound_seconds(100_000_000, 4, 1e9) == pytest.approx(1.2)
     assert cluster_bench.comm_bound_seconds(100_000_000, 4, None) == 0.0
 
 
+@pytest.mark.system
 def test_runner_smoke_every_kvstore_on_two_hosts(tmp_path):
     _require_cluster()
     out = tmp_path / "cluster.csv"

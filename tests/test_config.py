@@ -9,6 +9,8 @@ from p3kv.config import Role
 from p3kv.errors import ConfigError
 from p3kv.keys import key_id
 
+pytestmark = pytest.mark.unit
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB = {"P3_ROOT_URI": "127.0.0.1", "P3_ROOT_PORT": "9000", "P3_NUM_WORKER": "2", "P3_NUM_SERVER": "3"}
 

@@ -6,7 +6,9 @@ import os
 
 import numpy as np
 import pytest
-from conftest import SCRIPTS, run_job
+from harness import SCRIPTS, run_job
+
+pytestmark = pytest.mark.integration
 
 SLICE = "1000"
 ITERATIONS = 3  # agg_worker.ITERATIONS

@@ -31,8 +31,9 @@ import emulated_cluster  # noqa: E402
 
 from deploy import DeployError, bandwidth, bench, install, launch, logs, parse_hosts, status, stop  # noqa: E402
 
-pytestmark = pytest.mark.skipif(emulated_cluster.why_unavailable() is not None,
-                                reason=f"emulated hosts: {emulated_cluster.why_unavailable()}")
+pytestmark = [pytest.mark.system,
+              pytest.mark.skipif(emulated_cluster.why_unavailable() is not None,
+                                 reason=f"emulated hosts: {emulated_cluster.why_unavailable()}")]
 
 SSHD = "/usr/sbin/sshd"
 CLONE_NEWNET = 0x40000000

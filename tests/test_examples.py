@@ -8,7 +8,9 @@ import os
 import re
 
 import pytest
-from conftest import ROOT, SCRIPTS, run_job
+from harness import ROOT, SCRIPTS, run_job
+
+pytestmark = pytest.mark.mxnet
 
 EXAMPLE = os.path.join(ROOT, "examples", "gluon_drop_in.py")
 EXAMPLE_LINE = re.compile(r"^\[worker \d\] worker (\d)/2 kvstore=(\S+): ([\d.]+) samples/s, final loss ([\d.]+), "

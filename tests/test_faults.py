@@ -33,11 +33,12 @@ import sys
 import time
 
 import pytest
-from test_failures import (
+from harness import (
     FAILURE_BOUND,
     FAILURE_WORKER,
     HOST,
     NAMED_NODE,
+    REPO,
     REPORT_SERVER,
     ROLE_COMMANDS,
     SCRIPTS,
@@ -49,15 +50,15 @@ from test_failures import (
     base_env,
     free_port,
     node_env,
+    start_launcher,
     start_rendezvous,
 )
 
-REPO = SCRIPTS.parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 import emulated_cluster  # noqa: E402  (benchmarks/ is not a package)
 
 JOB_TAG = "P3KV_FAULT_TEST_JOB"  # set in the environment of launched jobs; children inherit it
-GLUON_UNTIL_FAILURE = str(SCRIPTS / "gluon_until_failure.py")
+GLUON_UNTIL_FAILURE = os.path.join(SCRIPTS, "gluon_until_failure.py")
 EXIT_MXNET_ERROR = 7  # gluon_until_failure.py's exit code after an MXNetError
 CONNECT_TIMEOUT = 4.0  # P3_CONNECT_TIMEOUT of the rendezvous tests (every node must register within it)
 LATE_CONNECT_TIMEOUT = 0.5  # P3_CONNECT_TIMEOUT of a worker that comes after the job failed
@@ -111,14 +112,6 @@ def tagged():
             pass
 
 
-def launcher(nodes: list, name: str, args: list[str], worker: list[str], env: dict[str, str],
-             wrap=lambda argv: argv) -> Node:
-    """`python -m p3kv.launch ARGS -- WORKER` (run through `wrap`, e.g. in a namespace), in `nodes`."""
-    node = Node(name, wrap([sys.executable, "-m", "p3kv.launch", *args, "--", *worker]), env)
-    nodes.append(node)
-    return node
-
-
 def release(prefix: str, rank: int) -> None:
     """Let a failure_worker.py holding on `prefix` (--hold-close/--hold-exit) go on."""
     with open(f"{prefix}{rank}", "w"):
@@ -160,6 +153,7 @@ def assert_late_worker_cannot_join(nodes: list, port: int) -> None:
 
 # (A server killed at the rendezvous: tests/test_security_liveness.py.)
 
+@pytest.mark.integration
 def test_a_worker_killed_at_the_rendezvous_fails_every_registered_node(nodes, naming):
     port = free_port()
     scheduler, servers, worker = start_rendezvous(nodes, port, P3_CONNECT_TIMEOUT=str(CONNECT_TIMEOUT))
@@ -174,6 +168,7 @@ def test_a_worker_killed_at_the_rendezvous_fails_every_registered_node(nodes, na
     assert_late_worker_cannot_join(nodes, port)
 
 
+@pytest.mark.integration
 def test_a_scheduler_killed_at_the_rendezvous_fails_every_registered_node(nodes, naming):
     port = free_port()
     scheduler, servers, worker = start_rendezvous(nodes, port, P3_CONNECT_TIMEOUT=str(CONNECT_TIMEOUT))
@@ -189,6 +184,7 @@ def test_a_scheduler_killed_at_the_rendezvous_fails_every_registered_node(nodes,
     assert_late_worker_cannot_join(nodes, port)
 
 
+@pytest.mark.integration
 def test_a_node_killed_before_it_registered_fails_the_rest_after_the_connect_timeout(nodes, naming):
     port = free_port()
     # The victim starts before the scheduler listens (it keeps retrying to connect) and dies before it exists, so
@@ -226,6 +222,7 @@ def test_a_node_killed_before_it_registered_fails_the_rest_after_the_connect_tim
 SHUTDOWN_VICTIMS = ["scheduler", "server 0", "worker 1 before close", "worker 1 after close"]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("victim", SHUTDOWN_VICTIMS)
 def test_a_node_killed_at_shutdown(victim, nodes, tmp_path, naming):
     close, leave = f"{tmp_path}/close", f"{tmp_path}/exit"
@@ -286,9 +283,10 @@ def test_a_node_killed_at_shutdown(victim, nodes, tmp_path, naming):
     assert dead.finish() == -signal.SIGKILL
 
 
+@pytest.mark.integration
 def test_a_scheduler_killed_at_shutdown_fails_the_launched_job(nodes, tmp_path, tagged):
     close = f"{tmp_path}/close"
-    job = launcher(nodes, "launcher", ["-n", "2", "-s", "2", "--timeout", "60"],
+    job = start_launcher(nodes, "launcher", ["-n", "2", "-s", "2", "--timeout", "60"],
                    [sys.executable, FAILURE_WORKER, "--iterations", "3", "--hold-close", close],
                    base_env(**{JOB_TAG: tagged}))
     for rank in (0, 1):
@@ -305,6 +303,7 @@ def test_a_scheduler_killed_at_shutdown_fails_the_launched_job(nodes, tmp_path, 
 
 # ---- a network cut between two hosts ----
 
+@pytest.mark.system
 def test_a_host_cut_off_the_network_fails_both_hosts_within_the_heartbeat_timeout(nodes, naming):
     reason = emulated_cluster.why_unavailable()
     if reason:
@@ -316,9 +315,9 @@ def test_a_host_cut_off_the_network_fails_both_hosts_within_the_heartbeat_timeou
                   "--server-command", f"{sys.executable} {REPORT_SERVER}", "--timeout", "120"]
         here = {"P3_SECRET": SECRET}  # the same on both hosts; P3_HEARTBEAT_* stay at their defaults
         hosts = [
-            launcher(nodes, "host 0 launcher", ["--host", root, *common], [sys.executable, FAILURE_WORKER],
+            start_launcher(nodes, "host 0 launcher", ["--host", root, *common], [sys.executable, FAILURE_WORKER],
                      base_env(**here), lambda argv: cluster.wrap(0, argv)),
-            launcher(nodes, "host 1 launcher", ["--host", cluster.address(1), "--root", root, "--no-scheduler",
+            start_launcher(nodes, "host 1 launcher", ["--host", cluster.address(1), "--root", root, "--no-scheduler",
                                                 *common], [sys.executable, FAILURE_WORKER],
                      base_env(**here), lambda argv: cluster.wrap(1, argv)),
         ]
@@ -344,6 +343,7 @@ def test_a_host_cut_off_the_network_fails_both_hosts_within_the_heartbeat_timeou
 
 # ---- MXNet: a training script blocked on a dead server gets MXNetError ----
 
+@pytest.mark.mxnet
 def test_a_server_killed_under_gluon_raises_mxnet_error_and_fails_the_launcher(nodes, tagged):
     pytest.importorskip("mxnet")
     port = free_port()
@@ -353,7 +353,7 @@ def test_a_server_killed_under_gluon_raises_mxnet_error_and_fails_the_launcher(n
     servers = [Node(f"server process {i}", [sys.executable, REPORT_SERVER], node_env("server", port, workers=1))
                for i in range(2)]
     nodes += [scheduler, *servers]
-    job = launcher(nodes, "worker launcher", ["-n", "1", "-s", "2", "--host", HOST, "--root", HOST, "--port",
+    job = start_launcher(nodes, "worker launcher", ["-n", "1", "-s", "2", "--host", HOST, "--root", HOST, "--port",
                                               str(port), "--no-scheduler", "--local-servers", "0", "--timeout", "120"],
                    [sys.executable, GLUON_UNTIL_FAILURE], base_env(P3_SECRET=SECRET, **{JOB_TAG: tagged}))
     ports = {}
@@ -380,9 +380,10 @@ def test_a_server_killed_under_gluon_raises_mxnet_error_and_fails_the_launcher(n
 
 # ---- MXNet: uneven steps (a worker closes while another still trains) ----
 
-GLUON_TRAIN = str(SCRIPTS / "gluon_train.py")
+GLUON_TRAIN = os.path.join(SCRIPTS, "gluon_train.py")
 
 
+@pytest.mark.mxnet
 def test_uneven_steps_fail_every_process_naming_the_worker_iteration_and_key(nodes, tagged, tmp_path):
     """Worker 1 runs 3 steps and closes cleanly, worker 0 runs 5: worker 0 must not wait for ever. Its servers
     know at once that iteration 4 needs worker 1, so the script gets MXNetError naming worker 1, its last
@@ -397,7 +398,7 @@ def test_uneven_steps_fail_every_process_naming_the_worker_iteration_and_key(nod
     servers = [Node(f"server process {i}", [sys.executable, REPORT_SERVER], node_env("server", port, **heartbeat))
                for i in range(2)]
     nodes += [scheduler, *servers]
-    job = launcher(nodes, "worker launcher", ["-n", "2", "-s", "2", "--host", HOST, "--root", HOST, "--port",
+    job = start_launcher(nodes, "worker launcher", ["-n", "2", "-s", "2", "--host", HOST, "--root", HOST, "--port",
                                               str(port), "--no-scheduler", "--local-servers", "0", "--timeout", "120"],
                    [sys.executable, GLUON_TRAIN, "p3", str(tmp_path), "--rank-steps", "5,3"],
                    base_env(P3_SECRET=SECRET, P3_SLICE_SIZE="50", **heartbeat, **{JOB_TAG: tagged}))
@@ -420,9 +421,10 @@ def test_uneven_steps_fail_every_process_naming_the_worker_iteration_and_key(nod
 
 # ---- a clean finish ----
 
+@pytest.mark.integration
 def test_a_clean_finish_exits_0_everywhere_leaves_nothing_and_frees_the_port(nodes, tagged):
     port = free_port()
-    job = launcher(nodes, "launcher", ["-v", "-n", "2", "-s", "2", "--port", str(port), "--timeout", "60"],
+    job = start_launcher(nodes, "launcher", ["-v", "-n", "2", "-s", "2", "--port", str(port), "--timeout", "60"],
                    [sys.executable, FAILURE_WORKER, "--iterations", "3"], base_env(**{JOB_TAG: tagged}))
     assert job.finish(STEP * 2) == 0, job.output
     assert "all 5 processes exited with code 0" in job.output, job.output

@@ -23,9 +23,11 @@ import time
 
 import p3auth
 import pytest
+from harness import FAILURE_WORKER, HOST, REPORT_SERVER, STEP, Node, free_port, node_env
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_failures import FAILURE_WORKER, HOST, REPORT_SERVER, STEP, Node, free_port, node_env
+
+pytestmark = pytest.mark.integration
 
 SECRET = "fuzz-secret-\u00e9"  # non-ASCII: the secret is UTF-8 bytes on both sides
 MAGIC = 0x564B3350
@@ -130,14 +132,6 @@ def attack(port: int, handshake: str, data: bytes, rng: random.Random) -> int:
         except OSError:
             pass  # the server already refused and closed (reset, not connected, broken pipe)
     return local
-
-
-@pytest.fixture
-def nodes():
-    started: list[Node] = []
-    yield started
-    for node in started:
-        node.kill()
 
 
 @pytest.mark.parametrize("servers", [1, 2])

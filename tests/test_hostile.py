@@ -22,10 +22,10 @@ import time
 import numpy as np
 import p3auth
 import pytest
-from test_failures import (
+from frames import LITTLE_ENDIAN
+from harness import (
     FAILURE_WORKER,
     HOST,
-    LITTLE_ENDIAN,
     REPORT_SERVER,
     SECRET,
     Job,
@@ -33,6 +33,8 @@ from test_failures import (
     free_port,
     node_env,
 )
+
+pytestmark = pytest.mark.integration
 
 HEARTBEAT = {"P3_HEARTBEAT_TIMEOUT": "3", "P3_HEARTBEAT_INTERVAL": "0.5"}  # a stall of 3 s fails the job
 MAGIC = 0x564B3350
@@ -42,14 +44,6 @@ HANDSHAKE_DEADLINE = 5.0  # cpp/src/server.cc and scheduler.cc: kHandshakeTimeou
 FRAME_DEADLINE = 10.0  # cpp/src/scheduler.cc: kFrameTimeoutS
 MAX_PENDING = 128  # kMaxHandshakes
 FLOOD = 1000  # idle connections per attacked node
-
-
-@pytest.fixture
-def nodes():
-    started: list[Node] = []
-    yield started
-    for node in started:
-        node.kill()
 
 
 def stats(pid: int) -> dict[str, int]:

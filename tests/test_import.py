@@ -5,7 +5,10 @@ import shutil
 import subprocess
 import sys
 
-from conftest import ROOT
+import pytest
+from harness import ROOT
+
+pytestmark = pytest.mark.unit
 
 
 def copy_without_core(dest):

@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from harness import ROOT
 
 BENCH = os.path.join(ROOT, "benchmarks", "kvstore_bench.py")
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
@@ -41,6 +41,7 @@ def run_bench(tmp_path, *options, timeout=150):
                           timeout=timeout, check=False)
 
 
+@pytest.mark.mxnet
 def test_same_work_same_weights(tmp_path):
     shapes = tmp_path / "shapes"
     shapes.mkdir()
@@ -76,6 +77,7 @@ def test_same_work_same_weights(tmp_path):
                                        err_msg=f"{system} key {k}")
 
 
+@pytest.mark.unit
 def test_refuses_a_busy_machine_without_force(tmp_path):
     done = run_bench(tmp_path, "--max-load", "-1", "--results-dir", str(tmp_path), timeout=60)
     assert done.returncode == 2
@@ -83,6 +85,7 @@ def test_refuses_a_busy_machine_without_force(tmp_path):
     assert not (tmp_path / "kvstore_bench.csv").exists()
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("times, expected", [([1.0], (1.0, 1.0, 1.0)), ([1.0, 2.0, 3.0, 4.0, 5.0], (2.0, 3.0, 4.0))])
 def test_quartiles(times, expected):
     import kvstore_bench

@@ -6,19 +6,17 @@ from __future__ import annotations
 
 import io
 import os
-import queue
 import re
 import select
 import shlex
 import signal
 import socket
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
+from harness import Node, launcher_argv, launcher_env, run_launcher
 
 from p3kv.errors import ConfigError
 from p3kv.launch import BASELINE_VARIABLE, Job, KVStore, launch, main, plan
@@ -31,17 +29,6 @@ ROLE_VARIABLES = ("P3_ROLE", "P3_ROOT_URI", "P3_ROOT_PORT", "P3_NUM_WORKER", "P3
 
 def fake(*options: str) -> str:
     return shlex.join(FAKE + options)
-
-
-def launcher_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    return env
-
-
-def run_launcher(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "p3kv.launch", *args], cwd=REPO, env=launcher_env(),
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def collected_pids(output: str, what: str = "collected") -> list[int]:
@@ -96,6 +83,7 @@ def by_name(job: Job) -> dict:
                                                              "DMLC_PS_VAN_TYPE": "p3", "KEEP": "1"})}
 
 
+@pytest.mark.unit
 def test_plan_p3_gives_each_role_its_variables():
     job = Job(command=("train",), num_workers=2, num_servers=3, env={"P3_SLICE_SIZE": "40000"})
     specs = by_name(job)
@@ -113,6 +101,7 @@ def test_plan_p3_gives_each_role_its_variables():
     assert specs["worker 1"].argv == ("train",) and specs["worker 1"].log_name == "worker1"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("kvstore", [KVStore.DIST_SYNC, KVStore.MXNET_P3])
 def test_plan_baselines_use_mxnet_variables(kvstore):
     job = Job(command=("train",), num_workers=2, num_servers=1, kvstore=kvstore)
@@ -131,6 +120,7 @@ def test_plan_baselines_use_mxnet_variables(kvstore):
     assert specs["server 0"].argv == (sys.executable, "-c", "import mxnet")
 
 
+@pytest.mark.unit
 def test_plan_env_option_overrides_water_mark():
     job = Job(command=("t",), num_workers=1, num_servers=1, kvstore=KVStore.MXNET_P3,
               env={"DMLC_PS_WATER_MARK": "3", "MXNET_KVSTORE_SLICE_THRESHOLD": "40000"})
@@ -138,6 +128,7 @@ def test_plan_env_option_overrides_water_mark():
     assert (env["DMLC_PS_WATER_MARK"], env["MXNET_KVSTORE_SLICE_THRESHOLD"]) == ("3", "40000")
 
 
+@pytest.mark.unit
 def test_plan_of_one_host_of_a_job_across_hosts():
     # Host 1 of 2: its own worker and server; the scheduler is on host 0. Both advertise their own address.
     job = Job(command=("train",), num_workers=2, num_servers=2, port=4242, env={"P3_SECRET": "s"},
@@ -158,6 +149,7 @@ def test_plan_of_one_host_of_a_job_across_hosts():
     assert (env["DMLC_PS_ROOT_URI"], env["DMLC_NODE_HOST"], env["DMLC_ROLE"]) == ("10.0.0.1", "127.0.0.1", "worker")
 
 
+@pytest.mark.unit
 def test_a_p3_job_across_hosts_needs_a_shared_secret():
     job = Job(command=("train",), num_workers=2, num_servers=2, port=4242, local_workers=1, local_servers=1)
     with pytest.raises(ConfigError, match="the same secret on every host: set P3_SECRET_FILE"):
@@ -174,6 +166,7 @@ def busy_port():
         yield s.getsockname()[1]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("argv, message", [
     (["-n", "0", "-s", "1", "--", "true"], "-n/--num-workers must be at least 1 (got 0)"),
     (["-n", "1", "-s", "0", "--", "true"], "-s/--num-servers must be at least 1 (got 0)"),
@@ -204,17 +197,20 @@ def test_bad_arguments_fail_with_a_clear_message(argv, message, caplog):
     assert message in caplog.text
 
 
+@pytest.mark.unit
 def test_port_in_use_is_refused(busy_port, caplog):
     assert main(["-n", "1", "-s", "1", "--port", str(busy_port), "--", "true"]) == 2
     assert f"--port {busy_port} cannot be used" in caplog.text and "leave --port out" in caplog.text
 
 
+@pytest.mark.unit
 def test_unwritable_log_dir_is_refused(tmp_path, caplog):
     (tmp_path / "file").write_text("")
     assert main(["-n", "1", "-s", "1", "--log-dir", str(tmp_path / "file" / "logs"), "--", "true"]) == 2
     assert "--log-dir" in caplog.text and "pass a writable directory" in caplog.text
 
 
+@pytest.mark.integration
 def test_missing_worker_program_exits_127_and_stops_the_rest(caplog):
     job = Job(command=("/nonexistent/train",), num_workers=1, num_servers=1, scheduler_command=FAKE + ("--block",),
               server_command=FAKE + ("--block",), timeout=30)
@@ -224,6 +220,7 @@ def test_missing_worker_program_exits_127_and_stops_the_rest(caplog):
 
 # ---- real jobs of fake processes ----
 
+@pytest.mark.integration
 def test_success_forwards_prefixed_output_env_and_logs(tmp_path):
     names = " ".join(ROLE_VARIABLES + ("EXTRA",))
     result = run_launcher("-n", "2", "-s", "2", "--env", "EXTRA=yes", "--log-dir", str(tmp_path / "logs"),
@@ -248,6 +245,7 @@ def test_success_forwards_prefixed_output_env_and_logs(tmp_path):
     assert "env P3_ROLE=worker\n" in (tmp_path / "logs" / "worker1.log").read_text()
 
 
+@pytest.mark.integration
 def test_failing_worker_stops_the_job_and_its_code_is_the_exit_code(fifo, leftovers):
     # The server reports its pid and its grandchild's through the pipe, so the worker fails only after both run.
     result = run_launcher("-n", "1", "-s", "1", "--scheduler-command", fake("--block"),
@@ -261,6 +259,7 @@ def test_failing_worker_stops_the_job_and_its_code_is_the_exit_code(fifo, leftov
     assert_gone(server_pids)
 
 
+@pytest.mark.integration
 def test_processes_left_behind_by_a_successful_worker_are_killed(leftovers):
     result = run_launcher("-n", "1", "-s", "1", "--scheduler-command", fake(), "--server-command", fake(),
                           "--", *FAKE, "--grandchild")
@@ -271,6 +270,7 @@ def test_processes_left_behind_by_a_successful_worker_are_killed(leftovers):
     assert_gone(pids)
 
 
+@pytest.mark.integration
 def test_failing_server_stops_blocked_workers():
     result = run_launcher("-n", "2", "-s", "2", "--scheduler-command", fake("--block"),
                           "--server-command", fake("--exit", "5"), "--", *FAKE, "--block")
@@ -278,6 +278,7 @@ def test_failing_server_stops_blocked_workers():
     assert re.search(r"server [01] exited with code 5; stopped all other processes", result.stderr)
 
 
+@pytest.mark.integration
 def test_child_killed_by_a_signal_fails_the_job_with_code_1(caplog):
     suicide = (sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
     job = Job(command=FAKE + ("--block",), num_workers=1, num_servers=1, scheduler_command=FAKE + ("--block",),
@@ -286,6 +287,7 @@ def test_child_killed_by_a_signal_fails_the_job_with_code_1(caplog):
     assert "server 0 was killed by SIGKILL" in caplog.text
 
 
+@pytest.mark.integration
 def test_process_ignoring_sigterm_gets_sigkill(fifo, caplog, leftovers):
     out = io.StringIO()
     job = Job(command=FAKE + ("--collect", fifo, "--exit", "4"), num_workers=1, num_servers=1,
@@ -298,6 +300,7 @@ def test_process_ignoring_sigterm_gets_sigkill(fifo, caplog, leftovers):
     assert_gone(leftovers)
 
 
+@pytest.mark.integration
 def test_servers_that_outlive_the_workers_are_killed_after_the_grace_period():
     result = run_launcher("-n", "1", "-s", "1", "--grace", "0.5", "--scheduler-command", fake(),
                           "--server-command", fake("--block"), "--", *FAKE)
@@ -305,6 +308,7 @@ def test_servers_that_outlive_the_workers_are_killed_after_the_grace_period():
     assert "server 0 did not exit within 0.5 s after all workers finished; killed them" in result.stderr
 
 
+@pytest.mark.integration
 def test_timeout_kills_everything_and_exits_124(leftovers):
     result = run_launcher("-n", "2", "-s", "1", "--timeout", "3", "--scheduler-command", fake("--block"),
                           "--server-command", fake("--block", "--grandchild"), "--", *FAKE, "--block")
@@ -316,55 +320,20 @@ def test_timeout_kills_everything_and_exits_124(leftovers):
     assert_gone(pids)
 
 
-class Launcher:
-    """A launcher process whose output lines can be awaited with a timeout."""
-
-    def __init__(self, *args: str):
-        self.proc = subprocess.Popen([sys.executable, "-m", "p3kv.launch", *args], cwd=REPO, env=launcher_env(),
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.lines: queue.SimpleQueue = queue.SimpleQueue()
-        self.seen: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line)
-
-    def wait_for(self, pattern: str, count: int, timeout: float = 30) -> list[re.Match]:
-        matches = [m for m in (re.search(pattern, s) for s in self.seen) if m]
-        while len(matches) < count:
-            try:
-                line = self.lines.get(timeout=timeout)
-            except queue.Empty:
-                pytest.fail(f"no {count} lines matching {pattern!r} within {timeout} s; got:\n{''.join(self.seen)}")
-            self.seen.append(line)
-            if m := re.search(pattern, line):
-                matches.append(m)
-        return matches
-
-    def finish(self, timeout: float = 30) -> str:
-        self.proc.wait(timeout=timeout)
-        self._reader.join(timeout)
-        while not self.lines.empty():
-            self.seen.append(self.lines.get())
-        return "".join(self.seen)
-
-
+@pytest.mark.integration
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signal_to_the_launcher_kills_all_children(sig, code, leftovers):
-    launcher = Launcher("-n", "2", "-s", "1", "--scheduler-command", fake("--block"),
-                        "--server-command", fake("--block", "--grandchild"), "--", *FAKE, "--block")
+    launcher = Node("launcher", launcher_argv("-n", "2", "-s", "1", "--scheduler-command", fake("--block"),
+                                              "--server-command", fake("--block", "--grandchild"), "--", *FAKE,
+                                              "--block"), launcher_env())
     try:
-        ready = launcher.wait_for(r"ready \w+ pids=([\d,]+)", count=4)
+        ready = launcher.wait_for_many(r"ready \w+ pids=([\d,]+)", count=4, timeout=30)
         leftovers.extend(int(p) for m in ready for p in m.group(1).split(","))
         launcher.proc.send_signal(sig)
-        output = launcher.finish()
+        launcher.finish(timeout=30)
+        output = launcher.output
     finally:
-        if launcher.proc.poll() is None:
-            launcher.proc.kill()
-            launcher.proc.wait(timeout=30)
+        launcher.kill()
     assert launcher.proc.returncode == code, output
     assert f"interrupted by {sig.name}; stopped all processes" in output
     assert len(leftovers) == 5
@@ -373,6 +342,7 @@ def test_signal_to_the_launcher_kills_all_children(sig, code, leftovers):
 
 # ---- MXNet's own parameter server as the baseline ----
 
+@pytest.mark.mxnet
 @pytest.mark.parametrize("kvstore", ["dist_sync", "mxnet-p3"])
 def test_mxnet_baseline_sums_pushes_of_two_workers(kvstore):
     result = run_launcher("-n", "2", "-s", "1", "--kvstore", kvstore, "--timeout", "100", "--",
@@ -383,6 +353,7 @@ def test_mxnet_baseline_sums_pushes_of_two_workers(kvstore):
 
 
 
+@pytest.mark.integration
 def test_worker_that_exits_without_joining_is_named_at_once():
     # A worker command that ends with code 0 without ever creating the kvstore (here: a script that only prints)
     # used to leave the job waiting for the grace period and then blame the scheduler and servers.
@@ -398,6 +369,7 @@ def test_worker_that_exits_without_joining_is_named_at_once():
     assert seconds < 20, seconds  # at once: neither the 30 s grace period nor the connect timeout
 
 
+@pytest.mark.integration
 def test_workers_that_join_pass_the_join_check(tmp_path):
     # The check itself: P3Worker creates its P3_JOINED_FILE once it joined.
     script = tmp_path / "join.py"
@@ -407,6 +379,7 @@ def test_workers_that_join_pass_the_join_check(tmp_path):
     assert sorted(re.findall(r"joined as (\d)", result.stdout)) == ["0", "1"]
 
 
+@pytest.mark.unit
 def test_plan_gives_each_p3_worker_its_own_joined_file():
     job = Job(command=("train",), num_workers=2, num_servers=1)
     specs = {s.name: s for s in plan(job, "127.0.0.1", 9000, {"P3_JOINED_FILE": "inherited"}, "/tmp/j")}

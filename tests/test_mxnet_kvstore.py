@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import SCRIPTS, run_job
+from harness import SCRIPTS, run_job
 
 mx = pytest.importorskip("mxnet")
 
@@ -138,6 +138,7 @@ def short(name: str) -> str:
 
 # ---- 1, 3. Gluon equals dist_sync ----
 
+@pytest.mark.mxnet
 @pytest.mark.parametrize("config", list(GLUON_CONFIGS))
 def test_gluon_training_equals_dist_sync(jobs, config):
     p3 = jobs.gluon(config, "p3")
@@ -164,6 +165,7 @@ def test_gluon_training_equals_dist_sync(jobs, config):
         assert_close(ours[r], theirs[r], f"p3 vs dist_sync, rank {r} ({config})")
 
 
+@pytest.mark.mxnet
 def test_parameters_span_several_slices_round_robin(jobs):
     p3 = jobs.gluon("adam", "p3")
     events = p3.trace("worker", 0)
@@ -179,6 +181,7 @@ def test_parameters_span_several_slices_round_robin(jobs):
 
 # ---- 2. Module.fit ----
 
+@pytest.mark.mxnet
 @pytest.mark.parametrize("update_on_kvstore", [1, 0])
 def test_module_fit_equals_dist_sync(jobs, update_on_kvstore):
     env = (f"MXNET_UPDATE_ON_KVSTORE={update_on_kvstore}", f"P3_SLICE_SIZE={SLICE}")
@@ -199,6 +202,7 @@ def test_module_fit_equals_dist_sync(jobs, update_on_kvstore):
 
 # ---- 4. Priorities ----
 
+@pytest.mark.mxnet
 def test_priorities_follow_the_forward_pass_not_key_order(jobs):
     p3 = jobs.gluon("sgd", "p3")
     for rank in range(WORKERS):
@@ -219,6 +223,7 @@ def test_priorities_follow_the_forward_pass_not_key_order(jobs):
         assert [int(k) for k in keys.split(",") if int(k) in FORWARD_ORDER] == FORWARD_ORDER, keys
 
 
+@pytest.mark.unit
 def test_forward_order_ranks_a_shared_weight_by_its_first_use_in_the_last_pass():
     from types import SimpleNamespace
 
@@ -250,6 +255,7 @@ def test_forward_order_ranks_a_shared_weight_by_its_first_use_in_the_last_pass()
         assert order._pass_start == 1
 
 
+@pytest.mark.unit
 def test_forward_order_stays_bounded_when_it_never_learns_and_still_learns_the_last_pass():
     from types import SimpleNamespace
 
@@ -289,6 +295,7 @@ def test_forward_order_stays_bounded_when_it_never_learns_and_still_learns_the_l
 OVERLAP_STEPS = 5
 
 
+@pytest.mark.mxnet
 def test_communication_overlaps_backward_and_the_next_forward(jobs):
     job = jobs.run("overlap", lambda d: [OVERLAP, d, "--steps", OVERLAP_STEPS],
                    env=(f"P3_TRACE={jobs._base / 'overlap' / 'trace'}",)).check()
@@ -338,6 +345,7 @@ def test_communication_overlaps_backward_and_the_next_forward(jobs):
 RESUME_CONFIGS = {"sgd": [], "adam": ["--optimizer", "adam"]}
 
 
+@pytest.mark.mxnet
 @pytest.mark.parametrize("config", list(RESUME_CONFIGS))
 def test_states_saved_mid_training_resume_exactly(jobs, config):
     full = jobs.gluon(config, "p3")  # 20 steps, states saved after step 10 (pushpulls still in flight)
@@ -372,6 +380,7 @@ def test_states_saved_mid_training_resume_exactly(jobs, config):
 SMALL_FRAMES = 8192  # P3_MAX_MESSAGE_BYTES below each server's Adam states (~10 KB of ~20 KB): they travel in pages
 
 
+@pytest.mark.mxnet
 def test_states_larger_than_a_frame_save_and_resume_in_pages(jobs):
     # Optimizer states are as large as the parameters (Adam: twice): GET_STATES and SET_STATES page them, so a
     # limit on frames smaller than a server's states neither fails the job nor changes what is saved or resumed.
@@ -399,6 +408,7 @@ def test_states_larger_than_a_frame_save_and_resume_in_pages(jobs):
                      f"10 + resumed 10 steps in pages vs 20 steps, rank {r}", rtol=1e-6)
 
 
+@pytest.mark.mxnet
 def test_states_carry_gluon_lr_and_wd_multipliers(jobs):
     # Gluon keeps lr_mult/wd_mult in optimizer.param_dict, which pickling drops (dist_sync's servers ignore
     # them): p3's servers honour them, also after load_states. gluon_train --mults freezes cdense_weight
@@ -421,6 +431,7 @@ def test_states_carry_gluon_lr_and_wd_multipliers(jobs):
     assert optimizer.wd_mult[KEY["dbn_gamma"]] == 0.0
 
 
+@pytest.mark.mxnet
 @pytest.mark.parametrize("change", ["trainer", "optimizer"])
 def test_hyperparameter_changes_reach_the_servers(tmp_path, change):
     # trainer.set_learning_rate mid-training (or opt.lr, wd, momentum, a parameter's lr_mult, a new batch size in
@@ -444,6 +455,7 @@ def test_hyperparameter_changes_reach_the_servers(tmp_path, change):
         assert "kernel settings changed" in job.output and "'momentum': 0.5" in job.output, job.output[-3000:]
 
 
+@pytest.mark.unit
 def test_hyperparameter_change_keeps_slice_states_and_counts():
     # Both server paths: the native kernel (states in C++, re-created when a kernel setting changes) and MXNet's
     # own update per slice (optimizers without a kernel).
@@ -495,6 +507,7 @@ def test_hyperparameter_change_keeps_slice_states_and_counts():
 
 # ---- 7. A failing server-side optimizer ----
 
+@pytest.mark.mxnet
 def test_server_optimizer_error_surfaces_as_mxnet_error(jobs):
     job = jobs.run("exploding", lambda d: [GLUON, "p3", d, "--fail-optimizer"],
                    env=(f"PYTHONPATH={SCRIPTS}",), timeout=60)
@@ -512,6 +525,7 @@ def test_server_optimizer_error_surfaces_as_mxnet_error(jobs):
 
 # ---- 8. Bad input ----
 
+@pytest.mark.mxnet
 def test_bad_kvstore_calls_raise_clear_errors(jobs):
     job = jobs.run("misuse", lambda d: [MISUSE], timeout=60)
     results = [json.loads(line.split("RESULT ", 1)[1]) for line in job.output.splitlines() if "RESULT " in line]

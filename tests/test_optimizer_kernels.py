@@ -15,6 +15,8 @@ mx = pytest.importorskip("mxnet")
 
 from p3kv import _p3, server_kernels  # noqa: E402
 
+pytestmark = pytest.mark.unit
+
 INDEX = 3
 SIZE = 1001
 SLICES = [(0, 123), (123, 700), (700, SIZE)]

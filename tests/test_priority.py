@@ -11,7 +11,7 @@ import sys
 import uuid
 
 import pytest
-from conftest import ROOT, SCRIPTS, run_job
+from harness import SCRIPTS, run_job, run_launcher
 
 BULK, URGENT = 1, 0
 BULK_SLICES = 40
@@ -25,6 +25,7 @@ def _completion_order(trace):
     return [e[2] for e in _events(trace, "complete")]
 
 
+@pytest.mark.integration
 def test_server_consumer_processes_most_urgent_slice_first(tmp_path):
     # Each slice's update takes 20 ms, so the bulk key's slices queue up in the server's priority queue
     # while the urgent slice arrives; it must be taken next, ahead of everything queued.
@@ -56,6 +57,7 @@ def _require_netns():
         pytest.fail("iproute2 (ip, tc) is missing: apt-get install iproute2")
 
 
+@pytest.mark.system
 def test_link_bottleneck_sends_urgent_slice_first(tmp_path):
     # The whole job runs in a fresh network namespace whose loopback is capped at 20 Mbit/s: the worker's
     # socket fills, its send queue builds up, and the urgent slice must overtake the queued bulk slices.
@@ -72,10 +74,8 @@ def test_link_bottleneck_sends_urgent_slice_first(tmp_path):
         env = dict(os.environ, P3_TEST_OUT=str(tmp_path), P3_SLICE_SIZE="10000",
                    P3_TEST_BULK_SLICES=str(BULK_SLICES), P3_SOCKET_BUFFER="16384",
                    P3_TRACE=str(tmp_path / "trace"))
-        cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "p3kv.launch", "-n", "1", "-s", "1", "--",
-               sys.executable, os.path.join(SCRIPTS, "priority_worker.py")]
-        result = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                timeout=120, cwd=ROOT)
+        result = run_launcher("-n", "1", "-s", "1", "--", sys.executable, os.path.join(SCRIPTS, "priority_worker.py"),
+                              env=env, timeout=120, merge_output=True, wrap=("ip", "netns", "exec", ns))
         assert result.returncode == 0, result.stdout
     finally:
         subprocess.run(["ip", "netns", "delete", ns], timeout=10)

@@ -22,10 +22,9 @@ import time
 
 import p3auth
 import pytest
-from conftest import run_job
-from test_failures import (
+from frames import HELLO, header
+from harness import (
     FAILURE_WORKER,
-    HELLO,
     HOST,
     NAMED_NODE,
     REPORT_SERVER,
@@ -37,13 +36,15 @@ from test_failures import (
     assert_failed_with,
     bad_frame,
     free_port,
-    header,
     node_env,
     refused_reason,
+    run_job,
     run_node,
     start_node,
     start_rendezvous,
 )
+
+pytestmark = pytest.mark.integration
 
 UNAUTHENTICATED = "the peer does not know the job's secret (P3_SECRET)"
 HEARTBEAT = {"P3_HEARTBEAT_TIMEOUT": "3", "P3_HEARTBEAT_INTERVAL": "0.5"}  # jobs that must not fail meanwhile

@@ -4,10 +4,13 @@ extension's flags and reports positive times and the documented CSV columns, on 
 import os
 import sys
 
-from conftest import ROOT
+import pytest
+from harness import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import server_bench  # noqa: E402
+
+pytestmark = pytest.mark.unit
 
 COLUMNS = {"workers", "count", "optimizer", "states", "slices", "iters", "repeats", "work_cpu_ns_median",
            "work_cpu_ns_min", "work_cpu_ns_max", "work_wall_ns_median", "floor_cpu_ns_median", "floor_cpu_ns_min",

@@ -18,11 +18,13 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import SCRIPTS, run_job
+from harness import SCRIPTS, run_job
 
 mx = pytest.importorskip("mxnet")
 sys.path.insert(0, SCRIPTS)
 import optimizer_sweep  # noqa: E402
+
+pytestmark = pytest.mark.mxnet
 
 # With a native kernel: the rest (DCASGD, a user subclass) take MXNet's own per-slice update.
 KERNEL_CASES = {"sgd", "sgd_momentum_clip", "sgd_scheduler", "sgd_mults", "sgd_fp16_multi_precision", "nag", "adam",

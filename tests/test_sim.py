@@ -8,6 +8,8 @@ from benchmarks.sim import model, ring
 from benchmarks.sim.cluster import Cluster, CpuCosts
 from benchmarks.sim.ps import DIST_SYNC, P3KV, SLICING_ONLY, simulate
 
+pytestmark = pytest.mark.unit
+
 GBIT = 1e9
 
 

@@ -4,6 +4,8 @@ import pytest
 
 from p3kv import _p3
 
+pytestmark = pytest.mark.unit
+
 
 def slices(count, size=50_000, servers=3, rr=0):
     return _p3.slice_key(count, size, servers, rr)

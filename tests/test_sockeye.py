@@ -15,7 +15,9 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, run_job
+from harness import ROOT, run_job
+
+pytestmark = pytest.mark.mxnet
 
 if importlib.util.find_spec("sockeye") is None:
     pytest.skip("sockeye is not installed: `make setup` installs it (pip install --no-deps sockeye==2.3.24 and "

@@ -7,7 +7,9 @@ import stat
 import subprocess
 
 import pytest
-from conftest import ROOT
+from harness import ROOT
+
+pytestmark = pytest.mark.unit
 
 SCRIPT = os.path.join(ROOT, "scripts", "system-deps.sh")
 ALL = "g++ make libssl-dev python3-venv iproute2 openssh-server"

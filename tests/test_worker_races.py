@@ -20,10 +20,12 @@ import time
 import numpy as np
 import p3auth
 import pytest
-from test_failures import HOST, SECRET, STEP, Node, free_port, node_env
+from harness import HOST, SECRET, STEP, Node, free_port, node_env
 
 from p3kv.errors import P3Error, P3TimeoutError
 from p3kv.worker import P3Worker
+
+pytestmark = pytest.mark.integration
 
 HEADER = struct.Struct("<IHHiiBBHIQQQQQ")  # cpp/src/codec.cc
 MAGIC, VERSION = 0x564B3350, 2

@@ -1,0 +1,159 @@
+"""Builds the C++ unit test programs (cpp/tests/NAME_tests.cc, each with its own main) once per change of the C++
+code, not once per test run.
+
+Every cpp/src/*.cc is compiled warnings-clean (-Wall -Wextra -Werror) into one static library, and each test
+program is linked against it (the linker takes only the objects a program uses), into
+build/cpp-tests/<key>/, where the key hashes the C++ sources and headers, the flags and the compiler. A run that
+finds its key's files reuses them without starting the compiler. Concurrent pytest processes take a file lock
+around a build, and every file is written under a temporary name and renamed into place, so a killed build
+leaves no half-written library or program behind.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import glob
+import hashlib
+import os
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+
+from harness import ROOT
+
+CPP = os.path.join(ROOT, "cpp")
+CACHE = os.path.join(ROOT, "build", "cpp-tests")
+FLAGS = ["-std=c++17", "-Wall", "-Wextra", "-Werror", "-O1", "-pthread", "-I", os.path.join(CPP, "include")]
+LIBS = ["-lcrypto"]
+FORMAT = "1"  # bump when the layout of the cache changes
+COMPILE_TIMEOUT = 300  # seconds for one compiler process
+
+
+class BuildError(RuntimeError):
+    """The compiler failed; the message holds its command line and output."""
+
+
+def compiler() -> str:
+    """$CXX, else g++, else c++ (as a resolved path)."""
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        raise BuildError("no C++ compiler found: apt-get install g++ (or set CXX)")
+    found = shutil.which(cxx)
+    if found is None:
+        raise BuildError(f"the C++ compiler {cxx!r} (CXX) is not an executable")
+    return os.path.realpath(found)
+
+
+def sources() -> list[str]:
+    """Every file the test programs are built from (relative to cpp/), sorted."""
+    found = [os.path.relpath(p, CPP) for folder in ("include", "src", "tests")
+             for p in glob.glob(os.path.join(CPP, folder, "**", "*"), recursive=True)
+             if p.endswith((".h", ".cc"))]
+    return sorted(found)
+
+
+def programs() -> list[str]:
+    """The test programs: the names of cpp/tests/*_tests.cc, sorted."""
+    return sorted(os.path.basename(p)[:-len(".cc")] for p in glob.glob(os.path.join(CPP, "tests", "*_tests.cc")))
+
+
+def key(cxx: str) -> str:
+    """Hash of the sources' names and contents, the flags and the compiler: its resolved path and its bytes, so
+    an upgraded compiler is a new key without running it to ask its version."""
+    h = hashlib.sha256()
+    for part in (FORMAT, cxx, *FLAGS, "|", *LIBS):
+        h.update(part.encode() + b"\0")
+    with open(cxx, "rb") as f:
+        h.update(hashlib.sha256(f.read()).digest())
+    for rel in sources():
+        with open(os.path.join(CPP, rel), "rb") as f:
+            h.update(rel.encode() + b"\0" + hashlib.sha256(f.read()).digest())
+    return h.hexdigest()[:20]
+
+
+def _compile(argv: list[str]) -> None:
+    done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=COMPILE_TIMEOUT)
+    if done.returncode != 0:
+        raise BuildError(f"{' '.join(argv)} failed ({done.returncode}):\n{done.stdout}")
+
+
+def _temporary(path: str) -> str:
+    return f"{path}.tmp{os.getpid()}"
+
+
+@contextmanager
+def _locked(folder: str):
+    """Holds the folder's build lock (other pytest processes wait; they then find the files built)."""
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _library(cxx: str, folder: str) -> str:
+    """libp3core.a of every cpp/src/*.cc; call with the lock held."""
+    library = os.path.join(folder, "libp3core.a")
+    if os.path.exists(library):
+        return library
+    objects = os.path.join(folder, "objects")
+    os.makedirs(objects, exist_ok=True)
+    jobs = []
+    for src in sorted(glob.glob(os.path.join(CPP, "src", "*.cc"))):
+        obj = os.path.join(objects, os.path.basename(src)[:-len(".cc")] + ".o")
+        if not os.path.exists(obj):  # a build killed half-way keeps the objects it finished
+            jobs.append((src, obj))
+
+    def build(job):
+        src, obj = job
+        _compile([cxx, *FLAGS, "-c", src, "-o", _temporary(obj)])
+        os.replace(_temporary(obj), obj)
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        list(pool.map(build, jobs))  # list(): re-raises the first BuildError
+    members = sorted(glob.glob(os.path.join(objects, "*.o")))
+    ar = shutil.which("ar")
+    if ar is None:
+        raise BuildError("ar not found: apt-get install binutils")
+    _compile([ar, "rcs", _temporary(library), *members])
+    os.replace(_temporary(library), library)
+    return library
+
+
+def _folder() -> tuple[str, str]:
+    cxx = compiler()
+    return cxx, os.path.join(CACHE, key(cxx))
+
+
+def library() -> str:
+    """The path of libp3core.a, every cpp/src/*.cc compiled warnings-clean; built only if this key lacks it."""
+    cxx, folder = _folder()
+    found = os.path.join(folder, "libp3core.a")
+    if os.path.exists(found):
+        return found  # nothing changed: no compiler at all
+    with _locked(folder):
+        return _library(cxx, folder)
+
+
+def program(name: str) -> str:
+    """The path of the test program `name` (e.g. "sender_tests"); built only if this key lacks it."""
+    cxx, folder = _folder()
+    found = os.path.join(folder, name)
+    if os.path.exists(found):
+        return found  # nothing changed: no compiler at all
+    with _locked(folder):
+        lib = _library(cxx, folder)
+        if not os.path.exists(found):  # another process may have built it while this one waited for the lock
+            _compile([cxx, *FLAGS, os.path.join(CPP, "tests", f"{name}.cc"), lib, *LIBS, "-o", _temporary(found)])
+            os.replace(_temporary(found), found)
+    return found
+
+
+def run(name: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Builds (if needed) and runs the test program `name`; its output merged into stdout."""
+    return subprocess.run([program(name)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=timeout)
