@@ -2,6 +2,8 @@
 #   make demo   set up, then run the P3-vs-baseline comparison (p3kv vs MXNet dist_sync vs MXNet's P3) on an
 #               emulated 4-host cluster with 1 Gbit links (network namespaces: needs root, uses sudo otherwise)
 #   make test   set up, then lint and run the test suite (what CI runs)
+# and the fast tier of the tests alone (pure Python and the C++ unit tests, no jobs):
+#   make test-unit
 # Benchmarks on this machine's loopback (no root):
 #   make bench-kvstore   like-for-like kvstore benchmark: p3kv (with and without its server-side SGD), MXNet
 #                        dist_sync, MXNet's P3 and Horovod, same optimizer, through MXNet's engine
@@ -16,7 +18,7 @@ CORE := $(shell find cpp -name '*.cc' -o -name '*.h') setup.py pyproject.toml
 # Network namespaces need root: run the cluster benchmarks through sudo unless we are root already.
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo -E)
 
-.PHONY: setup system-deps test demo bench bench-setup bench-kvstore bench-transport bench-server sweeps sim lint clean
+.PHONY: setup system-deps test test-unit demo bench bench-setup bench-kvstore bench-transport bench-server sweeps sim lint clean
 
 setup: system-deps $(STAMP)
 
@@ -40,6 +42,10 @@ lint: setup
 
 test: lint
 	$(PY) -m pytest -q tests
+
+# One tier of tests/ (`pytest -m unit`; the tiers are in pyproject.toml and the README's Tests section).
+test-unit: setup
+	$(PY) -m pytest -q -m unit tests
 
 # ResNet-50 with emulated P100 compute slowed 10x on 1 Gbit links: the compute/network ratio of P100s on 10 Gbit.
 demo: setup
