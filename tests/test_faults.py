@@ -17,7 +17,7 @@ killed at the rendezvous):
   non-zero.
 - Clean finish: every process exits 0, none is left, and the scheduler's port can be listened on again at once.
 
-Built on the node-by-node helpers of tests/test_failures.py. Every wait has a hard timeout; processes are
+Built on the node-by-node helpers of tests/harness.py. Every wait has a hard timeout; processes are
 synchronized through their output and through files the workers wait for, never by sleeping. Processes of
 launched jobs carry JOB_TAG in their environment, which is how a test finds them in /proc.
 """

@@ -8,7 +8,7 @@ a taken rank is refused, so each one must be refused and logged. The job must no
 completing iterations with correct sums, every process exits 0, and the servers' logs and rejected_frames
 counters show the refusals.
 
-The job is started process by process as in tests/test_failures.py (whose helpers this reuses), with a secret.
+The job is started process by process through tests/harness.py, as in tests/test_failures.py, with a secret.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ against numpy), and that the attacked process stays within its bounds: threads (
 (/proc/PID/fd) and memory. Every attack loop is bounded in count and time, and targets 127.0.0.1 only. The
 measured numbers are printed (pytest -s) for the README's threat model.
 
-Built on the node-by-node helpers of tests/test_failures.py and the Python handshake of tests/p3auth.py.
+Built on the node-by-node helpers of tests/harness.py and the Python handshake of tests/p3auth.py.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ P3_HEARTBEAT_TIMEOUT and every other process exits non-zero naming it; a schedul
 a server killed during the rendezvous fails the job; connections that never answer the handshake do not hold up
 the rendezvous. A straggling worker does not change the sums.
 
-Built on the node-by-node helpers of tests/test_failures.py (Node, Job, node_env) and the Python handshake of
+Built on the node-by-node helpers of tests/harness.py (Node, Job, node_env) and the Python handshake of
 tests/p3auth.py. Every wait has a hard timeout; processes are synchronized through their output.
 """
 
