@@ -6,7 +6,7 @@ program is linked against it (the linker takes only the objects a program uses),
 build/cpp-tests/<key>/, where the key hashes the C++ sources and headers, the flags and the compiler. A run that
 finds its key's files reuses them without starting the compiler. Concurrent pytest processes take a file lock
 around a build, and every file is written under a temporary name and renamed into place, so a killed build
-leaves no half-written library or program behind.
+leaves no half-written library or program behind. A new build removes all but the few newest old ones.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
@@ -28,6 +29,8 @@ FLAGS = ["-std=c++17", "-Wall", "-Wextra", "-Werror", "-O1", "-pthread", "-I", o
 LIBS = ["-lcrypto"]
 FORMAT = "1"  # bump when the layout of the cache changes
 COMPILE_TIMEOUT = 300  # seconds for one compiler process
+KEEP = 4  # builds kept in the cache (the current one included)
+STALE_S = 600  # a build this many seconds old may be removed
 
 
 class BuildError(RuntimeError):
@@ -121,7 +124,18 @@ def _library(cxx: str, folder: str) -> str:
         raise BuildError("ar not found: apt-get install binutils")
     _compile([ar, "rcs", _temporary(library), *members])
     os.replace(_temporary(library), library)
+    _prune(folder)
     return library
+
+
+def _prune(keep: str) -> None:
+    """Removes the builds of older sources: all but the KEEP newest, and none younger than STALE_S (a pytest
+    process that started before the sources changed may still be using it)."""
+    others = sorted((os.path.getmtime(p), p) for p in glob.glob(os.path.join(CACHE, "*"))
+                    if os.path.isdir(p) and p != keep)
+    for mtime, path in others[:max(0, len(others) - (KEEP - 1))]:
+        if time.time() - mtime > STALE_S:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _folder() -> tuple[str, str]:
