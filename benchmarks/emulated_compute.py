@@ -38,8 +38,13 @@ def calibrated_efficiency(samples_per_s: float, fwd_flops_per_sample: float, gpu
 
 
 def efficiency_of(description: dict, factor: float = 1.0) -> float:
-    """The model's calibrated efficiency (EFFICIENCY without a calibration), times `factor` (sensitivity)."""
-    return description.get("calibration", {}).get("efficiency", EFFICIENCY) * factor
+    """The model's calibrated efficiency (EFFICIENCY without a calibration), times `factor` (sensitivity).
+    Derived from the published rate and today's FLOP count, so a regenerated shape file stays calibrated."""
+    calibration = description.get("calibration")
+    if not calibration:
+        return EFFICIENCY * factor
+    return calibrated_efficiency(calibration["samples_per_s"], description["fwd_flops_total"],
+                                 calibration.get("gpu", "p100")) * factor
 
 
 def load_description(model: str, shapes_dir: pathlib.Path = SHAPES_DIR) -> dict:
