@@ -248,7 +248,10 @@ def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: 
         rendezvous, rendezvous_port = _start_rendezvous(cluster, env)
     for i in range(hosts):
         if launcher_kvstore is None:  # Horovod: rank i on host i, no launcher
-            argv = _worker_argv(point, out)
+            # Horovod's process-set Gloo context finds its address from the hostname, not HOROVOD_GLOO_IFACE: each
+            # rank gets its own UTS namespace whose hostname is its host's address.
+            argv = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', cluster.address(i),
+                    *_worker_argv(point, out)]
             host_env = {**env, **rank_environment(i, [cluster.address(h) for h in range(hosts)], cluster.address(0),
                                                   rendezvous_port, "eth0")}
         else:
@@ -347,7 +350,7 @@ def _wait_all(procs: list[subprocess.Popen], timeout: float, results_complete) -
     ended SHUTDOWN_GRACE seconds after every worker reported. Returns the job's exit code."""
     deadline = time.monotonic() + timeout
     code = 0
-    while any(p.poll() is None for p in procs):
+    while [p.poll() for p in procs].count(None):  # poll every one: a list, not a short-circuiting any()
         failed = [p for p in procs if p.returncode not in (None, 0)]
         if results_complete():
             deadline = min(deadline, time.monotonic() + SHUTDOWN_GRACE)

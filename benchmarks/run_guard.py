@@ -49,8 +49,11 @@ def wait_for_load(max_load: float, wait_s: float, force: bool, *,
                   getloadavg: Callable[[], tuple[float, float, float]] = os.getloadavg,
                   sleep: Callable[[float], None] = time.sleep, poll_s: float = 10.0) -> tuple[float, bool]:
     """Returns (1-minute load when the run starts, whether it started above `max_load` because of `force`).
-    Waits up to `wait_s` seconds for the load to fall; raises Refused if it does not (and not `force`)."""
+    Waits up to `wait_s` seconds for the load to fall; raises Refused if it does not. With `force` it starts at
+    once (recorded)."""
     load = getloadavg()[0]
+    if force and load > max_load:
+        wait_s = 0.0
     waited = 0.0
     while load > max_load and waited < wait_s:
         if waited == 0:
