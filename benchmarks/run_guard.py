@@ -46,11 +46,13 @@ def check_tree(allow_dirty: bool, root: pathlib.Path = ROOT) -> tuple[str, bool]
 
 
 def wait_for_load(max_load: float, wait_s: float, force: bool, *,
-                  getloadavg: Callable[[], tuple[float, float, float]] = os.getloadavg,
-                  sleep: Callable[[float], None] = time.sleep, poll_s: float = 10.0) -> tuple[float, bool]:
+                  getloadavg: Callable[[], tuple[float, float, float]] | None = None,
+                  sleep: Callable[[float], None] | None = None, poll_s: float = 10.0) -> tuple[float, bool]:
     """Returns (1-minute load when the run starts, whether it started above `max_load` because of `force`).
     Waits up to `wait_s` seconds for the load to fall; raises Refused if it does not. With `force` it starts at
     once (recorded)."""
+    getloadavg = getloadavg or os.getloadavg  # looked up now, so tests can patch os.getloadavg
+    sleep = sleep or time.sleep
     load = getloadavg()[0]
     if force and load > max_load:
         wait_s = 0.0
