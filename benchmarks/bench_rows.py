@@ -83,6 +83,8 @@ def read_runs(path: pathlib.Path, ok_only: bool = True) -> list[dict]:
                 continue
             if legacy:
                 row = {**LEGACY_DEFAULTS, **{k: v for k, v in row.items() if v not in (None, "")}, "legacy": "True"}
+                if row.get("compute") == "real":  # Gluon SGD on the servers, no momentum, no weight decay
+                    row["optimizer"] = row["update_on"] = "sgd-plain"
                 row.setdefault("payload_bound_s", row.get("bound_s", ""))
             else:
                 row["legacy"] = "False"
@@ -92,6 +94,7 @@ def read_runs(path: pathlib.Path, ok_only: bool = True) -> list[dict]:
 
 def iteration_times(row: dict) -> list[float]:
     """Rank 0's timed iterations of a run (this schema), or the run's median alone (legacy rows)."""
-    if row.get("iter_s"):
-        return [float(t) for t in json.loads(row["iter_s"])]
+    times = row.get("iter_s")
+    if times:
+        return [float(t) for t in (json.loads(times) if isinstance(times, str) else times)]
     return [float(row["median_s"])] if row.get("median_s") else []

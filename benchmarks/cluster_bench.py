@@ -430,7 +430,7 @@ def summary(rows: Sequence[dict]) -> str:
     """Markdown table of the points in `rows` (see report.point_table)."""
     import report
 
-    return report.point_table(report.aggregate(rows)) + "\n"
+    return report.point_table(report.aggregate(rows, include_smoke=True)) + "\n"
 
 
 def plot_comparison(rows: Sequence[dict], path: pathlib.Path, title: str) -> None:
@@ -441,7 +441,7 @@ def plot_comparison(rows: Sequence[dict], path: pathlib.Path, title: str) -> Non
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    points = report.aggregate(rows)
+    points = report.aggregate(rows, include_smoke=True)
     if not points:
         return
     kvs = [p["kvstore"] for p in points]

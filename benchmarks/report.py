@@ -43,12 +43,13 @@ def _float(value, default: float = 0.0) -> float:
         return default
 
 
-def aggregate(rows: Sequence[dict]) -> list[dict]:
+def aggregate(rows: Sequence[dict], include_smoke: bool = False) -> list[dict]:
     """One entry per point and system, in first-seen order, with the statistics over its repeats; ratios
-    against dist_sync and Horovod of the same comparison."""
+    against dist_sync and Horovod of the same comparison. Smoke rows only with `include_smoke` (a runner's own
+    summary), never in the README."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        if r.get("status") == "ok" and str(r.get("smoke")) != "True":
+        if r.get("status") == "ok" and (include_smoke or str(r.get("smoke")) != "True"):
             groups.setdefault((tuple(str(r.get(k, "")) for k in POINT_KEY), r["kvstore"]), []).append(r)
     points = []
     for (key, kvstore), runs in groups.items():
@@ -71,7 +72,7 @@ def aggregate(rows: Sequence[dict]) -> list[dict]:
             "key": key, "kvstore": kvstore, "model": first["model"], "hosts": int(first["hosts"]),
             "bandwidth": first["bandwidth"], "bandwidth_bps": _float(first.get("bandwidth_bps")),
             "gpu_scale": _float(first.get("gpu_scale"), 0.0), "p100_equiv_gbps": equivalent_gbps(first),
-            "optimizer": "none" if first.get("optimizer", "none") == "none" else "sgd",
+            "optimizer": optimizer_label(first.get("optimizer")),
             "slice_size": first.get("slice_size") or "default", "efficiency_factor": first.get("efficiency_factor"),
             "unit": first["unit"], "n": len(runs), "iterations": iterations, "throughput": value, "low": low,
             "high": high, "run_min": min(run_values), "run_max": max(run_values), "bound_throughput": bound,
@@ -89,6 +90,12 @@ def aggregate(rows: Sequence[dict]) -> list[dict]:
         for peer in ("dist_sync", "horovod", "mxnet-p3"):
             p[f"vs_{peer}"] = p["throughput"] / peers[peer] if peer in peers and peer != p["kvstore"] else None
     return points
+
+
+def optimizer_label(recorded: str | None) -> str:
+    """"sgd" for the reviewed SGD (momentum + weight decay, recorded with its settings), else as recorded."""
+    recorded = recorded or "none"
+    return "sgd" if recorded.startswith("sgd(") else recorded
 
 
 def equivalent_gbps(row: dict) -> float | None:
@@ -119,9 +126,11 @@ def point_table(points: Sequence[dict]) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in points:
         system = LABEL.get(p["kvstore"], p["kvstore"])
+        iqr = "-" if p["legacy"] else f"{_num(p['low'])}–{_num(p['high'])}"
+        runs = "-" if p["n"] == 1 else f"{_num(p['run_min'])}–{_num(p['run_max'])}"
         lines.append(f"| {p['model']} | {p['hosts']} | {_link(p)} | {p['optimizer']} | {system} "
-                     f"| {_num(p['throughput'])} {p['unit']}/s | {_num(p['low'])}–{_num(p['high'])} | "
-                     f"{_num(p['run_min'])}–{_num(p['run_max'])} | {p['n']} | {_num(p['pct_of_bound'], 0)}% | "
+                     f"| {_num(p['throughput'])} {p['unit']}/s | {iqr} | {runs} | {p['n']} | "
+                     f"{_num(p['pct_of_bound'], 0)}% | "
                      f"{_ratio(p['vs_dist_sync'])} | {_ratio(p['vs_horovod'])} | {_num(p['cpu_total_pct'], 0)} |")
     return "\n".join(lines)
 
@@ -180,10 +189,11 @@ def reviewed_block(name: str, results: pathlib.Path) -> str:
 def legacy_block(results: pathlib.Path) -> str:
     """The rows measured before the reviewed settings: shown as they are, optimizer none, n=1."""
     parts = []
-    for name in ("demo", "sweep_bandwidth", "sweep_ablation", "sweep_slice", "sweep_scale", "sweep_utilisation"):
+    for name in ("demo", "sweep_bandwidth", "sweep_ablation", "sweep_slice", "sweep_scale", "sweep_utilisation",
+                 "sweep_targets"):
         points = [p for p in aggregate(_rows(results / f"{name}.csv")) if p["legacy"]]
         if points:
-            parts += [f"`benchmarks/results/{name}.csv`:", "", point_table(points), ""]
+            parts += [f"`benchmarks/results/{name}.csv` (bound: payload only):", "", point_table(points), ""]
     if not parts:
         return "No rows from before the reviewed settings."
     return "\n".join(parts).rstrip()
@@ -200,7 +210,7 @@ def status_block(results: pathlib.Path) -> str:
         if not rows:
             continue
         legacy = rows[0]["legacy"] == "True"
-        optimizers = sorted({"none" if r.get("optimizer", "none") == "none" else "sgd" for r in rows})
+        optimizers = sorted({optimizer_label(r.get("optimizer")) for r in rows})
         repeats = sorted({int(_float(r.get("repeats"), 1)) for r in rows})
         lines.append(f"| `{path.relative_to(results.parent.parent)}` | {len(rows)} | {', '.join(optimizers)} | "
                      f"{', '.join(map(str, repeats))} | {'payload only' if legacy else 'headers included'} | "
