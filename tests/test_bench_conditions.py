@@ -2,6 +2,7 @@
 interleaving of systems, the run guard (dirty tree, load), the repeat statistics, the header-inclusive bound,
 the per-model calibration and the README blocks generated from the result CSVs."""
 
+import argparse
 import csv
 import json
 import os
@@ -222,3 +223,49 @@ def test_report_rewrites_a_block(tmp_path):
     text = readme.read_text()
     assert "old numbers" not in text and "sweeps.py slice" in text and text.endswith("<!-- /bench:slice -->\nend\n")
     assert report.main(["--readme", str(readme), "--results-dir", str(results), "--check"]) == 0
+
+
+def _args(**overrides):
+    import sweeps
+
+    args = argparse.Namespace(
+        models=sweeps.MODELS, kvstores=list(sweeps.SYSTEMS), hosts=4, batch_size=32, gpu_scale=None,
+        link_max=sweeps.LINK_MAX_GBPS, optimizer="sgd", warmup=2, iters=20, timeout=1800.0,
+        equivalents=sweeps.EQUIVALENTS)
+    for k, v in overrides.items():
+        setattr(args, k, v)
+    return args
+
+
+def test_sweep_definitions_cover_the_papers_evaluation():
+    import emulated_cluster
+    import sweeps
+
+    args = _args()
+    bandwidth = sweeps.sweep_bandwidth(args)
+    for model in sweeps.MODELS:
+        mine = [p for p in bandwidth if p.model == model]
+        equivalents = {round(emulated_cluster.parse_rate(p.bandwidth) / p.gpu_scale / 1e9, 3) for p in mine}
+        assert len(equivalents) >= 6 and min(equivalents) >= 1 and max(equivalents) == 30, (model, equivalents)
+        assert {p.kvstore for p in mine} == {"p3", "dist_sync", "mxnet-p3", "horovod"}
+        assert all(emulated_cluster.parse_rate(p.bandwidth) <= sweeps.LINK_MAX_GBPS * 1e9 for p in mine)
+        assert all(p.optimizer == "sgd" and p.iters >= 20 for p in mine)
+    assert 4.0 in {emulated_cluster.parse_rate(p.bandwidth) / p.gpu_scale / 1e9
+                   for p in bandwidth if p.model == "resnet50_v1"}
+    ablation = sweeps.sweep_ablation(args)
+    assert {p.kvstore for p in ablation} == {"dist_sync", "p3-priority-split", "p3-slicing-only", "p3"}
+    assert all(emulated_cluster.parse_rate(p.bandwidth) / p.gpu_scale == pytest.approx(30e9) for p in ablation)
+    scale = sweeps.sweep_scale(args)
+    assert {p.kvstore for p in scale} == {"p3", "dist_sync", "mxnet-p3", "horovod"}
+    assert {p.hosts for p in scale} == {2, 4, 8}
+    # The slice sweep's point is link-bound: the link needs longer per iteration than the compute.
+    [point] = {(p.model, p.bandwidth, p.gpu_scale) for p in sweeps.sweep_slice(args)}
+    sizes, nbytes = cluster_bench.model_arrays(point[0])
+    description = emulated_compute.load_description(point[0])
+    profile = emulated_compute.Profile("p100", point[2], emulated_compute.efficiency_of(description))
+    compute = sum(lay.forward_s + lay.backward_s for lay in emulated_compute.layers_of(description, 32, profile))
+    link_s = wire_bound.link_load("p3", sizes, nbytes, 4).seconds(emulated_cluster.parse_rate(point[1]))
+    assert link_s > 2 * compute
+    assert {p.efficiency_factor for p in sweeps.sweep_sensitivity(args)} == {0.5, 1.0, 2.0}
+    assert sweeps.least_dilation(1) == 1.0 and sweeps.least_dilation(20) == pytest.approx(0.1)
+    assert sweeps.estimate_seconds(sweeps.sweep_demo(args), 3, (10.0, 1.0)) > 3 * 4 * 22 * 0.1
