@@ -162,6 +162,28 @@ def verdicts(points: Sequence[dict]) -> list[str]:
     return sentences
 
 
+SATURATED = 0.9  # of the machine's cores: above it, a point measures CPU contention, not the links
+
+
+def dilation_sentences(points: Sequence[dict], cpus: int) -> list[str]:
+    """Per --gpu-scale, the most CPU any system's hosts used together; the least dilation (largest scale) at
+    which none came near the machine's cores."""
+    scales = sorted({p["gpu_scale"] for p in points if p["cpu_total_pct"] is not None})
+    if not scales:
+        return []
+    peak = {s: max(p["cpu_total_pct"] for p in points if p["gpu_scale"] == s and p["cpu_total_pct"] is not None)
+            for s in scales}
+    free = [s for s in scales if peak[s] < SATURATED * 100 * cpus]
+    lines = ["- CPU of all hosts together (the most of any system) per --gpu-scale: " +
+             ", ".join(f"{s:g}: {peak[s]:.0f}%" for s in scales) + f" of {100 * cpus}%."]
+    if free:
+        lines.append(f"- Least dilation with the CPUs below {SATURATED:.0%} of {cpus} cores: --gpu-scale "
+                     f"{max(free):g}.")
+    else:
+        lines.append(f"- The CPUs were above {SATURATED:.0%} of {cpus} cores at every scale measured.")
+    return lines
+
+
 def _rows(path: pathlib.Path) -> list[dict]:
     return bench_rows.read_runs(path)
 
@@ -183,7 +205,11 @@ def reviewed_block(name: str, results: pathlib.Path) -> str:
             f"load before/after a run {load:.2f}{'; ' + '; '.join(flags) if flags else ''}). Throughput: median over "
             "every timed iteration of every repeat; IQR: its 25–75% range; repeat medians: the range of the "
             "per-repeat medians; bound: headers included.")
-    return "\n".join([head, "", point_table(points), "", *verdicts(points)])
+    extra = []
+    if name == "dilation":
+        rows = [r for r in _rows(path) if str(r.get("smoke")) != "True"]
+        extra = dilation_sentences(points, int(_float(rows[0].get("cpus"), 2)))
+    return "\n".join([head, "", point_table(points), "", *verdicts(points), *extra])
 
 
 def legacy_block(results: pathlib.Path) -> str:
