@@ -67,7 +67,8 @@ PAPER_SCALE = {"vgg19": "paper: +61% at 8 machines", "sockeye": "paper: +18% at 
 
 def link(equivalent_gbps: float, scale: float) -> str:
     """The emulated link rate (tc syntax, Mbit) of a P100-equivalent rate at dilation `scale`."""
-    return f"{round(equivalent_gbps * scale * 1000)}mbit"
+    mbit = round(equivalent_gbps * scale * 1000)
+    return f"{mbit // 1000}gbit" if mbit % 1000 == 0 else f"{mbit}mbit"
 
 
 def least_dilation(equivalent_gbps: float, link_max_gbps: float = LINK_MAX_GBPS) -> float:
@@ -161,14 +162,15 @@ def estimate_seconds(points: Sequence[cluster_bench.Point], repeats: int, factor
     return total * repeats
 
 
-def plot(name: str, rows: Sequence[dict], path: pathlib.Path) -> None:
-    """The sweep's figure: medians with the IQR as error bars, the header-inclusive bound dashed."""
+def plot(name: str, rows: Sequence[dict], path: pathlib.Path, include_smoke: bool = False) -> None:
+    """The sweep's figure: medians with the IQR as error bars, the header-inclusive bound dashed (smoke rows
+    only for a smoke run's own figure)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    points = report.aggregate([r for r in rows if r.get("tag") == name])
+    points = report.aggregate([r for r in rows if r.get("tag") == name], include_smoke)
     if not points:
         LOG.warning("no rows for sweep %s: nothing to plot", name)
         return
@@ -287,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     table += "".join(f"\n- {kv} skipped: {why}\n" for kv, why in skipped.items())
     (args.results_dir / f"{name}.md").write_text(table)
     sys.stdout.write("\n" + table)
-    plot(name, bench_rows.read_runs(csv_path), figure)
+    plot(name, bench_rows.read_runs(csv_path), figure, include_smoke=args.smoke)
     return 0 if all(r["status"] == "ok" for r in rows) else 1
 
 
