@@ -16,6 +16,9 @@ from collections.abc import Callable
 
 LOG = logging.getLogger("run_guard")
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+# What the benchmarks themselves write: a sweep appends to its CSVs and rewrites the README's tables, and the next
+# sweep of `make sweeps` must not take that for an uncommitted change to the code it measures.
+OUTPUTS = ("benchmarks/results", "README.md")
 
 
 class Refused(RuntimeError):
@@ -27,12 +30,14 @@ def default_max_load() -> float:
 
 
 def git_state(root: pathlib.Path = ROOT) -> tuple[str, bool]:
-    """(HEAD commit or "none", whether tracked files differ from it)."""
+    """(HEAD commit or "none", whether tracked files other than OUTPUTS differ from it)."""
     def git(*args: str) -> str:
         done = subprocess.run(["git", *args], check=False, cwd=root, capture_output=True, text=True, timeout=30)
         return done.stdout.strip() if done.returncode == 0 else ""
 
-    return git("rev-parse", "HEAD") or "none", bool(git("status", "--porcelain", "--untracked-files=no"))
+    excluded = [f":(exclude){path}" for path in OUTPUTS]
+    return git("rev-parse", "HEAD") or "none", bool(git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                                                        *excluded))
 
 
 def check_tree(allow_dirty: bool, root: pathlib.Path = ROOT) -> tuple[str, bool]:

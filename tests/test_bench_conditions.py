@@ -97,6 +97,15 @@ def test_dirty_tree_is_refused_unless_allowed_and_recorded(tmp_path):
     root = _repo(tmp_path)
     commit, dirty = run_guard.check_tree(False, root)
     assert len(commit) == 40 and not dirty
+    (root / "README.md").write_text("tables\n")
+    (root / "benchmarks" / "results").mkdir(parents=True)
+    (root / "benchmarks" / "results" / "x.csv").write_text("a\n")
+    subprocess.run(["git", "add", "README.md", "benchmarks"], cwd=root, check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "two"], cwd=root, check=True)
+    commit = run_guard.git_state(root)[0]
+    (root / "README.md").write_text("regenerated tables\n")  # what a sweep itself writes does not count
+    (root / "benchmarks" / "results" / "x.csv").write_text("a\nb\n")
+    assert run_guard.check_tree(False, root) == (commit, False)
     (root / "f.txt").write_text("b\n")
     with pytest.raises(run_guard.Refused, match="--allow-dirty"):
         run_guard.check_tree(False, root)
