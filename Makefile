@@ -1,6 +1,7 @@
 # The two commands of the README:
-#   make demo   set up, then run the P3-vs-baseline comparison (p3kv vs MXNet dist_sync vs MXNet's P3) on an
-#               emulated 4-host cluster with 1 Gbit links (network namespaces: needs root, uses sudo otherwise)
+#   make demo   set up, then run the P3-vs-baseline comparison (p3kv vs MXNet dist_sync vs MXNet's P3 vs Horovod
+#               when installed) on an emulated 4-host cluster with 2 Gbit links (network namespaces: needs root,
+#               uses sudo otherwise), 3 shuffled repeats, SGD on; about 10 minutes
 #   make test   set up, then lint and run the test suite (what CI runs)
 # and the fast tier of the tests alone (pure Python and the C++ unit tests, no jobs):
 #   make test-unit
@@ -18,7 +19,8 @@ CORE := $(shell find cpp -name '*.cc' -o -name '*.h') setup.py pyproject.toml
 # Network namespaces need root: run the cluster benchmarks through sudo unless we are root already.
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo -E)
 
-.PHONY: setup system-deps test test-unit demo bench bench-setup bench-kvstore bench-transport bench-server sweeps sim lint clean
+.PHONY: setup system-deps test test-unit demo bench bench-setup bench-kvstore bench-transport bench-server sweeps \
+	sweeps-estimate bench-report sim lint clean
 
 setup: system-deps $(STAMP)
 
@@ -47,15 +49,30 @@ test: lint
 test-unit: setup
 	$(PY) -m pytest -q -m unit tests
 
-# ResNet-50 with emulated P100 compute slowed 10x on 1 Gbit links: the compute/network ratio of P100s on 10 Gbit.
+# ResNet-50, P100 compute at its published speed slowed 5x on 2 Gbit links: P100s on 10 Gbit links. The run refuses
+# a busy machine or a dirty tree: DEMO_FLAGS=--force / --allow-dirty override (recorded in every row).
+DEMO_FLAGS ?=
 demo: setup
-	$(SUDO) $(PY) benchmarks/cluster_bench.py --model resnet50 --hosts 4 --bandwidth 1gbit --gpu-scale 0.1 \
-		--warmup 3 --iters 10 --csv benchmarks/results/demo.csv --summary benchmarks/results/demo.md \
-		--plot benchmarks/results/demo.png
+	$(SUDO) $(PY) benchmarks/sweeps.py demo $(DEMO_FLAGS)
+	$(PY) benchmarks/report.py
 
-# Every sweep of the paper's evaluation (about 1.5 hours on 2 cores); each is also its own command.
-sweeps: setup
-	for s in targets bandwidth ablation slice scale utilisation; do $(SUDO) $(PY) benchmarks/sweeps.py $$s || exit 1; done
+# Every sweep of the paper's evaluation with the reviewed settings (optimizer on, 3 shuffled repeats of 2 warm-up +
+# 20 timed iterations, all four systems), then the README's tables: an estimated 11.3 hours on an idle 2-core
+# machine (`make sweeps-estimate`: bandwidth 6.2 h, scale 2.1, sensitivity 1.6, dilation 0.6, ablation 0.4,
+# slice 0.2, demo and utilisation 0.1 each). Each sweep is also its own command (benchmarks/sweeps.py NAME);
+# SWEEP_FLAGS passes options to every one (e.g. --force, --repeats 5).
+SWEEPS := demo bandwidth slice ablation scale sensitivity dilation utilisation
+SWEEP_FLAGS ?=
+sweeps: bench-setup
+	for s in $(SWEEPS); do $(SUDO) $(PY) benchmarks/sweeps.py $$s $(SWEEP_FLAGS) || exit 1; done
+	$(PY) benchmarks/report.py
+
+sweeps-estimate: setup
+	$(PY) benchmarks/sweeps.py estimate
+
+# The README's benchmark tables and sentences from the result CSVs (make test checks they are current).
+bench-report: setup
+	$(PY) benchmarks/report.py
 
 bench: sweeps
 

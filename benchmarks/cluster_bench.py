@@ -1,288 +1,129 @@
-"""Throughput of p3kv vs MXNet dist_sync vs MXNet's built-in P3 on an emulated cluster (runs as root).
+"""Throughput of p3kv vs MXNet dist_sync vs MXNet's built-in P3 vs Horovod on an emulated cluster (runs as root).
 
     python benchmarks/cluster_bench.py --model resnet50_v1 --hosts 4 --bandwidth 1gbit \\
-        --kvstore p3 dist_sync mxnet-p3 --compute emulated --gpu-scale 0.1 --iters 20
+        --kvstore p3 dist_sync mxnet-p3 horovod --compute emulated --gpu-scale 0.1 --iters 20 --repeats 3
 
 Builds N hosts as network namespaces on a bridge with every link capped at --bandwidth
-(benchmarks/emulated_cluster.py) and runs, for every --kvstore in turn, the paper's layout: one server and one
-worker per host, the scheduler on host 0, each host's processes started by its own `python -m p3kv.launch`
-inside its namespace. Workers run benchmarks/cluster_worker.py (see there for the two compute modes).
+(benchmarks/emulated_cluster.py) and runs, for every --kvstore, the paper's layout: one server and one worker
+per host, the scheduler on host 0, each host's processes started by its own `python -m p3kv.launch` inside its
+namespace. Horovod has no servers: one rank per host, started here with Horovod's Gloo environment and a
+rendezvous on host 0 (benchmarks/horovod_rendezvous.py), ring allreduce over the same capped links. Workers
+run benchmarks/cluster_worker.py (see there for the compute modes and where each system runs the optimizer:
+SGD with momentum and weight decay by default, --optimizer none for the transport-only comparison).
+
+Statistics: --repeats rounds; in each, every point's systems run in a freshly shuffled order (seeded by
+--seed, recorded with the position of each run). Every timed iteration of every rank is kept
+(<csv stem>_iterations.csv beside --csv); the summary gives the median and interquartile range over all timed
+iterations of all repeats and the range of the per-repeat medians (benchmarks/bench_stats.py).
+
+Conditions (benchmarks/run_guard.py): refuses a dirty git tree unless --allow-dirty; before each run waits up
+to --load-wait seconds for the 1-minute load to fall below --max-load, then refuses unless --force. Load before
+and after each run, the CPU utilisation of every emulated host (benchmarks/host_cpu.py) and the overrides are
+in every row.
 
 Throughput is samples/s (tokens/s for Sockeye) summed over workers: each worker's batch over its median
 iteration time after --warmup. Beside it, the physical bound: max(compute time per iteration, the time the
-iteration's bytes need on the busiest capped link); with one server per host each link carries
-2 (N-1)/N of the model each way per iteration. Host 0's output is printed live (a progress line every
---log-interval iterations); each result is appended to --csv with every setting and the software versions.
-Kvstores: p3, dist_sync, mxnet-p3, and the ablations p3-slicing-only (P3_PRIORITY=none: slices sent first come
-first served) and p3-priority-only (no slicing: one slice per array).
+iteration's bytes need on the busiest capped link), the bytes counting every message's frame header and the
+TCP/IP/Ethernet headers (benchmarks/wire_bound.py). Rows go to --csv through benchmarks/bench_rows.py.
+Kvstores: p3, dist_sync, mxnet-p3, horovod, and p3kv's ablations p3-slicing-only (P3_PRIORITY=none: slices
+first come first served), p3-priority-split (no slicing, but arrays above 10^6 elements cut into one key per
+server, as MXNet's dist_sync splits them: the fair priority-only variant) and p3-priority-only (no slicing at
+all: a big array lands on one server).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import os
 import pathlib
 import platform
-import secrets
+import random
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Sequence
 
-import bench_report
+import bench_rows
 import emulated_cluster
-import proc_monitor
+import run_guard
+from cluster_job import KVSTORES, Point, comm_bound_seconds, model_arrays, model_bytes, run_point  # noqa: F401
 
 LOG = logging.getLogger("cluster_bench")
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results"
-# What --kvstore names: (the launcher's --kvstore, extra environment).
-KVSTORES = {
-    "p3": ("p3", {}),
-    "dist_sync": ("dist_sync", {}),
-    "mxnet-p3": ("mxnet-p3", {}),
-    "p3-slicing-only": ("p3", {"P3_PRIORITY": "none"}),
-    "p3-priority-only": ("p3", {"P3_SLICE_SIZE": str(1 << 30)}),
-}
+SYSTEMS = ("p3", "dist_sync", "mxnet-p3", "horovod")
 MODELS = ("resnet50_v1", "inceptionv3", "vgg19", "sockeye")
 MODEL_ALIASES = {"resnet50": "resnet50_v1"}
-COLUMNS = (
-    "timestamp", "tag", "model", "kvstore", "compute", "status", "exit_code", "hosts", "layout", "workers",
-    "servers",
-    "bandwidth", "bandwidth_bps", "batch_size", "slice_size", "gpu", "gpu_scale", "warmup", "iters", "repeat",
-    "unit", "samples_per_batch", "median_s", "throughput", "compute_s", "comm_bound_s", "bound_s",
-    "bound_throughput", "pct_of_bound", "model_bytes", "wall_s", "load_1m_before", "git_commit", "git_dirty",
-    "cpus", "python", "mxnet", "p3kv", "gluoncv", "sockeye",
-)
+COLUMNS = bench_rows.RUN_COLUMNS
 BASE_PORT = 9300
 
 
 @dataclasses.dataclass
-class Point:
-    """One measurement's settings."""
+class Conditions:
+    """How runs may start (run_guard) and what every row records about it."""
 
-    model: str
-    kvstore: str
-    hosts: int = 4
-    bandwidth: str | None = "1gbit"
-    compute: str = "emulated"
-    batch_size: int = 32
-    slice_size: int | None = None
-    gpu: str = "p100"
-    gpu_scale: float = 1.0
-    warmup: int = 3
-    iters: int = 20
-    repeat: int = 0
-    tag: str = ""
-    timeout: float = 900.0
-    log_interval: int = 5
-    layout: str = "colocated"  # or "separate": workers on the first half of the hosts, servers on the rest
-
-    @property
-    def workers(self) -> int:
-        return self.hosts if self.layout == "colocated" else self.hosts // 2
-
-    @property
-    def servers(self) -> int:
-        return self.workers
-
-    def roles(self, host: int) -> tuple[int, int]:
-        """(workers, servers) on `host`."""
-        if self.layout == "colocated":
-            return 1, 1
-        return (1, 0) if host < self.workers else (0, 1)
+    max_load: float = dataclasses.field(default_factory=run_guard.default_max_load)
+    load_wait: float = 600.0
+    force: bool = False
+    allow_dirty: bool = False
+    seed: int = 0
+    smoke: bool = False
 
 
-def git_state() -> tuple[str, bool]:
-    def git(*args: str) -> str:
-        done = subprocess.run(["git", *args], check=False, cwd=ROOT, capture_output=True, text=True, timeout=30)
-        return done.stdout.strip() if done.returncode == 0 else ""
-
-    return git("rev-parse", "HEAD") or "none", bool(git("status", "--porcelain", "--untracked-files=no"))
-
-
-def model_bytes(model: str) -> int:
-    description = json.loads((HERE / "shapes" / f"{model}.json").read_text())
-    itemsize = {"float32": 4, "float16": 2, "float64": 8}
-    total = 0
-    for p in description["params"]:
-        n = 1
-        for d in p["shape"]:
-            n *= d
-        total += n * itemsize.get(p["dtype"], 4)
-    return total
+def horovod_problem() -> str | None:
+    """Why Horovod cannot run here, or None."""
+    check = subprocess.run([sys.executable, "-c", "import horovod.mxnet as h; assert h.gloo_built()"],
+                           capture_output=True, text=True, timeout=120, check=False)
+    if check.returncode != 0:
+        last = (check.stderr.strip().splitlines() or ["?"])[-1]
+        return (f"horovod.mxnet with Gloo does not import ({last}); `make bench-setup` installs Horovod 0.28.1 "
+                "with MXNet and Gloo")
+    return None
 
 
-def comm_bound_seconds(bytes_per_model: int, hosts: int, rate_bps: float | None, layout: str = "colocated") -> float:
-    """Time one iteration's traffic needs on the busiest link (each direction). Colocated (one server + one
-    worker per host): the worker sends the (N-1)/N of its gradient owned by other hosts' servers, and the host's
-    server sends its 1/N of the model to the N-1 other workers; the same amounts come in. Separate (W workers,
-    W servers): a worker's link carries the whole model each way, and so does a server's (W x 1/W)."""
-    if rate_bps is None or hosts < 2:
-        return 0.0
-    share = 2 * (hosts - 1) / hosts if layout == "colocated" else 1.0
-    return share * bytes_per_model * 8 / rate_bps
+def interleave(points: Sequence[Point], repeats: int, seed: int) -> list[Point]:
+    """`repeats` rounds over `points`; in each round, the systems of every comparison (points equal but for
+    the system) run one after another in a freshly shuffled order (random.Random(seed))."""
+    rng = random.Random(seed)
+    groups: dict[tuple, list[Point]] = {}
+    for p in points:
+        groups.setdefault(p.group(), []).append(p)
+    ordered = []
+    for repeat in range(repeats):
+        for members in groups.values():
+            order = list(members)
+            rng.shuffle(order)
+            ordered += [dataclasses.replace(p, repeat=repeat, repeats=repeats, order=position)
+                        for position, p in enumerate(order)]
+    return ordered
 
 
-def _worker_argv(point: Point, out: pathlib.Path) -> list[str]:
-    return [sys.executable, str(HERE / "cluster_worker.py"), "--model", point.model, "--compute", point.compute,
-            "--batch-size", str(point.batch_size), "--warmup", str(point.warmup), "--iters", str(point.iters),
-            "--gpu", point.gpu, "--gpu-scale", str(point.gpu_scale), "--log-interval", str(point.log_interval),
-            "--out", str(out)]
-
-
-def _environment(point: Point, extra: dict) -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), str(HERE), env.get("PYTHONPATH", "")) if p)
-    env["P3_SECRET"] = secrets.token_hex(32)  # one per job, the same on every host
-    # Hosts share 2 cores: one compute thread per process (the real-compute mode's fairness).
-    env.update(OMP_NUM_THREADS="1", MXNET_CPU_WORKER_NTHREADS="1", PYTHONUNBUFFERED="1")
-    if point.slice_size:
-        env["P3_SLICE_SIZE"] = str(point.slice_size)
-        env["MXNET_KVSTORE_SLICE_THRESHOLD"] = str(point.slice_size)  # MXNet's P3 (worker side)
-    env.update(extra)
-    return env
-
-
-def _forward(stream, prefix: str, sink, log_file) -> None:
-    for line in stream:
-        log_file.write(line)
-        if sink is not None:
-            sink.write(prefix + line)
-            sink.flush()
-
-
-def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: pathlib.Path, port: int,
-              live=sys.stdout) -> dict:
-    """Runs one job across the cluster's hosts; returns its CSV row."""
-    launcher_kvstore, extra = KVSTORES[point.kvstore]
-    hosts = cluster.hosts
-    name = f"{point.model}.{point.kvstore}.{point.bandwidth}.{hosts}h.{point.repeat}.{port}"
-    out = scratch / name
-    env = _environment(point, extra)
-    LOG.info("%s on %s: %d hosts, %s, %s compute, batch %d", point.model, point.kvstore, hosts,
-             point.bandwidth or "uncapped", point.compute, point.batch_size)
-    load_before = os.getloadavg()[0]
-    start = time.perf_counter()
-    procs, threads, logs = [], [], []
-    for i in range(hosts):
-        local_workers, local_servers = point.roles(i)
-        argv = [sys.executable, "-m", "p3kv.launch", "-n", str(point.workers), "-s", str(point.servers),
-                "--kvstore", launcher_kvstore, "--host", cluster.address(i), "--port", str(port), "--local-workers",
-                str(local_workers), "--local-servers", str(local_servers), "--timeout", str(point.timeout)]
-        if i:
-            argv += ["--no-scheduler", "--root", cluster.address(0)]
-        argv += ["--", *_worker_argv(point, out)]
-        log = open(scratch / f"{name}.host{i}.log", "w")
-        logs.append(log)
-        proc = cluster.popen(i, argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True, start_new_session=True)
-        procs.append(proc)
-        thread = threading.Thread(target=_forward, args=(proc.stdout, f"[host{i}] ", live if i == 0 else None, log),
-                                  daemon=True)
-        thread.start()
-        threads.append(thread)
-    def results_complete() -> bool:
-        return len(list(scratch.glob(f"{name}.rank*.json"))) == point.workers
-
-    exit_code = _wait_all(procs, point.timeout + 60, results_complete)
-    for thread in threads:
-        thread.join(timeout=10)
-    for log in logs:
-        log.close()
-    wall = time.perf_counter() - start
-    row = {"model": point.model, "kvstore": point.kvstore, "compute": point.compute, "hosts": hosts,
-           "workers": point.workers, "servers": point.servers, "layout": point.layout,
-           "bandwidth": point.bandwidth or "uncapped",
-           "bandwidth_bps": cluster.rate_bps or "", "batch_size": point.batch_size,
-           "slice_size": point.slice_size or "", "gpu": point.gpu if point.compute == "emulated" else "",
-           "gpu_scale": point.gpu_scale if point.compute == "emulated" else "", "warmup": point.warmup,
-           "iters": point.iters, "repeat": point.repeat, "tag": point.tag, "exit_code": exit_code,
-           "wall_s": round(wall, 1), "load_1m_before": round(load_before, 2)}
-    results = [json.loads(p.read_text()) for p in sorted(scratch.glob(f"{name}.rank*.json"))]
-    # MXNet's ps-lite servers sometimes hang at shutdown after every worker reported (more often under load):
-    # the measurement is complete, so a baseline's row keeps it, with the exit code. p3kv gets no such pass.
-    baseline_hang = exit_code != 0 and len(results) == point.workers and launcher_kvstore != "p3"
-    if baseline_hang:
-        LOG.warning("%s on %s: every worker reported, then the job did not end cleanly (exit code %s); keeping "
-                    "the measurement", point.model, point.kvstore, exit_code)
-    if (exit_code != 0 and not baseline_hang) or len(results) != point.workers:
-        tails = []
-        for i in range(hosts):
-            lines = (scratch / f"{name}.host{i}.log").read_text(errors="replace").splitlines()[-15:]
-            tails.append(f"--- host {i} ---\n" + "\n".join(lines))
-        LOG.error("%s on %s failed (exit codes %s, %d of %d results); last output:\n%s", point.model,
-                  point.kvstore, [p.returncode for p in procs], len(results), point.workers, "\n".join(tails))
-        row["status"] = f"failed({exit_code})"
-        return row
-    first = next(r for r in results if r["rank"] == 0)
-    nbytes = model_bytes(point.model)
-    comm = comm_bound_seconds(nbytes, hosts, cluster.rate_bps, point.layout)
-    compute = statistics.median(r["compute_s"] for r in results)
-    bound = max(compute, comm)
-    throughput = sum(r["samples_per_batch"] / r["median_s"] for r in results)
-    bound_throughput = point.workers * first["samples_per_batch"] / bound if bound else float("inf")
-    row.update(status="ok", unit=first["unit"], samples_per_batch=first["samples_per_batch"],
-               median_s=round(first["median_s"], 4), throughput=round(throughput, 2),
-               compute_s=round(compute, 4), comm_bound_s=round(comm, 4), bound_s=round(bound, 4),
-               bound_throughput=round(bound_throughput, 2),
-               pct_of_bound=round(100 * throughput / bound_throughput, 1) if bound else "",
-               model_bytes=nbytes, **{k: v for k, v in first["versions"].items() if k in COLUMNS})
-    LOG.info("%s on %s: %.1f %s/s (bound %.1f, %.0f%%), median %.3f s/iter, compute %.3f s, link %.3f s",
-             point.model, point.kvstore, throughput, first["unit"], bound_throughput, row["pct_of_bound"] or 0,
-             first["median_s"], compute, comm)
-    return row
-
-
-SHUTDOWN_GRACE = 60.0  # seconds the hosts get to end the job once every worker has reported
-
-
-def _wait_all(procs: list[subprocess.Popen], timeout: float, results_complete) -> int:
-    """Waits for every host's launcher; the first failure stops the others, and so does a job that has not
-    ended SHUTDOWN_GRACE seconds after every worker reported. Returns the job's exit code."""
-    deadline = time.monotonic() + timeout
-    code = 0
-    while any(p.poll() is None for p in procs):
-        failed = [p for p in procs if p.returncode not in (None, 0)]
-        if results_complete():
-            deadline = min(deadline, time.monotonic() + SHUTDOWN_GRACE)
-        if failed or time.monotonic() > deadline:
-            code = failed[0].returncode if failed else 124
-            for p in procs:
-                if p.poll() is None:
-                    proc_monitor.stop_tree(p, set(proc_monitor.descendants(p.pid)))
-            break
-        time.sleep(0.2)
-    for p in procs:
-        p.wait()
-    return code or next((p.returncode for p in procs if p.returncode), 0)
-
-
-def common_columns() -> dict:
-    commit, dirty = git_state()
+def common_columns(conditions: Conditions, commit: str, dirty: bool) -> dict:
     return {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "git_commit": commit, "git_dirty": dirty,
-            "cpus": os.cpu_count(), "python": platform.python_version()}
+            "allow_dirty": conditions.allow_dirty, "max_load": conditions.max_load, "seed": conditions.seed,
+            "smoke": conditions.smoke, "cpus": os.cpu_count(), "python": platform.python_version()}
 
 
-def run_points(points: Sequence[Point], csv_path: pathlib.Path, *, keep_logs: pathlib.Path | None = None,
-               utilisation_dir: pathlib.Path | None = None) -> list[dict]:
-    """Runs the points in order, one cluster per (hosts) value, rebuilt only when the host count changes;
-    appends every row to `csv_path` as soon as it exists."""
+def run_points(points: Sequence[Point], csv_path: pathlib.Path, conditions: Conditions | None = None, *,
+               keep_logs: pathlib.Path | None = None, utilisation_dir: pathlib.Path | None = None) -> list[dict]:
+    """Runs the points in order (see `interleave`), one cluster per (hosts) value, rebuilt only when the host
+    count changes; appends every row to `csv_path` as soon as it exists. Raises run_guard.Refused (dirty
+    tree, busy machine) before a run that may not start."""
+    conditions = conditions or Conditions()
+    commit, dirty = run_guard.check_tree(conditions.allow_dirty)
     rows = []
-    common = common_columns()
     with tempfile.TemporaryDirectory(prefix="cluster_bench.") as tmp:
         scratch = keep_logs or pathlib.Path(tmp)
         scratch.mkdir(parents=True, exist_ok=True)
         cluster = None
         try:
             for n, point in enumerate(points):
+                _, forced = run_guard.wait_for_load(conditions.max_load, conditions.load_wait, conditions.force)
                 if cluster is None or cluster.hosts != point.hosts:
                     if cluster is not None:
                         cluster.close()
@@ -292,12 +133,13 @@ def run_points(points: Sequence[Point], csv_path: pathlib.Path, *, keep_logs: pa
                 if utilisation_dir is not None:
                     utilisation_dir.mkdir(parents=True, exist_ok=True)
                     cluster.start_sampler(str(utilisation_dir / f"{point.model}.{point.kvstore}.{point.hosts}h."
-                                              f"{point.bandwidth}.csv"))
-                row = {**common, **run_point(cluster, point, scratch, BASE_PORT + n)}
+                                              f"{point.bandwidth}.r{point.repeat}.csv"))
+                row, iterations = run_point(cluster, point, scratch, BASE_PORT + n)
+                row = {**common_columns(conditions, commit, dirty), "forced": forced, **row}
                 if utilisation_dir is not None:
                     cluster.stop_sampler()
                 rows.append(row)
-                bench_report.append_csv(csv_path, [row], COLUMNS)
+                bench_rows.write_run(csv_path, row, iterations)
         finally:
             if cluster is not None:
                 cluster.close()
@@ -305,60 +147,62 @@ def run_points(points: Sequence[Point], csv_path: pathlib.Path, *, keep_logs: pa
 
 
 def summary(rows: Sequence[dict]) -> str:
-    """Markdown table: throughput per kvstore, the bound and the speedups over the two MXNet peers."""
-    groups: dict[tuple, list[dict]] = {}
-    for r in rows:
-        if r["status"] == "ok":
-            groups.setdefault((r["model"], r["hosts"], r["bandwidth"], r["compute"], r["batch_size"],
-                               r.get("layout", ""), r["slice_size"]), []).append(r)
-    lines = ["| model | hosts | bandwidth | compute | slice | kvstore | throughput | % of bound | vs dist_sync | "
-             "vs mxnet-p3 |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for (model, hosts, bandwidth, compute, _, _, slice_size), group in groups.items():
-        by_kv: dict[str, list[float]] = {}
-        for r in group:
-            by_kv.setdefault(r["kvstore"], []).append(float(r["throughput"]))
-        median = {k: statistics.median(v) for k, v in by_kv.items()}
-        bound = statistics.median(float(r["bound_throughput"]) for r in group)
-        unit = group[0]["unit"]
-        for kv, value in median.items():
-            vs = [f"{value / median[peer]:.2f}x" if peer in median and peer != kv else ""
-                  for peer in ("dist_sync", "mxnet-p3")]
-            lines.append(f"| {model} | {hosts} | {bandwidth} | {compute} | {slice_size or 'default'} | {kv} | "
-                         f"{value:.1f} {unit}/s | "
-                         f"{100 * value / bound:.0f}% of {bound:.1f} | {vs[0]} | {vs[1]} |")
-    return "\n".join(lines) + "\n"
+    """Markdown table of the points in `rows` (see report.point_table)."""
+    import report
+
+    return report.point_table(report.aggregate(rows, include_smoke=True)) + "\n"
 
 
 def plot_comparison(rows: Sequence[dict], path: pathlib.Path, title: str) -> None:
-    """Bar chart of throughput per kvstore with the physical bound as a line."""
+    """Bar chart of throughput per kvstore (median over all iterations, IQR as error bars), the bound as a line."""
     import matplotlib
+    import report
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ok = [r for r in rows if r["status"] == "ok"]
-    if not ok:
+    points = report.aggregate(rows, include_smoke=True)
+    if not points:
         return
-    kvs = list(dict.fromkeys(r["kvstore"] for r in ok))
-    values = [statistics.median(float(r["throughput"]) for r in ok if r["kvstore"] == kv) for kv in kvs]
-    bound = statistics.median(float(r["bound_throughput"]) for r in ok)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    bars = ax.bar(kvs, values, color=["tab:blue" if kv.startswith("p3") else "tab:gray" for kv in kvs])
-    ax.bar_label(bars, fmt="%.1f")
-    ax.axhline(bound, color="tab:red", linestyle="--", label=f"physical bound {bound:.1f}")
-    ax.set_ylabel(f"throughput ({ok[0]['unit']}/s, all workers)")
-    ax.set_title(title, fontsize=10)
-    ax.legend(loc="lower right")
+    kvs = [p["kvstore"] for p in points]
+    values = [p["throughput"] for p in points]
+    errors = [[p["throughput"] - p["low"] for p in points], [p["high"] - p["throughput"] for p in points]]
+    bound = statistics.median(p["bound_throughput"] for p in points)
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    bars = ax.bar(kvs, values, yerr=errors, capsize=4,
+                  color=["tab:blue" if kv.startswith("p3") else "tab:gray" for kv in kvs])
+    ax.bar_label(bars, fmt="%.1f", label_type="center")
+    ax.axhline(bound, color="tab:red", linestyle="--", label=f"physical bound {bound:.1f} (headers included)")
+    ax.set_ylabel(f"throughput ({points[0]['unit']}/s, all workers)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
+def add_condition_arguments(p: argparse.ArgumentParser) -> None:
+    """The statistics and run-condition options (shared with sweeps.py)."""
+    p.add_argument("--repeats", type=int, default=3, help="rounds over the systems, a fresh shuffled order each")
+    p.add_argument("--seed", type=int, default=0, help="seeds the shuffled orders (recorded)")
+    p.add_argument("--max-load", type=float, default=run_guard.default_max_load(),
+                   help="a run waits for the 1-minute load to fall below this (default max(1, CPUs/4))")
+    p.add_argument("--load-wait", type=float, default=600.0, help="seconds a run waits for the load, then refuses")
+    p.add_argument("--force", action="store_true", help="run above --max-load anyway (recorded in every row)")
+    p.add_argument("--allow-dirty", action="store_true", help="run on uncommitted changes (recorded in every row)")
+    p.add_argument("--smoke", action="store_true", help="mark the rows as a smoke run (never a result)")
+
+
+def conditions_from_args(args: argparse.Namespace) -> Conditions:
+    return Conditions(max_load=args.max_load, load_wait=args.load_wait, force=args.force,
+                      allow_dirty=args.allow_dirty, seed=args.seed, smoke=args.smoke)
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", nargs="+", default=["resnet50_v1"], help=f"one or more of {', '.join(MODELS)}")
-    p.add_argument("--kvstore", nargs="+", default=["p3", "dist_sync", "mxnet-p3"], choices=list(KVSTORES))
+    p.add_argument("--kvstore", nargs="+", default=list(SYSTEMS), choices=list(KVSTORES))
     p.add_argument("--hosts", type=int, default=4)
     p.add_argument("--bandwidth", default="1gbit", help="link rate of every host (tc syntax, e.g. 300mbit, "
                    "10gbit) or 'none' for uncapped links")
@@ -371,14 +215,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--gpu", default="p100", help="emulated compute: the GPU whose speed the profile assumes")
     p.add_argument("--gpu-scale", type=float, default=1.0, help="emulated compute: its speed factor (0.1: ten "
                    "times slower, matching links ten times slower than the paper's)")
+    p.add_argument("--efficiency-factor", type=float, default=1.0, help="emulated compute: multiplies each "
+                   "model's calibrated efficiency (sensitivity runs)")
+    p.add_argument("--optimizer", choices=("sgd", "none"), default="sgd", help="sgd: momentum 0.9, wd 1e-4 where "
+                   "each system runs it; none: servers only sum (transport-only comparison)")
     p.add_argument("--slice-size", type=int, default=None, help="elements per slice for p3 and mxnet-p3 "
                    "(default: each system's own)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--repeats", type=int, default=1, help="rounds over the kvstores (order rotated each round)")
+    add_condition_arguments(p)
     p.add_argument("--timeout", type=float, default=900.0, help="seconds one job may take")
     p.add_argument("--log-interval", type=int, default=5, help="iterations between progress lines")
-    p.add_argument("--csv", type=pathlib.Path, default=RESULTS / "cluster.csv")
+    p.add_argument("--csv", type=pathlib.Path, default=RESULTS / "sweeps" / "cluster.csv")
     p.add_argument("--plot", type=pathlib.Path, help="write a bar chart of the comparison here")
     p.add_argument("--summary", type=pathlib.Path, help="write the markdown summary here")
     p.add_argument("--utilisation", type=pathlib.Path, help="sample every link's counters every 10 ms into "
@@ -401,21 +249,30 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--hosts must be at least 2")
     if args.layout == "separate" and args.hosts % 2:
         p.error("--layout separate needs an even --hosts (half workers, half servers)")
+    if args.iters < 1 or args.repeats < 1 or args.warmup < 0:
+        p.error("--iters and --repeats must be >= 1, --warmup >= 0")
     return args
 
 
 def points_from_args(args: argparse.Namespace) -> list[Point]:
-    points = []
-    for repeat in range(args.repeats):
-        shift = repeat % len(args.kvstore)
-        for model in args.model:
-            for kv in args.kvstore[shift:] + args.kvstore[:shift]:
-                points.append(Point(model=model, kvstore=kv, hosts=args.hosts, bandwidth=args.bandwidth,
-                                    compute=args.compute, batch_size=args.batch_size, slice_size=args.slice_size,
-                                    gpu=args.gpu, gpu_scale=args.gpu_scale, warmup=args.warmup, iters=args.iters,
-                                    repeat=repeat, tag=args.tag, timeout=args.timeout, layout=args.layout,
-                                    log_interval=args.log_interval))
-    return points
+    base = [Point(model=model, kvstore=kv, hosts=args.hosts, bandwidth=args.bandwidth, compute=args.compute,
+                  batch_size=args.batch_size, slice_size=args.slice_size, gpu=args.gpu, gpu_scale=args.gpu_scale,
+                  efficiency_factor=args.efficiency_factor, optimizer=args.optimizer, warmup=args.warmup,
+                  iters=args.iters, tag=args.tag, timeout=args.timeout, layout=args.layout,
+                  log_interval=args.log_interval)
+            for model in args.model for kv in args.kvstore]
+    return interleave(base, args.repeats, args.seed)
+
+
+def drop_unavailable(points: list[Point]) -> tuple[list[Point], dict[str, str]]:
+    """Points whose system cannot run here are left out, with the reason (Horovod is optional)."""
+    if not any(p.kvstore == "horovod" for p in points):
+        return points, {}
+    problem = horovod_problem()
+    if problem is None:
+        return points, {}
+    LOG.warning("skipping horovod: %s", problem)
+    return [p for p in points if p.kvstore != "horovod"], {"horovod": problem}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -425,8 +282,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if reason:
         LOG.error("cannot build the emulated cluster: %s", reason)
         return 2
-    rows = run_points(points_from_args(args), args.csv, keep_logs=args.keep_logs, utilisation_dir=args.utilisation)
-    table = summary(rows)
+    points, skipped = drop_unavailable(points_from_args(args))
+    try:
+        rows = run_points(points, args.csv, conditions_from_args(args), keep_logs=args.keep_logs,
+                          utilisation_dir=args.utilisation)
+    except run_guard.Refused as e:
+        LOG.error("%s", e)
+        return 3
+    table = summary(rows) + "".join(f"\n- {kv} skipped: {why}\n" for kv, why in skipped.items())
     sys.stdout.write("\n" + table)
     if args.summary:
         args.summary.parent.mkdir(parents=True, exist_ok=True)
@@ -434,7 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.plot:
         title = (f"{', '.join(args.model)}: {args.hosts} hosts, {args.bandwidth or 'uncapped'} links, "
                  f"{args.compute} compute" + (f" ({args.gpu} x{args.gpu_scale:g})" if args.compute == "emulated"
-                                              else ""))
+                                              else "") + f", optimizer {args.optimizer}, {args.repeats} repeats")
         plot_comparison(rows, args.plot, title)
         LOG.info("wrote %s", args.plot)
     return 0 if all(r["status"] == "ok" for r in rows) else 1

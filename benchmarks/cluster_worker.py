@@ -4,10 +4,20 @@ Trains --model through MXNet's kvstore interface: kvstore 'p3' in p3kv jobs, 'di
 (P3_BASELINE=dist_sync, or mxnet-p3: dist_sync with ps-lite's P3 van). Two compute modes:
 
 * ``emulated``: the model's real parameter arrays; every layer's forward/backward is an engine operation that
-  takes its profiled time (benchmarks/emulated_compute.py). No optimizer: the servers sum the gradients, which is
-  the same traffic.
+  takes its profiled time (benchmarks/emulated_compute.py).
 * ``none``: as emulated with zero-time layers: push + pull only.
 * ``real``: the real network (benchmarks/real_models.py) trained with gluon.Trainer (SGD) on synthetic data.
+
+Optimizer (--optimizer sgd, the default): SGD with momentum 0.9 and weight decay 1e-4, where each system runs
+it in practice: on the servers for p3kv and dist_sync (kv.set_optimizer: update_on_kvstore), on the workers for
+MXNet's P3 (it refuses server-side updates) and Horovod (allreduce, then the updater). --optimizer none: the
+servers only sum (the pulled sum becomes the weight), the transport-only comparison.
+
+--system horovod (started by cluster_bench.py with Horovod's Gloo environment, no launcher, no servers):
+horovod.mxnet's allreduce_ (ring allreduce with tensor fusion) of every gradient, priority as for the others.
+--split-big-arrays N cuts every array above 10^6 elements into N parts (own keys, consecutive, so p3kv's
+round-robin puts them on different servers): with unsliced p3kv, the priority-only ablation that still
+spreads big arrays over the servers as MXNet's dist_sync does.
 
 The loop is an ordinary training loop: queue forward, backward and one pushpull per parameter (priority: minus
 its layer's forward index), then wait for the forward result (as a metric update would), so communication
@@ -29,10 +39,19 @@ import sys
 import time
 
 LOG = logging.getLogger("cluster_worker")
-MODES = ("p3kv", "dist_sync", "mxnet-p3")
+MODES = ("p3kv", "dist_sync", "mxnet-p3", "horovod")
+LEARNING_RATE = 0.01
+MOMENTUM = 0.9
+WEIGHT_DECAY = 1e-4
+BIG_ARRAY = 1_000_000  # MXNet's MXNET_KVSTORE_BIGARRAY_BOUND default
 
 
-def mode_from_env() -> str:
+def mode_from_env(system: str | None = None) -> str:
+    if system == "horovod":
+        if "HOROVOD_RANK" not in os.environ:
+            raise SystemExit("--system horovod needs Horovod's Gloo environment (HOROVOD_RANK, ...): "
+                             "cluster_bench.py sets it")
+        return "horovod"
     mode = os.environ.get("P3_BASELINE", "") or "p3kv"
     if mode not in MODES:
         raise SystemExit(f"P3_BASELINE={mode!r} is not one of dist_sync, mxnet-p3 (unset means p3kv)")
@@ -43,7 +62,7 @@ def mode_from_env() -> str:
 
 def versions() -> dict:
     found = {"python": platform.python_version()}
-    for name in ("mxnet", "p3kv", "gluoncv", "sockeye", "numpy"):
+    for name in ("mxnet", "p3kv", "gluoncv", "sockeye", "numpy", "horovod"):
         try:
             found[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
@@ -61,29 +80,107 @@ def create_kvstore(mode: str):
     return mx.kv.create("dist_sync")
 
 
+def make_optimizer(mx, num_workers: int):
+    return mx.optimizer.SGD(learning_rate=LEARNING_RATE, momentum=MOMENTUM, wd=WEIGHT_DECAY,
+                            rescale_grad=1.0 / num_workers)
+
+
+def optimizer_label(name: str, num_workers: int) -> str:
+    if name == "none":
+        return "none"
+    return f"sgd(lr={LEARNING_RATE},momentum={MOMENTUM},wd={WEIGHT_DECAY},rescale_grad=1/{num_workers})"
+
+
+def split_big_arrays(description: dict, parts: int, bound: int = BIG_ARRAY) -> dict:
+    """The description with every array above `bound` elements cut into `parts` flat arrays, each listed
+    where the array was (so consecutive keys) and read/written by the same layer."""
+    params, index_of = [], {}
+    for i, p in enumerate(description["params"]):
+        n = 1
+        for d in p["shape"]:
+            n *= d
+        if n > bound and parts > 1:
+            step = -(-n // parts)
+            sizes = [min(step, n - k * step) for k in range(parts) if k * step < n]
+        else:
+            sizes = None
+        index_of[i] = []
+        for k, size in enumerate(sizes or [None]):
+            index_of[i].append(len(params))
+            params.append(p if size is None else {**p, "name": f"{p['name']}.part{k}", "shape": [size]})
+    layers = [{**layer, "params": [j for i in layer["params"] for j in index_of[i]]}
+              for layer in description["layers"]]
+    return {**description, "params": params, "layers": layers}
+
+
 class EmulatedTraining:
     def __init__(self, args: argparse.Namespace, mode: str):
         import emulated_compute
+        import mxnet as mx
 
         description = emulated_compute.load_description(args.model)
+        if args.split_big_arrays > 1:
+            description = split_big_arrays(description, args.split_big_arrays)
         # compute "none": the same loop with zero-time layers (push + pull only).
         scale = math.inf if args.compute == "none" else args.gpu_scale
-        self.model = emulated_compute.EmulatedModel(description, args.batch_size,
-                                                     emulated_compute.Profile(args.gpu, scale))
+        profile = emulated_compute.Profile(args.gpu, scale, emulated_compute.efficiency_of(description,
+                                                                                           args.efficiency_factor))
+        self.model = emulated_compute.EmulatedModel(description, args.batch_size, profile)
         self.samples = args.batch_size * int(description.get("tokens_per_sample", 1))
         self.unit = description.get("sample_unit", "images")
         self.compute_s = self.model.compute_seconds
-        self.kv = create_kvstore(mode)
-        for key, weight in enumerate(self.model.weights):  # increasing order: P3StoreDist assigns keys so
-            self.kv.init(key, weight)
+        self.mode = mode
+        self.updater = None
+        weights = self.model.weights
+        if mode == "horovod":
+            import horovod.mxnet as hvd
+
+            self.hvd = hvd
+            hvd.init()
+            self.rank, self.num_workers = hvd.rank(), hvd.size()
+            for key, weight in enumerate(weights):
+                hvd.broadcast_(weight, root_rank=0, name=f"init{key}")
+        else:
+            self.kv = create_kvstore(mode)
+            for key, weight in enumerate(weights):  # increasing order: P3StoreDist assigns keys so
+                self.kv.init(key, weight)
+            self.rank, self.num_workers = self.kv.rank, self.kv.num_workers
+        if args.optimizer == "sgd":
+            optimizer = make_optimizer(mx, self.num_workers)
+            if mode in ("p3kv", "dist_sync"):
+                self.kv.set_optimizer(optimizer)  # update_on_kvstore: the servers run it
+            else:
+                self.updater = mx.optimizer.get_updater(optimizer)
+        self.update_on = "none" if args.optimizer == "none" else (
+            "servers" if mode in ("p3kv", "dist_sync") else "workers")
+        mx.nd.waitall()
+
+    def _sync(self, key: int, grad, weight, priority: int) -> None:
+        if self.mode == "horovod":
+            self.hvd.allreduce_(grad, average=False, name=str(key), priority=priority)
+            if self.updater is None:
+                grad.copyto(weight)
+        elif self.updater is None:  # servers update (or only sum): the pulled value is the new weight
+            self.kv.pushpull(key, grad, out=weight, priority=priority)
+        else:
+            self.kv.pushpull(key, grad, out=grad, priority=priority)
+        if self.updater is not None:
+            self.updater(key, grad, weight)
 
     def step(self):
         loss = self.model.forward()
         self.model.backward()
         grads, weights = self.model.grads, self.model.weights
         for key in reversed(range(len(grads))):
-            self.kv.pushpull(key, grads[key], out=weights[key], priority=self.model.priority(key))
+            self._sync(key, grads[key], weights[key], self.model.priority(key))
         return loss
+
+    def close(self) -> None:
+        if self.mode == "horovod":
+            import mxnet as mx
+
+            self.hvd.allreduce(mx.nd.zeros(1), name="barrier").wait_to_read()
+            self.hvd.shutdown()
 
 
 class RealTraining:
@@ -101,10 +198,18 @@ class RealTraining:
         kvstore = "p3" if mode == "p3kv" else "dist_sync"
         if mode == "p3kv":
             import p3kv  # noqa: F401
+        if mode == "horovod":
+            raise SystemExit("--compute real with --system horovod is not supported by this runner (emulated or "
+                             "none compute only)")
+        if args.optimizer == "none":
+            raise SystemExit("--compute real trains with SGD; --optimizer none applies to emulated compute only")
         # MXNet's P3 port needs the update on the workers (DESIGN.md); the others update on the servers.
-        self.trainer = gluon.Trainer(self.model.net.collect_params(), "sgd", {"learning_rate": 1e-4},
+        self.trainer = gluon.Trainer(self.model.net.collect_params(), "sgd",
+                                     {"learning_rate": LEARNING_RATE, "momentum": MOMENTUM, "wd": WEIGHT_DECAY},
                                      kvstore=kvstore, update_on_kvstore=mode != "mxnet-p3")
+        self.update_on = "workers" if mode == "mxnet-p3" else "servers"
         self.batch_size = args.batch_size
+        self.rank = self.num_workers = -1
 
     def _compute_only_seconds(self) -> float:
         """Forward + backward without communication (second of two runs), the compute part of the bound."""
@@ -123,7 +228,12 @@ class RealTraining:
             loss = self.model.loss(*self.batch)
         loss.backward()
         self.trainer.step(self.batch_size)
+        if self.rank < 0:  # Gluon's Trainer creates its kvstore in the first step
+            self.rank, self.num_workers = self.trainer._kvstore.rank, self.trainer._kvstore.num_workers
         return loss
+
+    def close(self) -> None:
+        pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,11 +245,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--gpu", default="p100")
     parser.add_argument("--gpu-scale", type=float, default=1.0)
+    parser.add_argument("--efficiency-factor", type=float, default=1.0,
+                        help="multiplies the model's calibrated efficiency (the sensitivity sweep)")
+    parser.add_argument("--optimizer", choices=("sgd", "none"), default="sgd")
+    parser.add_argument("--system", choices=("auto", "horovod"), default="auto",
+                        help="auto: p3kv or the baseline the launcher set (P3_BASELINE); horovod: Gloo ranks")
+    parser.add_argument("--split-big-arrays", type=int, default=0, metavar="N",
+                        help="cut arrays above 10^6 elements into N keys (the fair priority-only ablation)")
     parser.add_argument("--log-interval", type=int, default=5)
     parser.add_argument("--out", required=True, help="result path prefix: writes <out>.rank<r>.json")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(asctime)s %(name)s %(message)s")
-    mode = mode_from_env()
+    mode = mode_from_env(args.system if args.system != "auto" else None)
     start = time.perf_counter()
     training = (RealTraining if args.compute == "real" else EmulatedTraining)(args, mode)
     import mxnet as mx
@@ -149,9 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     rank = num_workers = -1
     for it in range(args.warmup + args.iters):
         training.step().wait_to_read()
-        if it == 0:  # Gluon's Trainer creates its kvstore in the first step
-            kv = training.trainer._kvstore if args.compute == "real" else training.kv
-            rank, num_workers = kv.rank, kv.num_workers
+        if it == 0:
+            rank, num_workers = training.rank, training.num_workers
             LOG.info("rank %d/%d %s %s %s batch %d: first iteration after %.1f s; compute %.3f s/iter", rank,
                      num_workers, mode, args.model, args.compute, args.batch_size, time.perf_counter() - start,
                      training.compute_s)
@@ -165,7 +281,9 @@ def main(argv: list[str] | None = None) -> int:
                      training.samples / statistics.median(recent), training.unit, statistics.median(recent),
                      len(recent))
     mx.nd.waitall()
+    training.close()
     result = {"rank": rank, "num_workers": num_workers, "mode": mode, "model": args.model,
+              "optimizer": optimizer_label(args.optimizer, num_workers), "update_on": training.update_on,
               "compute": args.compute, "batch_size": args.batch_size, "samples_per_batch": training.samples,
               "unit": training.unit, "compute_s": training.compute_s, "iter_s": times,
               "median_s": statistics.median(times) if times else None, "versions": versions()}

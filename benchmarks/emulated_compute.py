@@ -11,10 +11,12 @@ of layer k releases its gradients to the push, and the next forward of layer k w
 layer k have arrived. That ordering is what P3 exploits.
 
 The profile: forward time of a layer = its forward FLOPs (from benchmarks/shapes/<model>.json, counted at
-batch 1 by make_shapes.py) x batch / (GPU peak FLOP/s x EFFICIENCY x scale); backward takes BACKWARD_FACTOR
-times its forward. EFFICIENCY 0.5 makes a P100 run ResNet-50 at about 190 images/s, what MXNet reached on one
-in 2018 (fp32, batch 32). `scale` dilates time: a P100 at scale 0.1 on 1 Gbit links has the compute/network
-ratio of real P100s on 10 Gbit links.
+batch 1 by make_shapes.py) x batch / (GPU peak FLOP/s x efficiency x scale); backward takes BACKWARD_FACTOR
+times its forward. The efficiency is per model: each shape file's "calibration" cites a published P100
+training throughput (fp32, batch 32 where published) and the efficiency that reproduces it here
+(`calibrated_efficiency`); it can exceed 1 where cuDNN's Winograd/FFT convolutions need fewer FLOPs than the
+direct count (VGG). A file without one falls back to EFFICIENCY. `scale` dilates time: a P100 at scale 0.1 on
+1 Gbit links has the compute/network ratio of real P100s on 10 Gbit links.
 """
 
 from __future__ import annotations
@@ -25,8 +27,24 @@ import pathlib
 
 SHAPES_DIR = pathlib.Path(__file__).resolve().parent / "shapes"
 GPU_PEAK_FLOPS = {"p100": 9.3e12, "v100": 15.7e12, "k80": 4.37e12, "t4": 8.1e12}  # fp32, vendor datasheets
-EFFICIENCY = 0.5
+EFFICIENCY = 0.5  # models without a calibration
 BACKWARD_FACTOR = 2.0
+
+
+def calibrated_efficiency(samples_per_s: float, fwd_flops_per_sample: float, gpu: str = "p100") -> float:
+    """The efficiency at which one emulated `gpu` trains `samples_per_s` (forward + backward FLOPs per sample
+    over peak FLOP/s)."""
+    return samples_per_s * fwd_flops_per_sample * (1 + BACKWARD_FACTOR) / GPU_PEAK_FLOPS[gpu]
+
+
+def efficiency_of(description: dict, factor: float = 1.0) -> float:
+    """The model's calibrated efficiency (EFFICIENCY without a calibration), times `factor` (sensitivity).
+    Derived from the published rate and today's FLOP count, so a regenerated shape file stays calibrated."""
+    calibration = description.get("calibration")
+    if not calibration:
+        return EFFICIENCY * factor
+    return calibrated_efficiency(calibration["samples_per_s"], description["fwd_flops_total"],
+                                 calibration.get("gpu", "p100")) * factor
 
 
 def load_description(model: str, shapes_dir: pathlib.Path = SHAPES_DIR) -> dict:
@@ -46,16 +64,19 @@ class Profile:
 
     gpu: str = "p100"
     scale: float = 1.0
+    efficiency: float = EFFICIENCY
 
     def __post_init__(self) -> None:
         if self.gpu not in GPU_PEAK_FLOPS:
             raise ValueError(f"unknown GPU {self.gpu!r}: use one of {', '.join(GPU_PEAK_FLOPS)}")
         if not self.scale > 0:
             raise ValueError(f"GPU scale must be positive (got {self.scale})")
+        if not self.efficiency > 0:
+            raise ValueError(f"efficiency must be positive (got {self.efficiency})")
 
     @property
     def flops_per_second(self) -> float:
-        return GPU_PEAK_FLOPS[self.gpu] * EFFICIENCY * self.scale
+        return GPU_PEAK_FLOPS[self.gpu] * self.efficiency * self.scale
 
     def seconds(self, flops: float) -> float:
         return flops / self.flops_per_second

@@ -1,38 +1,61 @@
 """The paper's evaluation (section 5), reproduced in shape on an emulated cluster; one command per sweep.
 
-    python benchmarks/sweeps.py bandwidth     # throughput vs link rate, 4 models, p3 / dist_sync / mxnet-p3
-    python benchmarks/sweeps.py ablation      # slicing only, priority only, both (VGG-19)
-    python benchmarks/sweeps.py slice         # slice size 5k ... 1M (p3)
-    python benchmarks/sweeps.py scale         # 2 / 4 / 8 hosts
-    python benchmarks/sweeps.py utilisation   # tx/rx of every link over time, dist_sync vs p3
-    python benchmarks/sweeps.py targets       # the issue's "what to beat" points (2+2 processes on 4 hosts)
+    python benchmarks/sweeps.py bandwidth     # throughput vs link rate, 4 models, 6 points each, all 4 systems
+    python benchmarks/sweeps.py slice         # p3kv's slice size 5k ... 1M at a link-bound point
+    python benchmarks/sweeps.py ablation      # VGG-19 at 30 Gbps-equiv.: slicing only, priority only, both
+    python benchmarks/sweeps.py scale         # 2 / 4 / 8 hosts, all 4 systems
+    python benchmarks/sweeps.py sensitivity   # the calibrated efficiency x0.5, x1, x2 at the headline points
+    python benchmarks/sweeps.py dilation      # the least dilation 2 cores allow (CPU per host vs --gpu-scale)
+    python benchmarks/sweeps.py demo          # make demo's comparison
+    python benchmarks/sweeps.py utilisation   # tx/rx of every link over time, dist_sync vs p3kv vs Horovod
+    python benchmarks/sweeps.py estimate      # how long each sweep takes (from the bound and older rows)
     python benchmarks/sweeps.py plot NAME     # redraw a figure from its CSV
 
-Each sweep appends its rows to results/sweep_<name>.csv (the cluster_bench.py columns; delete the file to start
-over) and writes results/sweep_<name>.md (summary table) and results/fig_<name>.png. Figures mark the number
-the paper reports where it has one. Compute is emulated (P100 profile, benchmarks/emulated_compute.py) with
-time dilated by --gpu-scale: a P100 at scale s on links of rate b has the compute/network ratio of real P100s
-on links of rate b/s, so the x axes show that "P100-equivalent" bandwidth next to the emulated link rate.
-Runs are slow on a 2-core machine (VGG-19 moves 575 MB per worker per iteration): defaults are sized so each
-sweep takes 5-30 minutes; --iters/--models/--bandwidths shrink or grow them.
+Every run trains with SGD (momentum 0.9, wd 1e-4: on the servers for p3kv and dist_sync, on the workers for
+MXNet's P3 and Horovod), 3 repeats in a freshly shuffled order, 2 warm-up + 20 timed iterations, under the run
+guard (clean tree, idle machine; see cluster_bench.py). Each sweep appends to results/sweeps/<name>.csv (and
+<name>_iterations.csv; delete them to start over) and draws results/sweeps/fig_<name>.png with the IQR as error
+bars; `python benchmarks/report.py` then rewrites the README's tables. Compute is emulated with each model's
+calibrated P100 efficiency (benchmarks/shapes/*.json) and time dilated by --gpu-scale: a P100 at scale s on
+links of rate b has the compute/network ratio of real P100s on links of rate b/s ("P100-equivalent"), which is
+how every point below is chosen. Each point uses the least dilation its link allows: links up to --link-max
+(2 Gbit: what 2 cores move without saturating, see `dilation`) run undilated (scale 1, link = equivalent), faster
+equivalents at scale = link-max / equivalent on a link-max link. Every row records its scale and the CPU
+utilisation of every host, so a point where the CPUs, not the links, were the limit shows.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import logging
 import pathlib
 import statistics
 import sys
 from collections.abc import Sequence
 
+import bench_rows
 import cluster_bench
 import emulated_cluster
+import emulated_compute
+import report
+import run_guard
+import wire_bound
 
 LOG = logging.getLogger("sweeps")
-RESULTS = cluster_bench.RESULTS
-PEERS = ("p3", "dist_sync", "mxnet-p3")
+RESULTS = cluster_bench.RESULTS / "sweeps"
+SYSTEMS = list(cluster_bench.SYSTEMS)
+MODELS = ["resnet50_v1", "inceptionv3", "sockeye", "vgg19"]
+LINK_MAX_GBPS = 2.0  # the fastest emulated link; faster P100-equivalents are reached by dilation
+# P100-equivalent Gbps per model: >= 6 points over 1-30, ResNet-50 at 4 (the paper's headline) and VGG-19 at 15.
+EQUIVALENTS = {"resnet50_v1": [1, 2, 4, 10, 20, 30], "inceptionv3": [1, 2, 4, 10, 20, 30],
+               "sockeye": [1, 2, 4, 10, 20, 30], "vgg19": [2, 5, 10, 15, 20, 30]}
+SLICE_POINT = ("resnet50_v1", 2)  # link-bound: 0.62 s of traffic vs 0.16 s of compute per iteration, 4 hosts
+SLICE_SIZES = [5_000, 20_000, 50_000, 200_000, 1_000_000]
+ABLATION = ("vgg19", 30, ["dist_sync", "p3-priority-split", "p3-slicing-only", "p3"])
+SCALE = (["resnet50_v1", "sockeye", "vgg19"], 10, [2, 4, 8])
+SENSITIVITY = ([("resnet50_v1", 4), ("vgg19", 15)], [0.5, 1.0, 2.0])
+DILATION = ("resnet50_v1", 10, [0.1, 0.2, 0.3, 0.5, 1.0])
+UTILISATION = ("sockeye", 10, ["dist_sync", "p3", "horovod"])
 # What the paper reports (section 5), shown on the figures.
 PAPER_BANDWIDTH = {"resnet50_v1": "paper: +26% at 4 Gbps", "inceptionv3": "paper: +18% (max)",
                    "vgg19": "paper: +66% at 15 Gbps", "sockeye": "paper: +38% (max)"}
@@ -42,195 +65,167 @@ PAPER_SCALE = {"vgg19": "paper: +61% at 8 machines", "sockeye": "paper: +18% at 
                "resnet50_v1": "paper: about equal at 10 Gbps"}
 
 
-# VGG-19 computes 5x more per image than ResNet-50 and moves 5.6x more bytes: at a P100 slowed 5x (not 10x) and
-# faster links its iterations stay a few seconds long on this machine. Plots show P100-equivalent bandwidth.
-GPU_SCALE = {"vgg19": 0.2}
-DEFAULT_SCALE = 0.1
-BANDWIDTHS = {"vgg19": ["1gbit", "2gbit", "3gbit"]}
+def link(equivalent_gbps: float, scale: float) -> str:
+    """The emulated link rate (tc syntax, Mbit) of a P100-equivalent rate at dilation `scale`."""
+    mbit = round(equivalent_gbps * scale * 1000)
+    return f"{mbit // 1000}gbit" if mbit % 1000 == 0 else f"{mbit}mbit"
 
 
-def _points(name: str, args: argparse.Namespace, **settings) -> list[cluster_bench.Point]:
-    model = settings["model"]
-    scale = args.gpu_scale or GPU_SCALE.get(model, DEFAULT_SCALE)
-    base = dict(hosts=args.hosts, compute="emulated", batch_size=args.batch_size, gpu="p100",
-                gpu_scale=scale, warmup=args.warmup, iters=args.iters, tag=name, timeout=args.timeout)
-    base.update(settings)
-    return [cluster_bench.Point(**base)]
+def least_dilation(equivalent_gbps: float, link_max_gbps: float = LINK_MAX_GBPS) -> float:
+    """The largest --gpu-scale (least dilation) whose link for `equivalent_gbps` stays within link_max."""
+    return min(1.0, link_max_gbps / equivalent_gbps)
 
 
-def sweep_bandwidth(args: argparse.Namespace) -> list[cluster_bench.Point]:
-    points = []
-    for model in args.models:
-        for bandwidth in args.bandwidths or BANDWIDTHS.get(model, ["300mbit", "1gbit", "3gbit"]):
-            for kv in args.kvstores:
-                points += _points("bandwidth", args, model=model, kvstore=kv, bandwidth=bandwidth)
-    return points
+def _point(name: str, args: argparse.Namespace, model: str, kvstore: str, equivalent: float,
+           **settings) -> cluster_bench.Point:
+    scale = settings.pop("gpu_scale", None) or args.gpu_scale or least_dilation(equivalent, args.link_max)
+    return cluster_bench.Point(model=model, kvstore=kvstore, hosts=settings.pop("hosts", args.hosts),
+                               bandwidth=link(equivalent, scale), compute="emulated", batch_size=args.batch_size,
+                               gpu="p100", gpu_scale=scale, optimizer=args.optimizer, warmup=args.warmup,
+                               iters=args.iters, tag=name, timeout=args.timeout, **settings)
 
 
-def sweep_ablation(args: argparse.Namespace) -> list[cluster_bench.Point]:
-    kvs = ("dist_sync", "p3-priority-only", "p3-slicing-only", "p3")
-    return [p for model in args.models for kv in kvs
-            for p in _points("ablation", args, model=model, kvstore=kv, bandwidth=args.bandwidths[0])]
+def sweep_bandwidth(args):
+    return [_point("bandwidth", args, m, kv, eq) for m in args.models for eq in args.equivalents.get(m, [])
+            for kv in args.kvstores]
 
 
-def sweep_slice(args: argparse.Namespace) -> list[cluster_bench.Point]:
-    return [p for model in args.models for size in args.slice_sizes
-            for p in _points("slice", args, model=model, kvstore="p3", bandwidth=args.bandwidths[0],
-                             slice_size=size)]
+def sweep_slice(args):
+    model, eq = SLICE_POINT
+    return [_point("slice", args, model, "p3", eq, slice_size=size) for size in SLICE_SIZES]
 
 
-def sweep_scale(args: argparse.Namespace) -> list[cluster_bench.Point]:
-    return [p for model in args.models for hosts in args.host_counts for kv in args.kvstores
-            for p in _points("scale", args, model=model, kvstore=kv, bandwidth=args.bandwidths[0], hosts=hosts)]
+def sweep_ablation(args):
+    model, eq, kvs = ABLATION
+    return [_point("ablation", args, model, kv, eq) for kv in kvs]
 
 
-def sweep_utilisation(args: argparse.Namespace) -> list[cluster_bench.Point]:
-    return [p for model in args.models for kv in ("dist_sync", "p3")
-            for p in _points("utilisation", args, model=model, kvstore=kv, bandwidth=args.bandwidths[0])]
+def sweep_scale(args):
+    models, eq, host_counts = SCALE
+    return [_point("scale", args, m, kv, eq, hosts=h) for m in models for h in host_counts for kv in args.kvstores]
 
 
-def sweep_targets(args: argparse.Namespace) -> list[cluster_bench.Point]:
-    """The issue's "what to beat" points: 2 workers + 2 servers on 4 hosts (separate), MXNet peers measured
-    here before p3kv existed: push+pull only (VGG-19 8.5 / 5.5 s/iter, ResNet-50 0.95 / 0.88 s/iter at 1 Gbit)
-    and ResNet-50 training at batch 4 with one thread (1.16 / 1.08 s/iter at 1 Gbit, 3.42 / 3.05 at 300 Mbit)."""
-    settings = [("resnet50_v1", "none", "1gbit", 4), ("vgg19", "none", "1gbit", 4),
-                ("resnet50_v1", "real", "1gbit", 4), ("resnet50_v1", "real", "300mbit", 4)]
-    return [p for model, compute, bandwidth, batch in settings for kv in args.kvstores
-            for p in _points("targets", args, model=model, kvstore=kv, bandwidth=bandwidth, compute=compute,
-                             batch_size=batch, layout="separate", hosts=4)]
+def sweep_sensitivity(args):
+    points, factors = SENSITIVITY
+    return [_point("sensitivity", args, m, kv, eq, efficiency_factor=f) for m, eq in points for f in factors
+            for kv in args.kvstores]
 
 
-SWEEPS = {
-    # name: (function, default models, default link rates, default iterations)
-    "bandwidth": (sweep_bandwidth, ["resnet50_v1", "inceptionv3", "sockeye", "vgg19"], None, 8),
-    "ablation": (sweep_ablation, ["vgg19"], ["2gbit"], 6),
-    "slice": (sweep_slice, ["resnet50_v1"], ["1gbit"], 8),
-    "scale": (sweep_scale, ["resnet50_v1", "sockeye", "vgg19"], ["1gbit"], 6),  # p3 vs dist_sync by default
-    "utilisation": (sweep_utilisation, ["sockeye"], ["1gbit"], 6),
-    "targets": (sweep_targets, ["resnet50_v1"], ["1gbit"], 8),
-}
+def sweep_dilation(args):
+    model, eq, scales = DILATION
+    return [_point("dilation", args, model, kv, eq, gpu_scale=s) for s in scales for kv in args.kvstores]
 
 
-def read_rows(path: pathlib.Path) -> list[dict]:
-    if not path.exists():
-        return []
-    with path.open(newline="") as f:
-        return [r for r in csv.DictReader(f) if r["status"] == "ok"]
+def sweep_demo(args):
+    return [_point("demo", args, "resnet50_v1", kv, 10) for kv in args.kvstores]
 
 
-def _median(rows: Sequence[dict], column: str) -> float:
-    return statistics.median(float(r[column]) for r in rows)
+def sweep_utilisation(args):
+    model, eq, kvs = UTILISATION
+    return [_point("utilisation", args, model, kv, eq) for kv in kvs]
 
 
-def _equivalent(rate: float, scale: float) -> str:
-    return f"{rate / scale / 1e9:g}"
+SWEEPS = {"bandwidth": sweep_bandwidth, "slice": sweep_slice, "ablation": sweep_ablation, "scale": sweep_scale,
+          "sensitivity": sweep_sensitivity, "dilation": sweep_dilation, "demo": sweep_demo,
+          "utilisation": sweep_utilisation}
+ALL = ("demo", "bandwidth", "slice", "ablation", "scale", "sensitivity", "dilation", "utilisation")
 
 
-def plot(name: str, rows: Sequence[dict], path: pathlib.Path, samples_dir: pathlib.Path | None = None) -> None:
+def legacy_factors(results: pathlib.Path = cluster_bench.RESULTS) -> tuple[float, float]:
+    """(seconds per job outside the timed iterations, measured s/iter over the payload bound) from the older
+    rows of results/sweep_*.csv: what `estimate` scales the bound by."""
+    rows = [r for path in sorted(results.glob("sweep_*.csv")) for r in bench_rows.read_runs(path)
+            if r.get("compute") == "emulated" and r.get("median_s") and r.get("bound_s")]
+    if not rows:
+        return 30.0, 1.15
+    overhead = statistics.median(float(r["wall_s"]) - (int(r["warmup"]) + int(r["iters"])) * float(r["median_s"])
+                                 for r in rows)
+    slowdown = statistics.median(float(r["median_s"]) / float(r["bound_s"]) for r in rows)
+    return max(overhead, 0.0), slowdown
+
+
+def estimate_seconds(points: Sequence[cluster_bench.Point], repeats: int, factors: tuple[float, float]) -> float:
+    """Run time of the points: (warm-up + timed iterations) x the header-inclusive bound x the slowdown older
+    rows showed over their bound, plus each job's start-up and shutdown."""
+    overhead, slowdown = factors
+    total = 0.0
+    for p in points:
+        sizes, nbytes = cluster_bench.model_arrays(p.model)
+        description = emulated_compute.load_description(p.model)
+        profile = emulated_compute.Profile(p.gpu, p.gpu_scale,
+                                           emulated_compute.efficiency_of(description, p.efficiency_factor))
+        compute = sum(layer.forward_s + layer.backward_s
+                      for layer in emulated_compute.layers_of(description, p.batch_size, profile))
+        comm = wire_bound.link_load(p.kvstore, sizes, nbytes, p.hosts, p.layout, p.slice_size).seconds(
+            emulated_cluster.parse_rate(p.bandwidth))
+        total += (p.warmup + p.iters) * max(compute, comm) * slowdown + overhead
+    return total * repeats
+
+
+def plot(name: str, rows: Sequence[dict], path: pathlib.Path, include_smoke: bool = False) -> None:
+    """The sweep's figure: medians with the IQR as error bars, the header-inclusive bound dashed (smoke rows
+    only for a smoke run's own figure)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in rows if r.get("tag") == name]
-    if not rows and name != "utilisation":
+    points = report.aggregate([r for r in rows if r.get("tag") == name], include_smoke)
+    if not points:
         LOG.warning("no rows for sweep %s: nothing to plot", name)
         return
-    if name == "bandwidth":
-        models = list(dict.fromkeys(r["model"] for r in rows))
-        fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.6), squeeze=False)
-        for ax, model in zip(axes[0], models):
-            mine = [r for r in rows if r["model"] == model]
-            rates = sorted({float(r["bandwidth_bps"]) for r in mine})
-            scale = float(mine[0]["gpu_scale"])
-            for kv in PEERS:
-                ys = [_median([r for r in mine if r["kvstore"] == kv and float(r["bandwidth_bps"]) == x],
-                              "throughput") if any(r["kvstore"] == kv and float(r["bandwidth_bps"]) == x
-                                                   for r in mine) else float("nan") for x in rates]
-                ax.plot([x / 1e9 for x in rates], ys, marker="o", label=kv)
-            bound = [_median([r for r in mine if float(r["bandwidth_bps"]) == x], "bound_throughput") for x in rates]
-            ax.plot([x / 1e9 for x in rates], bound, "k--", label="physical bound")
-            ax.set_xscale("log")
-            ax.set_xticks([x / 1e9 for x in rates], [f"{x / 1e9:g}\n({_equivalent(x, scale)})" for x in rates])
-            ax.minorticks_off()
-            ax.set_xlabel("link Gbit/s (P100-equivalent)")
+
+    def errorbar(ax, xs, mine, label, **style):
+        ax.errorbar(xs, [p["throughput"] for p in mine], yerr=[[p["throughput"] - p["low"] for p in mine],
+                                                               [p["high"] - p["throughput"] for p in mine]],
+                    marker="o", capsize=3, label=label, **style)
+
+    if name in ("bandwidth", "scale", "sensitivity", "dilation"):
+        x_of = {"bandwidth": lambda p: p["p100_equiv_gbps"], "scale": lambda p: p["hosts"],
+                "sensitivity": lambda p: float(p["efficiency_factor"]), "dilation": lambda p: p["gpu_scale"]}[name]
+        panel_of = {"bandwidth": lambda p: p["model"], "scale": lambda p: p["model"],
+                    "sensitivity": lambda p: f"{p['model']}, {p['p100_equiv_gbps']:g} Gbps-equiv.",
+                    "dilation": lambda p: f"{p['model']}, {p['p100_equiv_gbps']:g} Gbps-equiv."}[name]
+        panels = list(dict.fromkeys(panel_of(p) for p in points))
+        fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 3.8), squeeze=False)
+        for ax, panel in zip(axes[0], panels):
+            mine = [p for p in points if panel_of(p) == panel]
+            for kv in dict.fromkeys(p["kvstore"] for p in mine):
+                series = sorted((p for p in mine if p["kvstore"] == kv), key=x_of)
+                errorbar(ax, [x_of(p) for p in series], series, report.LABEL.get(kv, kv))
+            xs = sorted({x_of(p) for p in mine})
+            ax.plot(xs, [statistics.median(p["bound_throughput"] for p in mine if x_of(p) == x) for x in xs], "k--",
+                    label="bound (headers incl.)")
+            if name in ("bandwidth", "sensitivity", "dilation"):
+                ax.set_xscale("log")
+                ax.set_xticks(xs, [f"{x:g}" for x in xs])
+                ax.minorticks_off()
+            ax.set_xlabel({"bandwidth": "P100-equivalent Gbps", "scale": "hosts (1 worker + 1 server each)",
+                           "sensitivity": "efficiency x calibrated", "dilation": "--gpu-scale (1 = undilated)"}[name])
             ax.set_ylabel(f"{mine[0]['unit']}/s")
-            ax.set_title(f"{model}\n{PAPER_BANDWIDTH.get(model, '')}", fontsize=9)
+            extra = PAPER_BANDWIDTH.get(mine[0]["model"], "") if name == "bandwidth" else (
+                PAPER_SCALE.get(mine[0]["model"], "") if name == "scale" else "")
+            ax.set_title(f"{panel}\n{extra}", fontsize=9)
             ax.legend(fontsize=7)
-    elif name == "targets":
-        fig, ax = plt.subplots(figsize=(8, 3.8))
-        cases = list(dict.fromkeys((r["model"], r["compute"], r["bandwidth"]) for r in rows))
-        width = 0.8 / (len(PEERS) + 1)
-        for j, kv in enumerate(PEERS):
-            ys = [_median([r for r in rows if (r["model"], r["compute"], r["bandwidth"]) == c and r["kvstore"] == kv],
-                          "median_s") if any((r["model"], r["compute"], r["bandwidth"]) == c and r["kvstore"] == kv
-                                             for r in rows) else 0 for c in cases]
-            ax.bar([i + j * width for i in range(len(cases))], ys, width, label=kv)
-        ax.bar([i + len(PEERS) * width for i in range(len(cases))],
-               [_median([r for r in rows if (r["model"], r["compute"], r["bandwidth"]) == c], "bound_s")
-                for c in cases], width, color="k", alpha=0.3, label="physical bound")
-        ax.set_xticks([i + 1.5 * width for i in range(len(cases))],
-                      [f"{m}\n{'push+pull' if c == 'none' else c}, {b}" for m, c, b in cases], fontsize=8)
-        ax.set_ylabel("seconds per iteration (lower is better)")
-        ax.set_title("2 workers + 2 servers on 4 hosts", fontsize=9)
-        ax.legend(fontsize=8)
-    elif name in ("ablation", "slice"):
-        fig, ax = plt.subplots(figsize=(6.5, 3.8))
-        key = "kvstore" if name == "ablation" else "slice_size"
-        labels = list(dict.fromkeys(r[key] for r in rows))
+    else:  # one bar per system (ablation, demo, utilisation) or per slice size
+        key = "slice_size" if name == "slice" else "kvstore"
+        fig, ax = plt.subplots(figsize=(7, 3.8))
         if name == "slice":
-            labels.sort(key=int)
-        values = [_median([r for r in rows if r[key] == label], "throughput") for label in labels]
-        if name == "ablation":
-            bars = ax.bar(labels, values, color=["tab:gray", "tab:orange", "tab:green", "tab:blue"][:len(labels)])
-            ax.bar_label(bars, fmt="%.1f")
-            ax.set_title(f"{rows[0]['model']}, {rows[0]['hosts']} hosts, {rows[0]['bandwidth']}\n{PAPER_ABLATION}",
-                         fontsize=9)
-        else:
-            ax.plot([int(x) for x in labels], values, marker="o")
-            ax.set_xscale("log")
-            ax.axvline(50_000, color="tab:red", linestyle=":", label=PAPER_SLICE)
-            ax.set_xlabel("slice size (parameters)")
-            ax.legend(fontsize=8)
-            ax.set_title(f"p3, {rows[0]['model']}, {rows[0]['hosts']} hosts, {rows[0]['bandwidth']}", fontsize=9)
-        ax.axhline(_median(rows, "bound_throughput"), color="k", linestyle="--", label="physical bound")
-        ax.set_ylabel(f"{rows[0]['unit']}/s")
-    elif name == "scale":
-        models = list(dict.fromkeys(r["model"] for r in rows))
-        fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.6), squeeze=False)
-        for ax, model in zip(axes[0], models):
-            mine = [r for r in rows if r["model"] == model]
-            hosts = sorted({int(r["hosts"]) for r in mine})
-            for kv in PEERS:
-                have = [h for h in hosts if any(r["kvstore"] == kv and int(r["hosts"]) == h for r in mine)]
-                ax.plot(have, [_median([r for r in mine if r["kvstore"] == kv and int(r["hosts"]) == h],
-                                       "throughput") for h in have], marker="o", label=kv)
-            ax.plot(hosts, [_median([r for r in mine if int(r["hosts"]) == h], "bound_throughput") for h in hosts],
-                    "k--", label="physical bound")
-            ax.set_xticks(hosts)
-            ax.set_xlabel("hosts (1 worker + 1 server each)")
-            ax.set_ylabel(f"{mine[0]['unit']}/s")
-            ax.set_title(f"{model}, {mine[0]['bandwidth']}\n{PAPER_SCALE.get(model, '')}", fontsize=9)
-            ax.legend(fontsize=7)
-    else:  # utilisation
-        files = sorted((samples_dir or RESULTS / "utilisation").glob("*.csv"))
-        if not files:
-            LOG.warning("no utilisation samples to plot")
-            return
-        fig, axes = plt.subplots(len(files), 1, figsize=(9, 2.6 * len(files)), squeeze=False)
-        for ax, path_ in zip(axes[:, 0], files):
-            series = emulated_cluster.read_samples(str(path_))
-            for host, samples in sorted(series.items())[:2]:
-                times, tx, rx = zip(*samples)
-                for values, style, what in ((tx, "-", "tx"), (rx, ":", "rx")):
-                    rates = [(b - a) * 8 / 1e9 / max(t1 - t0, 1e-6) for a, b, t0, t1 in
-                             zip(values, values[1:], times, times[1:])]
-                    smooth = [statistics.fmean(rates[max(0, i - 4):i + 1]) for i in range(len(rates))]
-                    ax.plot(times[1:], smooth, style, linewidth=0.8, label=f"host {host} {what}")
-            ax.set_title(path_.stem, fontsize=9)
-            ax.set_ylabel("Gbit/s")
-            ax.legend(fontsize=7, ncol=4, loc="upper right")
-        axes[-1, 0].set_xlabel("seconds (50 ms moving average of 10 ms samples)")
+            points = sorted(points, key=lambda p: int(p["slice_size"]))
+        labels = [str(p[key]) if key == "slice_size" else report.LABEL.get(p[key], p[key])
+                  for p in points]
+        errors = [[p["throughput"] - p["low"] for p in points], [p["high"] - p["throughput"] for p in points]]
+        bars = ax.bar(range(len(points)), [p["throughput"] for p in points], yerr=errors, capsize=4,
+                      color="tab:blue")
+        ax.bar_label(bars, fmt="%.1f", label_type="center")
+        ax.set_xticks(range(len(points)), labels, fontsize=7, rotation=15)
+        ax.axhline(statistics.median(p["bound_throughput"] for p in points), color="k", linestyle="--",
+                   label="bound (headers incl.)")
+        first = points[0]
+        note = {"ablation": PAPER_ABLATION, "slice": PAPER_SLICE}.get(name, "")
+        ax.set_title(f"{first['model']}, {first['hosts']} hosts, {report._link(first)}\n{note}", fontsize=9)
+        ax.set_ylabel(f"{first['unit']}/s")
+        ax.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -240,48 +235,61 @@ def plot(name: str, rows: Sequence[dict], path: pathlib.Path, samples_dir: pathl
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("sweep", choices=[*SWEEPS, "plot"])
+    parser.add_argument("sweep", choices=[*SWEEPS, "estimate", "plot"])
     parser.add_argument("name", nargs="?", help="with plot: which sweep's figure to redraw")
-    parser.add_argument("--models", nargs="+")
-    parser.add_argument("--bandwidths", nargs="+", help="link rates (tc syntax); the first one for sweeps at one")
-    parser.add_argument("--kvstores", nargs="+", default=list(PEERS), choices=list(cluster_bench.KVSTORES))
+    parser.add_argument("--models", nargs="+", default=MODELS, help="bandwidth sweep: which models")
+    parser.add_argument("--kvstores", nargs="+", default=SYSTEMS, choices=list(cluster_bench.KVSTORES))
     parser.add_argument("--hosts", type=int, default=4)
-    parser.add_argument("--host-counts", nargs="+", type=int, default=[2, 4, 8])
-    parser.add_argument("--slice-sizes", nargs="+", type=int,
-                        default=[5_000, 20_000, 50_000, 200_000, 1_000_000])
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--gpu-scale", type=float, help=f"default {DEFAULT_SCALE}, VGG-19 {GPU_SCALE['vgg19']}")
+    parser.add_argument("--gpu-scale", type=float, default=None, help="one dilation for every point (default: "
+                        "the least each point's link allows, see --link-max)")
+    parser.add_argument("--link-max", type=float, default=LINK_MAX_GBPS, help="fastest emulated link, Gbit/s")
+    parser.add_argument("--optimizer", choices=("sgd", "none"), default="sgd")
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--iters", type=int)
-    parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--results-dir", type=pathlib.Path, default=RESULTS)
+    cluster_bench.add_condition_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    args.models = [cluster_bench.MODEL_ALIASES.get(m, m) for m in args.models]
+    args.equivalents = EQUIVALENTS
+    if args.sweep == "estimate":
+        factors = legacy_factors()
+        total = 0.0
+        for name in ALL:
+            seconds = estimate_seconds(SWEEPS[name](args), args.repeats, factors)
+            total += seconds
+            sys.stdout.write(f"{name:12s} {seconds / 3600:5.1f} h\n")
+        sys.stdout.write(f"{'all':12s} {total / 3600:5.1f} h (start-up {factors[0]:.0f} s per job, s/iter = "
+                         f"{factors[1]:.2f} x the bound, from the older rows)\n")
+        return 0
     name = args.name if args.sweep == "plot" else args.sweep
     if name not in SWEEPS:
         parser.error(f"plot what? one of {', '.join(SWEEPS)}")
-    csv_path = args.results_dir / f"sweep_{name}.csv"
+    csv_path = args.results_dir / f"{name}.csv"
     figure = args.results_dir / f"fig_{name}.png"
-    samples = args.results_dir / "utilisation"
     if args.sweep == "plot":
-        plot(name, read_rows(csv_path), figure, samples)
+        plot(name, bench_rows.read_runs(csv_path), figure)
         return 0
-    function, models, bandwidths, iters = SWEEPS[name]
-    args.models = [cluster_bench.MODEL_ALIASES.get(m, m) for m in (args.models or models)]
-    args.bandwidths = args.bandwidths or bandwidths
-    if name == "scale" and args.kvstores == list(PEERS):
-        args.kvstores = ["p3", "dist_sync"]  # the paper's scalability figure compares these two
-    args.iters = args.iters or iters
     reason = emulated_cluster.why_unavailable()
     if reason:
         LOG.error("cannot build the emulated cluster: %s", reason)
         return 2
-    rows = cluster_bench.run_points(function(args), csv_path, utilisation_dir=samples if name == "utilisation"
-                                    else None)
-    table = cluster_bench.summary([r for r in read_rows(csv_path) if r["tag"] == name])
-    (args.results_dir / f"sweep_{name}.md").write_text(table)
+    points, skipped = cluster_bench.drop_unavailable(cluster_bench.interleave(SWEEPS[name](args), args.repeats,
+                                                                              args.seed))
+    try:
+        rows = cluster_bench.run_points(points, csv_path, cluster_bench.conditions_from_args(args),
+                                        utilisation_dir=args.results_dir / "utilisation"
+                                        if name == "utilisation" else None)
+    except run_guard.Refused as e:
+        LOG.error("%s", e)
+        return 3
+    table = cluster_bench.summary([r for r in bench_rows.read_runs(csv_path) if r["tag"] == name])
+    table += "".join(f"\n- {kv} skipped: {why}\n" for kv, why in skipped.items())
+    (args.results_dir / f"{name}.md").write_text(table)
     sys.stdout.write("\n" + table)
-    plot(name, read_rows(csv_path), figure, samples)
+    plot(name, bench_rows.read_runs(csv_path), figure, include_smoke=args.smoke)
     return 0 if all(r["status"] == "ok" for r in rows) else 1
 
 

@@ -1,8 +1,9 @@
 """The emulated-cluster benchmark's parts: the cluster helper (namespaces, capped links, teardown), the emulated
-compute layer (profiled times, backward order) and a smoke run of the runner for every kvstore on 2 hosts.
+compute layer (profiled times, backward order) and a smoke run of the runner for every system on 2 hosts.
 Ratios between systems are results (benchmarks/results/), never asserted here."""
 
 import csv
+import json
 import os
 import re
 import subprocess
@@ -14,6 +15,7 @@ from harness import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
+import bench_rows  # noqa: E402
 import cluster_bench  # noqa: E402
 import emulated_cluster  # noqa: E402
 import emulated_compute  # noqa: E402
@@ -179,30 +181,53 @@ def test_comm_bound():
 
 
 @pytest.mark.system
-def test_runner_smoke_every_kvstore_on_two_hosts(tmp_path):
+def test_runner_smoke_every_system_with_the_optimizer_on_two_hosts(tmp_path):
+    """All four systems (and the fair priority-only ablation) train with SGD on 2 hosts: every run writes its row
+    with the optimizer where the system runs it, its shuffled position, load and CPU, and every rank's timed
+    iterations. Horovod is optional: without it the runner says how to install it and runs the others."""
     _require_cluster()
     out = tmp_path / "cluster.csv"
     plot = tmp_path / "compare.png"
+    systems = ["p3", "dist_sync", "mxnet-p3", "horovod", "p3-priority-split"]
     cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "cluster_bench.py"), "--model", "resnet50",
-           "--hosts", "2", "--bandwidth", "2gbit", "--kvstore", "p3", "dist_sync", "mxnet-p3", "p3-slicing-only",
-           "--warmup", "1", "--iters", "2", "--log-interval", "1", "--batch-size", "4", "--csv", str(out),
-           "--plot", str(plot), "--timeout", "240"]
+           "--hosts", "2", "--bandwidth", "2gbit", "--kvstore", *systems, "--warmup", "1", "--iters", "2",
+           "--repeats", "1", "--seed", "3", "--log-interval", "1", "--batch-size", "4", "--csv", str(out),
+           "--plot", str(plot), "--timeout", "240", "--smoke", "--force", "--allow-dirty"]
     runner = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     output, _ = runner.communicate(timeout=600)
     assert runner.returncode == 0, output[-5000:]
-    assert re.search(r"^\[host0\] .* iter 3: [\d.]+ images/s", output, re.MULTILINE)  # host 0's progress is shown live
+    assert re.search(r"^\[host0\] .* iter 3: [\d.]+ images/s", output, re.MULTILINE)  # host 0's progress is live
+    horovod_missing = cluster_bench.horovod_problem()
+    if horovod_missing:
+        assert "skipping horovod" in output and "make bench-setup" in output
+        systems.remove("horovod")
     with out.open() as f:
         reader = csv.DictReader(f)
         assert tuple(reader.fieldnames) == cluster_bench.COLUMNS
         rows = list(reader)
-    assert [r["kvstore"] for r in rows] == ["p3", "dist_sync", "mxnet-p3", "p3-slicing-only"]
+    expected = [p.kvstore for p in cluster_bench.interleave(
+        [cluster_bench.Point(model="resnet50_v1", kvstore=kv) for kv in cluster_bench.SYSTEMS + ("p3-priority-split",)],
+        1, 3) if p.kvstore in systems]
+    assert [r["kvstore"] for r in rows] == expected  # the seeded shuffled order, recorded
+    with bench_rows.iterations_path(out).open() as f:
+        iterations = list(csv.DictReader(f))
     for r in rows:
-        # p3kv's jobs must end cleanly; MXNet's servers may hang at shutdown after the measurement (kept).
+        # p3kv's and Horovod's jobs must end cleanly; MXNet's servers may hang at shutdown after the measurement.
         assert r["status"] == "ok" and (r["exit_code"] == "0" or r["kvstore"] in ("dist_sync", "mxnet-p3")), r
         assert r["hosts"] == "2" and r["bandwidth"] == "2gbit" and r["mxnet"] == "1.9.1"
+        assert r["optimizer"] == "sgd(lr=0.01,momentum=0.9,wd=0.0001,rescale_grad=1/2)", r
+        assert r["update_on"] == ("workers" if r["kvstore"] in ("mxnet-p3", "horovod") else "servers")
+        assert r["servers"] == ("0" if r["kvstore"] == "horovod" else "2")
+        assert (r["smoke"], r["allow_dirty"], r["repeats"], r["seed"]) == ("True", "True", "1", "3")
+        assert r["forced"] in ("True", "False") and float(r["load_1m_before"]) >= 0 and r["load_1m_after"]
+        assert len(r["cpu_host_pct"].split(";")) == 2 and float(r["cpu_total_pct"]) > 0
+        assert len(json.loads(r["iter_s"])) == 2
+        mine = [i for i in iterations if i["run_id"] == r["run_id"]]
+        assert sorted((i["rank"], i["iteration"]) for i in mine) == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")]
         assert float(r["throughput"]) > 0 and float(r["bound_throughput"]) > 0
-        # Nothing beats the physical bound (a little slack: the bound counts payload bytes only).
+        # Nothing beats the physical bound, which now counts frame and TCP/IP headers.
         assert float(r["throughput"]) <= 1.05 * float(r["bound_throughput"])
+        assert int(r["wire_bytes"]) > int(r["model_bytes"])
         assert float(r["compute_s"]) == pytest.approx(float(rows[0]["compute_s"]))
     assert plot.stat().st_size > 10_000
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout

@@ -1,0 +1,292 @@
+"""The README's benchmark tables and the sentences around them, generated from the result CSVs.
+
+    python benchmarks/report.py            # rewrite every <!-- bench:NAME --> ... <!-- /bench:NAME --> block
+    python benchmarks/report.py --check    # exit 1 if a block differs from what the CSVs give now
+
+Every number in a block comes from the rows: per point (a model, link, host count, optimizer, ... and system)
+the median throughput over every timed iteration of every repeat, its interquartile range, the range of the
+per-repeat medians, n (repeats), the header-inclusive bound and the CPU the hosts used. Rows from before the
+reviewed schema (results/sweep_*.csv, demo.csv: no optimizer, one run, payload-only bound) are shown in their
+own blocks with optimizer "none" and n=1; rows marked smoke are never shown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import pathlib
+import re
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+
+import bench_rows
+import bench_stats
+
+LOG = logging.getLogger("report")
+HERE = pathlib.Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+SWEEPS_DIR = RESULTS / "sweeps"  # rows that satisfy the reviewed schema (optimizer, repeats, load, headers)
+README = HERE.parent / "README.md"
+LABEL = {"p3": "p3kv", "dist_sync": "dist_sync", "mxnet-p3": "MXNet P3", "horovod": "Horovod",
+         "p3-slicing-only": "p3kv slicing only", "p3-priority-split": "p3kv priority only (big arrays split)",
+         "p3-priority-only": "p3kv priority only (unsplit)"}
+# What makes two rows the same point (the system is part of it; comparisons group by everything else).
+POINT_KEY = ("tag", "model", "hosts", "layout", "bandwidth", "compute", "batch_size", "gpu_scale",
+             "efficiency_factor", "optimizer", "slice_size", "legacy")
+
+
+def _float(value, default: float = 0.0) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def aggregate(rows: Sequence[dict], include_smoke: bool = False) -> list[dict]:
+    """One entry per point and system, in first-seen order, with the statistics over its repeats; ratios
+    against dist_sync and Horovod of the same comparison. Smoke rows only with `include_smoke` (a runner's own
+    summary), never in the README."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r.get("status") == "ok" and (include_smoke or str(r.get("smoke")) != "True"):
+            groups.setdefault((tuple(str(r.get(k, "")) for k in POINT_KEY), r["kvstore"]), []).append(r)
+    points = []
+    for (key, kvstore), runs in groups.items():
+        first = runs[0]
+        per_iteration = int(first["workers"]) * _float(first["samples_per_batch"])
+        if first.get("legacy") == "True" or not first.get("iter_s"):  # one run, its recorded throughput
+            value = statistics.median(_float(r["throughput"]) for r in runs)
+            low = high = value
+            run_values = [_float(r["throughput"]) for r in runs]
+            iterations = sum(int(_float(r.get("iters"))) for r in runs)
+        else:
+            spread = bench_stats.spread([bench_rows.iteration_times(r) for r in runs])
+            value, low, high = spread.throughput(per_iteration)
+            run_values = [per_iteration / spread.run_median_max_s, per_iteration / spread.run_median_min_s]
+            iterations = spread.iterations
+        cpu = [_float(r.get("cpu_total_pct")) for r in runs if r.get("cpu_total_pct") not in (None, "")]
+        cpu_host = [_float(c) for r in runs for c in str(r.get("cpu_host_pct") or "").split(";") if c]
+        bound = statistics.median(_float(r["bound_throughput"]) for r in runs)
+        points.append({
+            "key": key, "kvstore": kvstore, "model": first["model"], "hosts": int(first["hosts"]),
+            "bandwidth": first["bandwidth"], "bandwidth_bps": _float(first.get("bandwidth_bps")),
+            "gpu_scale": _float(first.get("gpu_scale"), 0.0), "p100_equiv_gbps": equivalent_gbps(first),
+            "optimizer": optimizer_label(first.get("optimizer")),
+            "slice_size": first.get("slice_size") or "default", "efficiency_factor": first.get("efficiency_factor"),
+            "unit": first["unit"], "n": len(runs), "iterations": iterations, "throughput": value, "low": low,
+            "high": high, "run_min": min(run_values), "run_max": max(run_values), "bound_throughput": bound,
+            "pct_of_bound": 100 * value / bound if bound else None, "cpu_total_pct": max(cpu) if cpu else None,
+            "cpu_host_max_pct": max(cpu_host) if cpu_host else None, "legacy": first.get("legacy") == "True",
+            "load_max": max(max(_float(r.get("load_1m_before")), _float(r.get("load_1m_after"))) for r in runs),
+            "dirty": any(str(r.get("git_dirty")) == "True" for r in runs),
+            "forced": any(str(r.get("forced")) == "True" for r in runs),
+        })
+    by_key: dict[tuple, dict[str, float]] = {}
+    for p in points:
+        by_key.setdefault(p["key"], {})[p["kvstore"]] = p["throughput"]
+    for p in points:
+        peers = by_key[p["key"]]
+        for peer in ("dist_sync", "horovod", "mxnet-p3"):
+            p[f"vs_{peer}"] = p["throughput"] / peers[peer] if peer in peers and peer != p["kvstore"] else None
+    return points
+
+
+def optimizer_label(recorded: str | None) -> str:
+    """"sgd" for the reviewed SGD (momentum + weight decay, recorded with its settings), else as recorded."""
+    recorded = recorded or "none"
+    return "sgd" if recorded.startswith("sgd(") else recorded
+
+
+def equivalent_gbps(row: dict) -> float | None:
+    if row.get("p100_equiv_gbps"):
+        return _float(row["p100_equiv_gbps"])
+    rate, scale = _float(row.get("bandwidth_bps")), _float(row.get("gpu_scale"))
+    return rate / scale / 1e9 if rate and scale else None
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.{digits}f}" if value >= 100 else f"{value:.{digits}f}"
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}×"
+
+
+def _link(p: dict) -> str:
+    eq = p["p100_equiv_gbps"]
+    return f"{p['bandwidth']} ({eq:g} Gbps)" if eq else p["bandwidth"]
+
+
+def point_table(points: Sequence[dict]) -> str:
+    lines = ["| model | hosts | link (P100-equiv.) | optimizer | system | throughput (median) | IQR | "
+             "repeat medians | n | % of bound | vs dist_sync | vs Horovod | CPU % (all hosts) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for p in points:
+        system = LABEL.get(p["kvstore"], p["kvstore"])
+        iqr = "-" if p["legacy"] else f"{_num(p['low'])}–{_num(p['high'])}"
+        runs = "-" if p["n"] == 1 else f"{_num(p['run_min'])}–{_num(p['run_max'])}"
+        lines.append(f"| {p['model']} | {p['hosts']} | {_link(p)} | {p['optimizer']} | {system} "
+                     f"| {_num(p['throughput'])} {p['unit']}/s | {iqr} | {runs} | {p['n']} | "
+                     f"{_num(p['pct_of_bound'], 0)}% | "
+                     f"{_ratio(p['vs_dist_sync'])} | {_ratio(p['vs_horovod'])} | {_num(p['cpu_total_pct'], 0)} |")
+    return "\n".join(lines)
+
+
+def verdicts(points: Sequence[dict]) -> list[str]:
+    """One sentence per comparison: where p3kv stands against every other system, from the medians, and
+    whether the interquartile ranges overlap (then the order is not established)."""
+    sentences = []
+    by_key: dict[tuple, list[dict]] = {}
+    for p in points:
+        by_key.setdefault(p["key"], []).append(p)
+    for members in by_key.values():
+        mine = next((p for p in members if p["kvstore"] == "p3"), None)
+        if mine is None:
+            continue
+        parts = []
+        for other in members:
+            if other is mine:
+                continue
+            ratio = mine["throughput"] / other["throughput"]
+            overlap = mine["low"] <= other["high"] and other["low"] <= mine["high"] and mine["n"] > 1
+            word = "ahead of" if ratio > 1 else "behind"
+            parts.append(f"{word} {LABEL.get(other['kvstore'], other['kvstore'])} ({ratio:.2f}×"
+                         f"{', IQRs overlap' if overlap else ''})")
+        if parts:
+            sentences.append(f"- {mine['model']}, {mine['hosts']} hosts, {_link(mine)}, optimizer {mine['optimizer']}: "
+                             f"p3kv {_num(mine['throughput'])} {mine['unit']}/s, {_num(mine['pct_of_bound'], 0)}% of "
+                             f"the bound, " + ", ".join(parts) + ".")
+    return sentences
+
+
+SATURATED = 0.9  # of the machine's cores: above it, a point measures CPU contention, not the links
+
+
+def dilation_sentences(points: Sequence[dict], cpus: int) -> list[str]:
+    """Per --gpu-scale, the most CPU any system's hosts used together; the least dilation (largest scale) at
+    which none came near the machine's cores."""
+    scales = sorted({p["gpu_scale"] for p in points if p["cpu_total_pct"] is not None})
+    if not scales:
+        return []
+    peak = {s: max(p["cpu_total_pct"] for p in points if p["gpu_scale"] == s and p["cpu_total_pct"] is not None)
+            for s in scales}
+    free = [s for s in scales if peak[s] < SATURATED * 100 * cpus]
+    lines = ["- CPU of all hosts together (the most of any system) per --gpu-scale: " +
+             ", ".join(f"{s:g}: {peak[s]:.0f}%" for s in scales) + f" of {100 * cpus}%."]
+    if free:
+        lines.append(f"- Least dilation with the CPUs below {SATURATED:.0%} of {cpus} cores: --gpu-scale "
+                     f"{max(free):g}.")
+    else:
+        lines.append(f"- The CPUs were above {SATURATED:.0%} of {cpus} cores at every scale measured.")
+    return lines
+
+
+def _rows(path: pathlib.Path) -> list[dict]:
+    return bench_rows.read_runs(path)
+
+
+def reviewed_block(name: str, results: pathlib.Path) -> str:
+    """A sweep's table and sentences from results/sweeps/<name>.csv."""
+    path = results / "sweeps" / f"{name}.csv"
+    points = aggregate(_rows(path))
+    if not points:
+        return (f"Not measured yet with the reviewed settings: `sudo .venv/bin/python benchmarks/sweeps.py {name}` "
+                f"(or `make sweeps`) writes `benchmarks/results/sweeps/{name}.csv`.")
+    flags = []
+    if any(p["dirty"] for p in points):
+        flags.append("some rows ran on a dirty tree (--allow-dirty)")
+    if any(p["forced"] for p in points):
+        flags.append("some rows started above --max-load (--force)")
+    load = max(p["load_max"] for p in points)
+    head = (f"From `benchmarks/results/sweeps/{name}.csv` ({sum(p['n'] for p in points)} runs; highest 1-minute "
+            f"load before/after a run {load:.2f}{'; ' + '; '.join(flags) if flags else ''}). Throughput: median over "
+            "every timed iteration of every repeat; IQR: its 25–75% range; repeat medians: the range of the "
+            "per-repeat medians; bound: headers included.")
+    extra = []
+    if name == "dilation":
+        rows = [r for r in _rows(path) if str(r.get("smoke")) != "True"]
+        extra = dilation_sentences(points, int(_float(rows[0].get("cpus"), 2)))
+    return "\n".join([head, "", point_table(points), "", *verdicts(points), *extra])
+
+
+def legacy_block(results: pathlib.Path) -> str:
+    """The rows measured before the reviewed settings: shown as they are, optimizer none, n=1."""
+    parts = []
+    for name in ("demo", "sweep_bandwidth", "sweep_ablation", "sweep_slice", "sweep_scale", "sweep_utilisation",
+                 "sweep_targets"):
+        points = [p for p in aggregate(_rows(results / f"{name}.csv")) if p["legacy"]]
+        if points:
+            parts += [f"`benchmarks/results/{name}.csv` (bound: payload only):", "", point_table(points), ""]
+    if not parts:
+        return "No rows from before the reviewed settings."
+    return "\n".join(parts).rstrip()
+
+
+def status_block(results: pathlib.Path) -> str:
+    """Which result files satisfy the reviewed settings and which predate them."""
+    lines = ["| file | rows (ok) | optimizer | repeats (n) | bound | satisfies 1–4 |", "|---|---|---|---|---|---|"]
+    files = sorted((results / "sweeps").glob("*.csv")) + [results / "demo.csv"] + sorted(results.glob("sweep_*.csv"))
+    for path in files:
+        if path.name.endswith("_iterations.csv") or not path.exists():
+            continue
+        rows = [r for r in _rows(path) if str(r.get("smoke")) != "True"]
+        if not rows:
+            continue
+        legacy = rows[0]["legacy"] == "True"
+        optimizers = sorted({optimizer_label(r.get("optimizer")) for r in rows})
+        repeats = sorted({int(_float(r.get("repeats"), 1)) for r in rows})
+        lines.append(f"| `{path.relative_to(results.parent.parent)}` | {len(rows)} | {', '.join(optimizers)} | "
+                     f"{', '.join(map(str, repeats))} | {'payload only' if legacy else 'headers included'} | "
+                     f"{'no (predates them)' if legacy else 'yes'} |")
+    return "\n".join(lines)
+
+
+def blocks(results: pathlib.Path = RESULTS) -> dict[str, Callable[[], str]]:
+    named: dict[str, Callable[[], str]] = {"status": lambda: status_block(results),
+                                           "legacy": lambda: legacy_block(results)}
+    for name in ("demo", "bandwidth", "sensitivity", "dilation", "ablation", "slice", "scale"):
+        named[name] = (lambda n=name: reviewed_block(n, results))
+    return named
+
+
+BLOCK = re.compile(r"(<!-- bench:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /bench:(?P=name) -->)", re.DOTALL)
+
+
+def render(text: str, results: pathlib.Path = RESULTS) -> str:
+    """`text` with every known block's body replaced by what the CSVs give now."""
+    makers = blocks(results)
+
+    def replace(match: re.Match) -> str:
+        maker = makers.get(match["name"])
+        if maker is None:
+            raise SystemExit(f"README block bench:{match['name']} is not one report.py writes ({', '.join(makers)})")
+        return f"{match.group(1)}{maker()}\n{match.group(4)}"
+
+    return BLOCK.sub(replace, text)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--readme", type=pathlib.Path, default=README)
+    parser.add_argument("--results-dir", type=pathlib.Path, default=RESULTS)
+    parser.add_argument("--check", action="store_true", help="only compare; exit 1 if a block is stale")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    text = args.readme.read_text()
+    new = render(text, args.results_dir)
+    if args.check:
+        if new != text:
+            LOG.error("%s: benchmark blocks differ from the CSVs; run python benchmarks/report.py", args.readme)
+            return 1
+        return 0
+    if new != text:
+        args.readme.write_text(new)
+        LOG.info("rewrote the benchmark blocks of %s", args.readme)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

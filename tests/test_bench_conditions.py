@@ -1,0 +1,282 @@
+"""The emulated-cluster benchmark's bookkeeping, without a cluster: the row schema and writer, the shuffled
+interleaving of systems, the run guard (dirty tree, load), the repeat statistics, the header-inclusive bound,
+the per-model calibration and the README blocks generated from the result CSVs."""
+
+import argparse
+import csv
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import bench_rows  # noqa: E402
+import bench_stats  # noqa: E402
+import cluster_bench  # noqa: E402
+import cluster_worker  # noqa: E402
+import emulated_compute  # noqa: E402
+import report  # noqa: E402
+import run_guard  # noqa: E402
+
+pytestmark = pytest.mark.unit
+import wire_bound  # noqa: E402
+
+
+def test_run_columns_record_optimizer_statistics_and_conditions():
+    for column in ("optimizer", "update_on", "repeat", "repeats", "order", "seed", "iter_s", "q1_s", "q3_s",
+                   "load_1m_before", "load_1m_after", "max_load", "forced", "cpu_host_pct", "cpu_total_pct",
+                   "git_dirty", "allow_dirty", "smoke", "efficiency", "p100_equiv_gbps", "wire_bytes", "horovod"):
+        assert column in bench_rows.RUN_COLUMNS, column
+    assert cluster_bench.COLUMNS == bench_rows.RUN_COLUMNS
+
+
+def test_write_run_appends_rows_and_iterations(tmp_path):
+    path = tmp_path / "runs.csv"
+    row = {"run_id": "a", "model": "m", "kvstore": "p3", "status": "ok", "optimizer": "sgd", "repeat": 1,
+           "iter_s": [0.5, 0.25]}
+    bench_rows.write_run(path, row, {0: [0.5, 0.25], 1: [0.5, 0.3]})
+    bench_rows.write_run(path, {**row, "run_id": "b"}, {0: [0.4]})
+    with path.open() as f:
+        rows = list(csv.DictReader(f))
+    assert [r["run_id"] for r in rows] == ["a", "b"]
+    assert rows[0]["optimizer"] == "sgd" and json.loads(rows[0]["iter_s"]) == [0.5, 0.25]
+    with bench_rows.iterations_path(path).open() as f:
+        its = list(csv.DictReader(f))
+    assert [(r["run_id"], r["rank"], r["iteration"], float(r["time_s"])) for r in its] == [
+        ("a", "0", "0", 0.5), ("a", "0", "1", 0.25), ("a", "1", "0", 0.5), ("a", "1", "1", 0.3), ("b", "0", "0", 0.4)]
+    with pytest.raises(ValueError, match="not run columns"):
+        bench_rows.write_run(path, {"optimiser": "sgd"})
+    other = tmp_path / "old.csv"
+    other.write_text("timestamp,model\n1,m\n")
+    with pytest.raises(SystemExit, match="other columns"):
+        bench_rows.write_run(other, row)
+
+
+def test_legacy_rows_read_as_no_optimizer_single_run(tmp_path):
+    path = tmp_path / "sweep_old.csv"
+    path.write_text("model,kvstore,status,throughput,median_s,bound_s\nvgg19,p3,ok,17.3,1.8,1.7\n"
+                    "vgg19,p3,failed(1),,,\n")
+    [row] = bench_rows.read_runs(path)
+    assert row["optimizer"] == "none" and row["repeats"] == "1" and row["legacy"] == "True"
+    assert bench_rows.iteration_times(row) == [1.8]
+
+
+def test_interleave_shuffles_systems_per_repeat_with_a_seed():
+    base = [cluster_bench.Point(model=m, kvstore=kv) for m in ("resnet50_v1", "vgg19")
+            for kv in ("p3", "dist_sync", "mxnet-p3", "horovod")]
+    runs = cluster_bench.interleave(base, 3, seed=7)
+    assert len(runs) == 24
+    assert runs == cluster_bench.interleave(base, 3, seed=7)  # seeded: reproducible
+    orders = []
+    for repeat in range(3):
+        for model in ("resnet50_v1", "vgg19"):
+            mine = [p for p in runs if p.repeat == repeat and p.model == model]
+            assert sorted(p.kvstore for p in mine) == sorted(["p3", "dist_sync", "mxnet-p3", "horovod"])
+            assert [p.order for p in mine] == [0, 1, 2, 3] and all(p.repeats == 3 for p in mine)
+            orders.append(tuple(p.kvstore for p in mine))
+    assert len(set(orders)) > 1  # not one fixed order (p3kv always first was the old bias)
+    assert [p.repeat for p in runs] == sorted(p.repeat for p in runs)  # repeats are rounds over every point
+    assert cluster_bench.interleave(base, 3, seed=8) != runs
+
+
+def _repo(tmp_path: pathlib.Path) -> pathlib.Path:
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "f.txt").write_text("a\n")
+    git("add", "f.txt")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    return tmp_path
+
+
+def test_dirty_tree_is_refused_unless_allowed_and_recorded(tmp_path):
+    root = _repo(tmp_path)
+    commit, dirty = run_guard.check_tree(False, root)
+    assert len(commit) == 40 and not dirty
+    (root / "README.md").write_text("tables\n")
+    (root / "benchmarks" / "results").mkdir(parents=True)
+    (root / "benchmarks" / "results" / "x.csv").write_text("a\n")
+    subprocess.run(["git", "add", "README.md", "benchmarks"], cwd=root, check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "two"], cwd=root, check=True)
+    commit = run_guard.git_state(root)[0]
+    (root / "README.md").write_text("regenerated tables\n")  # what a sweep itself writes does not count
+    (root / "benchmarks" / "results" / "x.csv").write_text("a\nb\n")
+    assert run_guard.check_tree(False, root) == (commit, False)
+    (root / "f.txt").write_text("b\n")
+    with pytest.raises(run_guard.Refused, match="--allow-dirty"):
+        run_guard.check_tree(False, root)
+    assert run_guard.check_tree(True, root) == (commit, True)
+    row = cluster_bench.common_columns(cluster_bench.Conditions(allow_dirty=True, seed=5), commit, True)
+    assert row["git_dirty"] is True and row["allow_dirty"] is True and row["seed"] == 5
+
+
+def test_load_gate_waits_then_refuses_or_records_force(monkeypatch):
+    loads = iter([3.0, 2.5, 0.5])
+    monkeypatch.setattr(os, "getloadavg", lambda: (next(loads), 0.0, 0.0))
+    slept = []
+    assert run_guard.wait_for_load(1.0, 60, False, sleep=slept.append, poll_s=10) == (0.5, False)
+    assert slept == [10, 10]  # waited for the load to fall
+    monkeypatch.setattr(os, "getloadavg", lambda: (4.0, 0.0, 0.0))
+    slept.clear()
+    with pytest.raises(run_guard.Refused, match="above --max-load 1.00"):
+        run_guard.wait_for_load(1.0, 25, False, sleep=slept.append, poll_s=10)
+    assert sum(slept) == 25
+    assert run_guard.wait_for_load(1.0, 25, True, sleep=slept.append) == (4.0, True)
+    assert run_guard.wait_for_load(5.0, 0, False) == (4.0, False)
+    assert run_guard.default_max_load() == max(1.0, (os.cpu_count() or 1) / 4)
+
+
+def test_busy_machine_refuses_before_any_run(monkeypatch, tmp_path):
+    monkeypatch.setattr(os, "getloadavg", lambda: (9.0, 0.0, 0.0))
+    conditions = cluster_bench.Conditions(max_load=1.0, load_wait=0, allow_dirty=True)
+    with pytest.raises(run_guard.Refused):
+        cluster_bench.run_points([cluster_bench.Point(model="resnet50_v1", kvstore="p3")], tmp_path / "x.csv",
+                                 conditions)
+    assert not (tmp_path / "x.csv").exists()
+
+
+def test_statistics_on_known_numbers():
+    assert bench_stats.quartiles([1, 2, 3, 4, 5]) == (2, 3, 4)
+    assert bench_stats.quartiles([7.0]) == (7.0, 7.0, 7.0)
+    s = bench_stats.spread([[1, 2, 3], [4, 5], [], [6, 7, 8, 9]])
+    assert (s.n, s.iterations, s.median_s) == (3, 9, 5)
+    assert (s.q1_s, s.q3_s) == (3, 7)
+    assert (s.run_median_min_s, s.run_median_max_s) == (2, 7.5)
+    assert s.throughput(10) == (2.0, 10 / 7, 10 / 3)
+
+
+def test_aggregate_pools_iterations_of_repeats_and_compares_systems():
+    def row(kv, repeat, times):
+        return {"status": "ok", "model": "m", "kvstore": kv, "hosts": "2", "workers": "2", "samples_per_batch": "4",
+                "bandwidth": "1gbit", "bandwidth_bps": "1e9", "gpu_scale": "0.5", "optimizer": "sgd(...)",
+                "unit": "images", "bound_throughput": "20", "repeat": str(repeat), "iter_s": json.dumps(times),
+                "cpu_host_pct": "50;70", "cpu_total_pct": "120", "load_1m_before": "0.5", "load_1m_after": "0.7",
+                "smoke": "False", "legacy": "False"}
+
+    rows = [row("p3", 0, [1.0, 1.0]), row("p3", 1, [0.5, 0.5]), row("dist_sync", 0, [2.0, 2.0, 2.0]),
+            {**row("dist_sync", 1, [9.0]), "smoke": "True"}]
+    p3, ds = report.aggregate(rows)
+    assert (p3["kvstore"], p3["n"], p3["iterations"]) == ("p3", 2, 4)
+    assert p3["throughput"] == pytest.approx(8 / 0.75) and p3["p100_equiv_gbps"] == 2.0
+    assert (p3["low"], p3["high"]) == (pytest.approx(8 / 1.0), pytest.approx(8 / 0.5))
+    assert ds["n"] == 1 and ds["throughput"] == 4.0  # the smoke row is never counted
+    assert p3["vs_dist_sync"] == pytest.approx(8 / 0.75 / 4)
+    assert p3["cpu_host_max_pct"] == 70 and p3["optimizer"] == "sgd"
+    table = report.point_table([p3, ds])
+    assert "| m | 2 | 1gbit (2 Gbps) | sgd | p3kv | 10.7 images/s | 8.0–16.0 | 8.0–16.0 | 2 | 53% | 2.67× |" in table
+    assert report.verdicts([p3, ds]) == ["- m, 2 hosts, 1gbit (2 Gbps), optimizer sgd: p3kv 10.7 images/s, 53% of "
+                                         "the bound, ahead of dist_sync (2.67×)."]
+
+
+def test_bound_counts_frame_and_tcp_ip_headers():
+    # 2 hosts, one 100,000-element float32 array, p3kv's 50,000-element slices: each link carries the whole model
+    # each way in 2 messages of 64-byte headers; 1448-byte segments with 66 bytes of TCP/IPv4/Ethernet headers,
+    # and one 66-byte ACK per two segments of the reverse direction.
+    load = wire_bound.link_load("p3", [100_000], 400_000, hosts=2)
+    framed = 400_000 + 2 * 64
+    assert load.payload == 400_000 and load.messages == 2
+    assert load.wire == pytest.approx(framed + framed / 1448 * 66 * 1.5)
+    assert load.seconds(1e9) == pytest.approx(load.wire * 8 / 1e9)
+    assert load.seconds(1e9) > cluster_bench.comm_bound_seconds(400_000, 2, 1e9)
+    # dist_sync: arrays above 10^6 elements go to every server in parts; a push and a pull request per part.
+    assert wire_bound.messages_per_worker("dist_sync", [2_000_000, 10], servers=4) == 2 * (4 + 1)
+    assert wire_bound.messages_per_worker("mxnet-p3", [100_000], servers=4) == 2 * 3
+    assert wire_bound.messages_per_worker("p3-priority-split", [2_000_000, 10], servers=4) == 5
+    hvd = wire_bound.link_load("horovod", [100_000], 400_000, hosts=4)
+    assert hvd.payload == pytest.approx(1.5 * 400_000) and hvd.messages == 6
+    assert wire_bound.header_of("horovod") == 48 and wire_bound.header_of("dist_sync") == 80
+
+
+def test_calibration_reproduces_the_published_rate():
+    for model in cluster_bench.MODELS:
+        description = emulated_compute.load_description(model)
+        calibration = description["calibration"]
+        assert calibration["source"] and calibration["published"]
+        profile = emulated_compute.Profile("p100", 1.0, emulated_compute.efficiency_of(description))
+        seconds = sum(layer.forward_s + layer.backward_s for layer in emulated_compute.layers_of(description, 32,
+                                                                                                 profile))
+        assert 32 / seconds == pytest.approx(calibration["samples_per_s"], rel=1e-6)
+        assert emulated_compute.efficiency_of(description, 2.0) == pytest.approx(
+            2 * emulated_compute.efficiency_of(description))
+    resnet = emulated_compute.load_description("resnet50_v1")["calibration"]
+    assert resnet["samples_per_s"] == 195.0  # TensorFlow's DGX-1 P100 table, batch 32
+
+
+def test_split_big_arrays_spreads_them_over_keys():
+    description = {"params": [{"name": "a", "shape": [3, 1_000_000], "dtype": "float32"},
+                              {"name": "b", "shape": [10], "dtype": "float32"}],
+                   "layers": [{"name": "l0", "params": [1]}, {"name": "l1", "params": [0]}]}
+    split = cluster_worker.split_big_arrays(description, 4)
+    assert [p["shape"] for p in split["params"]] == [[750_000]] * 4 + [[10]]
+    assert [layer["params"] for layer in split["layers"]] == [[4], [0, 1, 2, 3]]
+    assert cluster_worker.split_big_arrays(description, 1) == {**description, "params": description["params"]}
+
+
+def test_readme_blocks_are_what_the_csvs_give_now():
+    text = (pathlib.Path(ROOT) / "README.md").read_text()
+    names = set(report.BLOCK.findall(text) and [m["name"] for m in report.BLOCK.finditer(text)])
+    assert {"status", "legacy", "bandwidth", "ablation", "slice", "scale", "sensitivity", "dilation"} <= names
+    assert report.render(text) == text, "README benchmark blocks are stale: run python benchmarks/report.py"
+
+
+def test_report_rewrites_a_block(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- bench:slice -->\nold numbers\n<!-- /bench:slice -->\nend\n")
+    results = tmp_path / "results"
+    assert report.main(["--readme", str(readme), "--results-dir", str(results), "--check"]) == 1
+    assert report.main(["--readme", str(readme), "--results-dir", str(results)]) == 0
+    text = readme.read_text()
+    assert "old numbers" not in text and "sweeps.py slice" in text and text.endswith("<!-- /bench:slice -->\nend\n")
+    assert report.main(["--readme", str(readme), "--results-dir", str(results), "--check"]) == 0
+
+
+def _args(**overrides):
+    import sweeps
+
+    args = argparse.Namespace(
+        models=sweeps.MODELS, kvstores=list(sweeps.SYSTEMS), hosts=4, batch_size=32, gpu_scale=None,
+        link_max=sweeps.LINK_MAX_GBPS, optimizer="sgd", warmup=2, iters=20, timeout=1800.0,
+        equivalents=sweeps.EQUIVALENTS)
+    for k, v in overrides.items():
+        setattr(args, k, v)
+    return args
+
+
+def test_sweep_definitions_cover_the_papers_evaluation():
+    import emulated_cluster
+    import sweeps
+
+    args = _args()
+    bandwidth = sweeps.sweep_bandwidth(args)
+    for model in sweeps.MODELS:
+        mine = [p for p in bandwidth if p.model == model]
+        equivalents = {round(emulated_cluster.parse_rate(p.bandwidth) / p.gpu_scale / 1e9, 3) for p in mine}
+        assert len(equivalents) >= 6 and min(equivalents) >= 1 and max(equivalents) == 30, (model, equivalents)
+        assert {p.kvstore for p in mine} == {"p3", "dist_sync", "mxnet-p3", "horovod"}
+        assert all(emulated_cluster.parse_rate(p.bandwidth) <= sweeps.LINK_MAX_GBPS * 1e9 for p in mine)
+        assert all(p.optimizer == "sgd" and p.iters >= 20 for p in mine)
+    assert 4.0 in {emulated_cluster.parse_rate(p.bandwidth) / p.gpu_scale / 1e9
+                   for p in bandwidth if p.model == "resnet50_v1"}
+    ablation = sweeps.sweep_ablation(args)
+    assert {p.kvstore for p in ablation} == {"dist_sync", "p3-priority-split", "p3-slicing-only", "p3"}
+    assert all(emulated_cluster.parse_rate(p.bandwidth) / p.gpu_scale == pytest.approx(30e9) for p in ablation)
+    scale = sweeps.sweep_scale(args)
+    assert {p.kvstore for p in scale} == {"p3", "dist_sync", "mxnet-p3", "horovod"}
+    assert {p.hosts for p in scale} == {2, 4, 8}
+    # The slice sweep's point is link-bound: the link needs longer per iteration than the compute.
+    [point] = {(p.model, p.bandwidth, p.gpu_scale) for p in sweeps.sweep_slice(args)}
+    sizes, nbytes = cluster_bench.model_arrays(point[0])
+    description = emulated_compute.load_description(point[0])
+    profile = emulated_compute.Profile("p100", point[2], emulated_compute.efficiency_of(description))
+    compute = sum(lay.forward_s + lay.backward_s for lay in emulated_compute.layers_of(description, 32, profile))
+    link_s = wire_bound.link_load("p3", sizes, nbytes, 4).seconds(emulated_cluster.parse_rate(point[1]))
+    assert link_s > 2 * compute
+    assert {p.efficiency_factor for p in sweeps.sweep_sensitivity(args)} == {0.5, 1.0, 2.0}
+    assert sweeps.least_dilation(1) == 1.0 and sweeps.least_dilation(20) == pytest.approx(0.1)
+    assert sweeps.estimate_seconds(sweeps.sweep_demo(args), 3, (10.0, 1.0)) > 3 * 4 * 22 * 0.1
