@@ -18,6 +18,7 @@ weights, so its curve per iteration differs.
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import logging
 import os
@@ -176,10 +177,23 @@ def summary(rows: Sequence[dict], targets: Sequence[float]) -> str:
             mine = ttas.get(system, {}).get(t)
             if asgd and mine:
                 notes.append(f"{LABELS[system]} reached {t:.0%} {asgd / mine:.2f}x as fast as ASGD")
+    first = rows[0]
+    loads = [float(r[k]) for r in rows for k in ("load_1m_before", "load_1m_after") if r.get(k) not in (None, "")]
+    settings = (f"Settings: {first.get('hosts', '?')} hosts (one worker + one server each), "
+                f"{first.get('bandwidth', '?')} links, {first.get('model', '?')} ({first.get('params', '?')} "
+                f"parameters) on {first.get('dataset', '?')}, batch {first.get('batch_size', '?')} per worker, "
+                f"{first.get('optimizer', '?')} (lr {first.get('lr', '?')}, momentum {first.get('momentum', '?')}, "
+                f"wd {first.get('wd', '?')}), {first.get('compute_s', '?')} s/iteration emulated compute, "
+                f"{first.get('iters', '?')} iterations, test accuracy every {first.get('eval_every', '?')}, seed "
+                f"{first.get('seed', '?')}; 1-minute load "
+                + (f"{min(loads):.1f}-{max(loads):.1f}" if loads else "?")
+                + f" on {first.get('cpus', '?')} cores; commit {str(first.get('git_commit', '?'))[:10]}"
+                + (" (uncommitted changes)" if str(first.get("git_dirty")) == "True" else "") + ".")
     paper = (f"The paper (Fig. 15, {PAPER['setting']}): P3 {PAPER['final']['P3']:.0f}% vs ASGD "
              f"{PAPER['final']['ASGD']:.0f}% final top-1 accuracy; P3 reached 80% about {PAPER['to_80_speedup']:.0f}x "
              "as fast.")
-    return "\n".join(lines) + "\n\n" + ("; ".join(notes) + ".\n\n" if notes else "") + paper + "\n"
+    return (settings + "\n\n" + "\n".join(lines) + "\n\n" + ("; ".join(notes) + ".\n\n" if notes else "") + paper
+            + "\n")
 
 
 def plot(rows: Sequence[dict], path: pathlib.Path, title: str, target: float) -> None:
@@ -223,8 +237,8 @@ def plot(rows: Sequence[dict], path: pathlib.Path, title: str, target: float) ->
     paper.set_xlim(0, 110)
     paper.invert_yaxis()
     paper.set_xlabel("final test accuracy (%)")
-    paper.set_title(f"the paper's Fig. 15 ({PAPER['setting']};\nP3 reached 80% ~{PAPER['to_80_speedup']:.0f}x "
-                    "sooner than ASGD) beside ours", fontsize=8)
+    paper.set_title(f"the paper's Fig. 15 ({PAPER['setting']}:\nP3 reached 80% ~{PAPER['to_80_speedup']:.0f}x "
+                    "sooner than ASGD) beside ours", fontsize=8, loc="right")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -254,6 +268,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--summary", type=pathlib.Path)
     p.add_argument("--keep-logs", type=pathlib.Path, help="keep every host's output here")
     p.add_argument("--tag", default="")
+    p.add_argument("--report", action="store_true", help="run nothing: write --summary and --plot from --csv")
     args = p.parse_args(argv)
     if args.hosts < 2:
         p.error("--hosts must be at least 2")
@@ -288,19 +303,25 @@ def run(args: argparse.Namespace) -> list[dict]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    reason = emulated_cluster.why_unavailable()
-    if reason:
-        LOG.error("cannot build the emulated cluster: %s", reason)
-        return 2
-    rows = run(args)
+    if args.report:
+        with args.csv.open(newline="") as f:
+            rows = list(csv.DictReader(f))
+    else:
+        reason = emulated_cluster.why_unavailable()
+        if reason:
+            LOG.error("cannot build the emulated cluster: %s", reason)
+            return 2
+        rows = run(args)
     table = summary(rows, args.targets)
     sys.stdout.write("\n" + table)
     if args.summary:
         args.summary.parent.mkdir(parents=True, exist_ok=True)
         args.summary.write_text(table)
     if args.plot:
-        title = (f"digits MLP {args.layers}x{args.hidden}: {args.hosts} hosts, {args.bandwidth} links,\n"
-                 f"{args.compute_s:g} s/iter emulated compute, load {rows[0].get('load_1m_before', '?')} at start")
+        first = rows[0]
+        title = (f"{first['model']} on digits: {first['hosts']} hosts, {first['bandwidth']} links,\n"
+                 f"{float(first['compute_s']):g} s/iter emulated compute, load {first.get('load_1m_before', '?')} "
+                 "at start")
         plot(rows, args.plot, title, min(args.targets))
     return 0 if all(r["status"] == "ok" for r in rows) else 1
 
