@@ -189,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         now = time.perf_counter()
         iter_s.append(now - last)
         last = now
+        if (it + 1) % 25 == 0:
+            LOG.info("rank %d iter %d: training loss %.4f, %.1f s", rank, it + 1, losses[-1], now - start)
         if rank == 0 and ((it + 1) % args.eval_every == 0 or it + 1 == args.iters):
             # A copy is an engine op that runs once this iteration's update has landed: nothing waits for it, so
             # evaluating costs the training no time. The snapshots are evaluated after training.
