@@ -61,8 +61,8 @@ def _row(cb: types.SimpleNamespace, results: list[dict], *, system: str, model: 
          exit_code: int, wall: float, devices: set[str], tag: str) -> dict:
     row = {"model": model, "kvstore": system, "compute": "real", "hosts": hosts, "workers": workers,
            "servers": servers, "layout": "colocated" if colocated else "deployed", "bandwidth": bandwidth or "unknown",
-           "batch_size": batch_size, "gpu": ",".join(sorted(devices)), "warmup": warmup, "iters": iters,
-           "repeat": repeat, "tag": tag, "exit_code": exit_code, "wall_s": round(wall, 1),
+           "batch_size": batch_size, "slice_size": "", "gpu": ",".join(sorted(devices)), "warmup": warmup,
+           "iters": iters, "repeat": repeat, "tag": tag, "exit_code": exit_code, "wall_s": round(wall, 1),
            "optimizer": OPTIMIZER.get(system, "")}
     if exit_code != 0 or len(results) != workers:
         row["status"] = f"failed({exit_code})"

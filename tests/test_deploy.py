@@ -430,7 +430,7 @@ def test_fab_command_line(site, installed, tmp_path):
                "--systems", "p3", "--model", "tiny-mlp", "--warmup", "1", "--iters", "1", "--repeats", "1",
                "--timeout", "90", "--dest", str(tmp_path / "bench"))
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "| tiny-mlp | 2 | unknown | real | default | p3 |" in done.stdout, done.stdout
+    assert "| tiny-mlp | 3 | unknown | real | default | p3 |" in done.stdout, done.stdout
     assert (tmp_path / "bench" / "cluster.png").exists()
     done = run("stop", "--hosts-file", str(hosts_file), "--state-dir", str(tmp_path / "no-state"))
     assert done.returncode == 2 and "launch one first" in done.stderr, done.stderr
