@@ -177,6 +177,8 @@ def summary(rows: Sequence[dict], targets: Sequence[float]) -> str:
             mine = ttas.get(system, {}).get(t)
             if asgd and mine:
                 notes.append(f"{LABELS[system]} reached {t:.0%} {asgd / mine:.2f}x as fast as ASGD")
+    if not rows:
+        return "No runs.\n"
     first = rows[0]
     loads = [float(r[k]) for r in rows for k in ("load_1m_before", "load_1m_after") if r.get(k) not in (None, "")]
     settings = (f"Settings: {first.get('hosts', '?')} hosts (one worker + one server each), "
