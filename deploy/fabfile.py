@@ -3,7 +3,8 @@
     fab -r deploy install --hosts-file hosts          # (or: cd deploy && fab install ...)
     fab -r deploy launch --command "python train.py --kvstore p3"
     fab -r deploy bandwidth --rate 10gbit
-    fab -r deploy status | logs | stop | bench
+    fab -r deploy bench --model resnet50_v1 --repeats 3   # p3kv vs dist_sync vs MXNet's P3, real compute
+    fab -r deploy status | logs | stop | transport
 
 Fabric's own options apply to every connection, e.g. ``fab -i ~/.ssh/cluster_key -t 5 ...`` (key, connect
 timeout). Each task exits non-zero with one line per failed host saying what to do.
@@ -106,15 +107,42 @@ def launch(ctx, command, hosts_file="hosts", path=DEFAULT_PATH, kvstore="p3", wo
         raise Exit(code=result.exit_code)
 
 
-@task(help={"dest": "local folder for the results (default bench-<job id>)", "model": "resnet50_v1 (default), "
-            "vgg19 or inceptionv3", "warmup": "untimed iterations (default 1)", "iters": "timed iterations "
-            "(default 5)", **{k: v for k, v in _LAUNCH_HELP.items() if k != "detach"}})
-def bench(ctx, hosts_file="hosts", path=DEFAULT_PATH, kvstore="p3", model="resnet50_v1", warmup=1, iters=5,
-          dest=None, workers=1, servers=1, port=DEFAULT_PORT, timeout=None, env=None, state_dir=DEFAULT_STATE_DIR):
-    """Run the transport benchmark (benchmarks/bench_worker.py) across the hosts and collect its results."""
+@task(help={"dest": "local folder for the results (default bench-<model>)", "model": "resnet50_v1 (default), "
+            "vgg19, inceptionv3, sockeye, or tiny-mlp (a smoke test)", "systems": "comma-separated, default "
+            "p3,dist_sync,mxnet-p3", "batch_size": "per worker (default 32)", "warmup": "untimed iterations "
+            "(default 3)", "iters": "timed iterations (default 20)", "repeats": "rounds over the systems, each in a "
+            "shuffled order (default 3)", "bandwidth": "the hosts' link rate (e.g. 10gbit, the cap of fab bandwidth)"
+            ": adds the link to the physical bound", "seed": "seed of the shuffled orders (default 0)",
+            **{k: v for k, v in _LAUNCH_HELP.items() if k not in ("detach", "kvstore")}})
+def bench(ctx, hosts_file="hosts", path=DEFAULT_PATH, systems="p3,dist_sync,mxnet-p3", model="resnet50_v1",
+          batch_size=32, warmup=3, iters=20, repeats=3, bandwidth=None, seed=0, dest=None, workers=1, servers=1,
+          port=DEFAULT_PORT, timeout=None, env=None, state_dir=DEFAULT_STATE_DIR):
+    """Compare p3kv, MXNet dist_sync and MXNet's P3 training a real model on the hosts (GPU when present)."""
+    hosts, connect = _setup(ctx, hosts_file)
+    options = _launch_options(path, "p3", workers, servers, port, timeout, env, False, state_dir)
+    for key in ("kvstore", "follow"):
+        options.pop(key)
+    folder = dest or f"bench-{model}"
+    result = _call(deploy.compare, hosts, connect, folder, systems=[s for s in systems.split(",") if s],
+                   model=model, batch_size=int(batch_size), warmup=int(warmup), iters=int(iters),
+                   repeats=int(repeats), bandwidth=bandwidth, seed=int(seed), **options)
+    with open(os.path.join(result.folder, "cluster.md")) as f:
+        print(f.read(), end="")
+    print(f"rows in {result.folder}/cluster.csv, figure {result.folder}/cluster.png, logs in {result.folder}/")
+    if result.exit_code:
+        raise Exit(code=result.exit_code)
+
+
+@task(help={"dest": "local folder for the results (default transport-<kvstore>-<model>)", "model": "resnet50_v1 "
+            "(default), vgg19 or inceptionv3", "warmup": "untimed iterations (default 1)", "iters": "timed "
+            "iterations (default 5)", **{k: v for k, v in _LAUNCH_HELP.items() if k != "detach"}})
+def transport(ctx, hosts_file="hosts", path=DEFAULT_PATH, kvstore="p3", model="resnet50_v1", warmup=1, iters=5,
+              dest=None, workers=1, servers=1, port=DEFAULT_PORT, timeout=None, env=None,
+              state_dir=DEFAULT_STATE_DIR):
+    """Run the transport benchmark (benchmarks/bench_worker.py: push and broadcast only) for one kvstore."""
     hosts, connect = _setup(ctx, hosts_file)
     options = _launch_options(path, kvstore, workers, servers, port, timeout, env, False, state_dir)
-    folder = dest or f"bench-{kvstore}-{model}"
+    folder = dest or f"transport-{kvstore}-{model}"
     result = _call(deploy.bench, hosts, connect, folder, model=model, warmup=int(warmup), iters=int(iters),
                    **options)
     for row in result.rows:

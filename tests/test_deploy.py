@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "scripts"))
 import deploy_train  # noqa: E402
 import emulated_cluster  # noqa: E402
 
-from deploy import DeployError, bandwidth, bench, install, launch, logs, parse_hosts, status, stop  # noqa: E402
+from deploy import DeployError, bandwidth, bench, compare, install, launch, logs, parse_hosts, status, stop  # noqa: E402
 
 pytestmark = [pytest.mark.system,
               pytest.mark.skipif(emulated_cluster.why_unavailable() is not None,
@@ -338,6 +338,32 @@ def test_bench_collects_results(site, installed):
     assert_no_job_left(site)
 
 
+def test_compare_runs_every_system_with_real_compute(site, installed):
+    """`fab bench`'s comparison: each system trains the model on every host (CPU here: the hosts have no GPU) and
+    becomes a row with the emulated runner's columns, table and figure. Speeds are results, never asserted."""
+    import cluster_bench
+
+    folder = os.path.join(site["folder"], "compare")
+    result = compare(site["hosts"], site["connect"], folder, model="tiny-mlp", batch_size=16, warmup=1, iters=2,
+                     repeats=1, bandwidth="1gbit", path=site["path"], state_dir=site["state"], timeout=120,
+                     out=io.StringIO())
+    assert result.exit_code == 0, result.rows
+    assert sorted(r["kvstore"] for r in result.rows) == ["dist_sync", "mxnet-p3", "p3"]
+    for row in result.rows:
+        assert row["status"] == "ok", row
+        assert (row["compute"], row["workers"], row["servers"], row["gpu"]) == ("real", 2, 2, "cpu")
+        assert row["throughput"] > 0 and row["compute_s"] > 0 and row["bound_s"] >= row["compute_s"]
+        assert row["comm_bound_s"] == 0  # hosts 1 and 2 are not one worker + one server: link not in the bound
+    with open(os.path.join(folder, "cluster.csv")) as f:
+        assert tuple(f.readline().strip().split(",")) == cluster_bench.COLUMNS
+        assert len(f.readlines()) == 3
+    with open(os.path.join(folder, "cluster.md")) as f:
+        table = f.read()
+    assert all(f"| real | default | {kv} |" in table for kv in ("p3", "dist_sync", "mxnet-p3")), table
+    assert os.path.getsize(os.path.join(folder, "cluster.png")) > 0
+    assert_no_job_left(site)
+
+
 def test_unreachable_host_and_wrong_key_fail_per_host_quickly(site):
     good = site["hosts"][0]
     [unreachable] = parse_hosts("root@10.77.0.4", "test")
@@ -401,6 +427,12 @@ def test_fab_command_line(site, installed, tmp_path):
     assert re.search(r"^\[10\.77\.0\.2\] \[worker 0\] rank \d: 5 steps", done.stdout, re.M), done.stdout
     done = run("status", "--hosts-file", str(hosts_file), "--state-dir", state)
     assert done.returncode == 0 and done.stdout.count("exited with code 0") == 3, done.stdout + done.stderr
+    done = run("bench", "--hosts-file", str(hosts_file), "--path", site["path"], "--state-dir", state,
+               "--systems", "p3", "--model", "tiny-mlp", "--warmup", "1", "--iters", "1", "--repeats", "1",
+               "--timeout", "90", "--dest", str(tmp_path / "bench"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "| tiny-mlp | 3 | unknown | real | default | p3 |" in done.stdout, done.stdout
+    assert (tmp_path / "bench" / "cluster.png").exists()
     done = run("stop", "--hosts-file", str(hosts_file), "--state-dir", str(tmp_path / "no-state"))
     assert done.returncode == 2 and "launch one first" in done.stderr, done.stderr
     assert_no_job_left(site)
