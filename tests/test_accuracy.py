@@ -21,6 +21,7 @@ import accuracy_worker  # noqa: E402
 import emulated_cluster  # noqa: E402
 
 
+@pytest.mark.unit
 def test_split_is_fixed_by_the_seed_and_shards_are_disjoint():
     x_train, x_test, y_train, y_test = accuracy_worker.load_data(seed=3)
     again = accuracy_worker.load_data(seed=3)
@@ -43,6 +44,7 @@ def _row(system, iteration, seconds, acc):
             "test_accuracy": acc, "median_iter_s": 0.5}
 
 
+@pytest.mark.unit
 def test_summary_reports_time_to_accuracy_and_unreached_targets():
     rows = [_row("p3", 5, 1.0, 0.5), _row("p3", 10, 2.0, 0.85), _row("p3", 15, 3.0, 0.93),
             _row("dist_async", 5, 0.5, 0.6), _row("dist_async", 10, 1.0, 0.7), _row("dist_async", 15, 4.0, 0.82)]
@@ -55,6 +57,7 @@ def test_summary_reports_time_to_accuracy_and_unreached_targets():
     assert "P3 93% vs ASGD 88%" in table  # the paper's numbers beside ours
 
 
+@pytest.mark.system
 def test_two_host_run_sync_systems_match_and_async_runs(tmp_path):
     reason = emulated_cluster.why_unavailable()
     if reason:
