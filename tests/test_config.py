@@ -4,10 +4,10 @@ import os
 
 import pytest
 
-from p3kv import config
-from p3kv.config import Role
-from p3kv.errors import ConfigError
-from p3kv.keys import key_id
+from p3kv.core import config
+from p3kv.core.config import Role
+from p3kv.core.errors import ConfigError
+from p3kv.core.keys import key_id
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB = {"P3_ROOT_URI": "127.0.0.1", "P3_ROOT_PORT": "9000", "P3_NUM_WORKER": "2", "P3_NUM_SERVER": "3"}
@@ -47,7 +47,7 @@ def test_unknown_interface_lists_real_ones():
 
 def test_readme_configuration_table_is_current():
     readme = open(os.path.join(ROOT, "README.md")).read()
-    assert config.markdown_table() in readme, "regenerate it with: python -m p3kv.config --markdown"
+    assert config.markdown_table() in readme, "regenerate it with: python -m p3kv.core.config --markdown"
 
 
 def test_key_ids_are_stable_and_disjoint():

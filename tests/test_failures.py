@@ -166,7 +166,7 @@ class Job:
         """`env`: extra variables for every process (e.g. P3_HEARTBEAT_TIMEOUT)."""
         port = free_port()  # another process could take it first; then the scheduler fails and the test shows why
         self.port = port  # the scheduler's (P3_ROOT_PORT)
-        self.scheduler = Node("scheduler", [sys.executable, "-m", "p3kv.scheduler"],
+        self.scheduler = Node("scheduler", [sys.executable, "-m", "p3kv.core.scheduler"],
                               node_env("scheduler", port, workers, servers, **env))
         nodes.append(self.scheduler)
         self.servers = [Node(f"server process {i}", [sys.executable, server_script],
@@ -233,8 +233,8 @@ def assert_failed_with(node: Node, pattern: str) -> re.Match:
 # ---- configuration: fail fast, name the variable ----
 
 ROLE_COMMANDS = {
-    "scheduler": [sys.executable, "-m", "p3kv.scheduler"],
-    "server": [sys.executable, "-m", "p3kv.server"],
+    "scheduler": [sys.executable, "-m", "p3kv.core.scheduler"],
+    "server": [sys.executable, "-m", "p3kv.core.server"],
     "worker": [sys.executable, "-c", "from p3kv import P3Worker; P3Worker()"],
 }
 
@@ -270,7 +270,7 @@ def test_scheduler_port_in_use_fails_at_once():
 # The role's start (P3Server() / P3Worker(), which join the job), timed inside the process: the interpreter's
 # start-up, which takes seconds on a loaded machine, is not part of what a connect timeout bounds.
 TIMED_JOIN = {
-    "server": "from p3kv.server import main",
+    "server": "from p3kv.core.server import main",
     "worker": "from p3kv import P3Worker\ndef main():\n    P3Worker()",
 }
 TIMED = "import sys, time\n{start}\nt = time.monotonic()\ntry:\n    code = main()\nfinally:\n" \

@@ -22,7 +22,7 @@ def import_in(cwd, code, pythonpath=""):
 
 def test_missing_core_says_to_build_it(tmp_path):
     copy_without_core(tmp_path)
-    result = import_in(tmp_path, "import p3kv, p3kv.node")
+    result = import_in(tmp_path, "import p3kv, p3kv.core.node")
     assert result.returncode == 1
     message = result.stderr.strip().splitlines()[-1]
     assert message.startswith("ImportError: cannot import p3kv's C++ core: p3kv's C++ core (p3kv/_p3*.so) is not "

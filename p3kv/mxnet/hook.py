@@ -31,8 +31,6 @@ import inspect
 import sys
 import weakref
 
-from p3kv.core import config
-
 P3_NAME = "p3"
 _registered = False
 # The forward orders that Parameter.data and autograd.record() report to: one per live kvstore 'p3', each owned by
@@ -68,6 +66,7 @@ def register() -> None:
     import mxnet.module.module
 
     import p3kv.mxnet.kvstore  # noqa: F401  (the @register decorator runs on import)
+    from p3kv.core import config
 
     original = mxnet.model._create_kvstore
 
