@@ -222,6 +222,7 @@ def test_priorities_follow_the_forward_pass_not_key_order(jobs):
 def test_forward_order_ranks_a_shared_weight_by_its_first_use_in_the_last_pass():
     from types import SimpleNamespace
 
+    from p3kv.mxnet import hook
     from p3kv.mxnet.forward_order import ForwardOrder
 
     def array(handle):
@@ -239,8 +240,9 @@ def test_forward_order_ranks_a_shared_weight_by_its_first_use_in_the_last_pass()
     assert order.learned
     assert order.of(2, 99) == 0 and order.of(1, 99) == -1 and order.of(0, 99) == -2  # embed, layer, out_bias
     assert order.of(7, 99) == 99  # unknown keys keep MXNet's hint
-    # The hook: autograd.record() marks the start of a pass.
+    # The hook: autograd.record() marks the start of a pass, for the orders it watches (each kvstore watches its own).
     order = ForwardOrder()
+    hook.watch_forward_pass(order)
     with mx.autograd.record():
         with mx.autograd.record():  # nested scopes do not restart the pass
             pass
