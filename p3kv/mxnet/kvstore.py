@@ -151,7 +151,7 @@ class P3(mx.kvstore.KVStoreBase):
         _refuse_sparse(key, [value, *outs], "init")
         index = key if isinstance(key, int) else len(self._keys)  # MXNet numbers str keys in init order
         info = _Key(index, key, tuple(value.shape), value.dtype)
-        data = value.asnumpy().reshape(-1)  # init is not on the training path: a synchronous copy is fine
+        data = value.asnumpy()  # init is not on the training path: a synchronous copy is fine
         self._worker.init(index, data, name=key)
         self._worker.wait(index)
         self._keys[key] = info
