@@ -44,6 +44,11 @@ def watch_forward_pass(order) -> None:
     _watched.add(order)
 
 
+def stop_watching(order) -> None:
+    """`order` sees no more reads (its kvstore closed). Any thread."""
+    _watched.discard(order)
+
+
 def _listening() -> list:
     return [order for order in list(_watched) if not order.learned]
 

@@ -343,6 +343,7 @@ class P3(mx.kvstore.KVStoreBase):
         if self._closed:
             return
         self._closed = True
+        hook.stop_watching(self._order)
         try:
             mx.nd.waitall()
         except mx.base.MXNetError as e:
