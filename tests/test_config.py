@@ -9,8 +9,8 @@ import pytest
 
 from p3kv.core import config
 from p3kv.core.config import Role
-from p3kv.core.errors import ConfigError
 from p3kv.core.keys import key_id
+from p3kv.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB = {"P3_ROOT_URI": "127.0.0.1", "P3_ROOT_PORT": "9000", "P3_NUM_WORKER": "2", "P3_NUM_SERVER": "3"}

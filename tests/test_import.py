@@ -46,7 +46,7 @@ def test_source_folder_shadowing_an_installed_p3kv_is_named(tmp_path):
     assert "Run from another directory" in message and "python setup.py build_ext --inplace" in message, message
 
 
-CORE_MODULES = ("config", "errors", "keys", "node", "worker", "server", "scheduler", "requests")
+CORE_MODULES = ("config", "keys", "node", "worker", "server", "scheduler", "requests")
 
 
 def run_here(code):
@@ -58,7 +58,7 @@ def run_here(code):
 
 def test_the_core_loads_no_mxnet():
     core = ", ".join(f"p3kv.core.{m}" for m in CORE_MODULES)
-    result = run_here(f"import sys, p3kv, {core}\nfrom p3kv import P3Server, P3Worker, _p3\n"
+    result = run_here(f"import sys, p3kv, p3kv.errors, {core}\nfrom p3kv import P3Server, P3Worker, _p3\n"
                       "assert P3Worker.__module__ == 'p3kv.core.worker' and P3Server.__module__ == 'p3kv.core.server'\n"
                       "loaded = sorted(m for m in sys.modules if m == 'mxnet' or m.startswith('mxnet.'))\n"
                       "print('mxnet modules:', loaded)\n"
