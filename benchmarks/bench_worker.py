@@ -102,7 +102,7 @@ class P3Runner:
     """p3kv: P3Worker.push per array; the servers broadcast the aggregate into `out`."""
 
     def __init__(self, shapes: list[dict], slice_size: int | None):
-        from p3kv.worker import P3Worker
+        from p3kv.core.worker import P3Worker
 
         self.worker = P3Worker(slice_size=slice_size) if slice_size else P3Worker()
         self.slice_size = getattr(self.worker, "slice_size", None) or slice_size or _p3kv_default_slice()
@@ -135,7 +135,7 @@ class P3Runner:
 
 
 def _p3kv_default_slice() -> int:
-    from p3kv import config
+    from p3kv.core import config
 
     return int(config.get("P3_SLICE_SIZE"))
 

@@ -1,7 +1,10 @@
 """p3kv: Priority-based Parameter Propagation (P3, SysML'19) as a parameter-server KVStore.
 
-`import p3kv` makes `kvstore='p3'` available to MXNet (now, or as soon as mxnet is imported).
-`P3Worker` and `P3Server` wrap the C++ core; `python -m p3kv.launch` starts a local job.
+`import p3kv` makes `kvstore='p3'` available to MXNet (now, or as soon as mxnet is imported) without importing
+mxnet itself. `P3Worker` and `P3Server` wrap the C++ core; `python -m p3kv.launch` starts a local job.
+
+Layers: p3kv.core (P3 on numpy buffers, no MXNet), p3kv.mxnet (kvstore 'p3' and the servers' MXNet optimizer),
+p3kv.launch (process tooling); p3kv._p3 is the C++ core.
 """
 
 import glob
@@ -9,8 +12,8 @@ import importlib
 import os
 import sys
 
-from p3kv import mxnet_hook
 from p3kv.errors import ConfigError, P3Error, P3TimeoutError
+from p3kv.mxnet import hook
 
 __version__ = "0.1.0"
 __all__ = ["ConfigError", "P3Error", "P3TimeoutError", "P3Server", "P3Worker", "__version__"]
@@ -21,11 +24,11 @@ def __getattr__(name):
     if name == "_p3":  # `from p3kv import _p3` asks here first
         return _load_core()
     if name == "P3Worker":
-        from p3kv.worker import P3Worker
+        from p3kv.core.worker import P3Worker
 
         return P3Worker
     if name == "P3Server":
-        from p3kv.server import P3Server
+        from p3kv.core.server import P3Server
 
         return P3Server
     raise AttributeError(f"module 'p3kv' has no attribute {name!r}")
@@ -53,4 +56,4 @@ def _load_core():
                       name="p3kv._p3", path=here)
 
 
-mxnet_hook.activate()
+hook.activate()

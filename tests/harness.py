@@ -197,8 +197,8 @@ def start_launcher(nodes: list, name: str, args: Sequence[str], worker: Sequence
 # ---- jobs started node by node ----
 
 ROLE_COMMANDS = {
-    "scheduler": [sys.executable, "-m", "p3kv.scheduler"],
-    "server": [sys.executable, "-m", "p3kv.server"],
+    "scheduler": [sys.executable, "-m", "p3kv.core.scheduler"],
+    "server": [sys.executable, "-m", "p3kv.core.server"],
     "worker": [sys.executable, "-c", "from p3kv import P3Worker; P3Worker()"],
 }
 

@@ -1,13 +1,16 @@
 """The configuration table: parsing, clear errors, and the README's table kept in sync."""
 
+import ast
 import os
+import pathlib
+import re
 
 import pytest
 
-from p3kv import config
-from p3kv.config import Role
+from p3kv.core import config
+from p3kv.core.config import Role
+from p3kv.core.keys import key_id
 from p3kv.errors import ConfigError
-from p3kv.keys import key_id
 
 pytestmark = pytest.mark.unit
 
@@ -49,7 +52,7 @@ def test_unknown_interface_lists_real_ones():
 
 def test_readme_configuration_table_is_current():
     readme = open(os.path.join(ROOT, "README.md")).read()
-    assert config.markdown_table() in readme, "regenerate it with: python -m p3kv.config --markdown"
+    assert config.markdown_table() in readme, "regenerate it with: python -m p3kv.core.config --markdown"
 
 
 def test_key_ids_are_stable_and_disjoint():
@@ -59,3 +62,60 @@ def test_key_ids_are_stable_and_disjoint():
     for bad in (-1, 1 << 62, 1.5, None, True):
         with pytest.raises(ConfigError):
             key_id(bad)
+
+
+# Where the environment may be read: the table, and the launcher (it hands its environment to the processes it
+# starts). Everything else asks config.get / config.load, so that every variable is in the table.
+ENVIRONMENT_READERS = {"p3kv/core/config.py", "p3kv/launch/launcher.py"}
+VARIABLE_NAME = re.compile(r"(P3|MXNET|DMLC)_[A-Z0-9_]+")
+
+
+def _package_sources():
+    for path in sorted(pathlib.Path(ROOT, "p3kv").rglob("*.py")):
+        yield path.relative_to(ROOT).as_posix(), ast.parse(path.read_text(), filename=str(path))
+
+
+def _environment_reads(tree) -> list[str]:
+    """Every os.environ / os.getenv / os.environb (also imported by name, `from os import environ`) in `tree`."""
+    names = {"environ", "environb", "getenv", "getenvb"}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in names:
+            found.append(f"line {node.lineno}: os.{node.attr}")
+        elif isinstance(node, ast.ImportFrom) and node.module == "os":
+            found += [f"line {node.lineno}: from os import {a.name}" for a in node.names if a.name in names]
+    return found
+
+
+def test_only_the_config_table_and_the_launcher_read_the_environment():
+    sources = dict(_package_sources())
+    assert ENVIRONMENT_READERS <= set(sources)
+    assert _environment_reads(sources["p3kv/core/config.py"])  # the check can see a read
+    readers = {path: reads for path, tree in sources.items() if path not in ENVIRONMENT_READERS
+               for reads in [_environment_reads(tree)] if reads}
+    assert readers == {}, "read the environment through p3kv.core.config (and declare the variable there)"
+
+
+def test_every_variable_the_package_names_is_in_the_table():
+    # The launcher writes ps-lite's DMLC_* variables for baseline processes; everything else only reads.
+    declared = {v.name for v in config.VARIABLES}
+    named = {node.value: path for path, tree in _package_sources() if not path.startswith("p3kv/launch/")
+             for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)
+             and VARIABLE_NAME.fullmatch(node.value)}
+    assert {"P3_ROLE", "MXNET_UPDATE_ON_KVSTORE", config.BULK_VARIABLE} <= set(named)
+    assert {name: path for name, path in named.items() if name not in declared} == {}
+    # One definition of MXNet's bulk variable: the table's.
+    bulk = [path for path, tree in _package_sources() for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and node.value == config.BULK_VARIABLE]
+    assert bulk == ["p3kv/core/config.py"]
+
+
+def test_mxnet_variables_are_read_through_the_table():
+    assert config.get("MXNET_UPDATE_ON_KVSTORE", {}) == 1
+    assert config.get("MXNET_UPDATE_ON_KVSTORE", {"MXNET_UPDATE_ON_KVSTORE": "0"}) == 0
+    assert config.get(config.BULK_VARIABLE, {config.BULK_VARIABLE: "1"}) == "1"
+    with pytest.raises(ConfigError, match="MXNET_UPDATE_ON_KVSTORE"):
+        config.get("MXNET_UPDATE_ON_KVSTORE", {"MXNET_UPDATE_ON_KVSTORE": "yes"})
+    # They are not fields of a node's Config, and the launcher does not pass them on as P3 variables.
+    c = config.load(JOB, role=Role.WORKER)
+    assert not any(name.startswith(("MXNET_", "DMLC_")) for name in config.environment_for(c, Role.WORKER))

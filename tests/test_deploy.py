@@ -227,7 +227,7 @@ def test_install_copies_once_per_filesystem_and_imports(site, installed):
     for r in result.values():
         assert r.path == site["path"] and r.python == os.path.join(sys.prefix, "bin", "python")
         assert r.mxnet.startswith("1.")
-    assert os.path.isfile(os.path.join(site["path"], "p3kv", "launch.py"))
+    assert os.path.isfile(os.path.join(site["path"], "p3kv", "launch", "__main__.py"))
     assert os.path.isfile(os.path.join(site["path"], "deploy", "hostctl.py"))
     assert not os.path.exists(os.path.join(site["path"], ".git"))
     assert seconds < 90  # offline: nothing is downloaded or built

@@ -49,7 +49,7 @@ def test_unmodified_mxnet_script_runs_on_p3(tmp_path, create_kv):
     lines = UNMODIFIED_LINE.findall(job.stdout)
     assert sorted(rank for rank, *_ in lines) == ["0", "1"], job.stdout[-4000:]
     # What the script itself saw: Module.fit used p3kv's kvstore ...
-    assert {(kind, kvtype) for _, kind, kvtype, *_ in lines} == {("p3kv.kvstore.P3", "p3")}
+    assert {(kind, kvtype) for _, kind, kvtype, *_ in lines} == {("p3kv.mxnet.kvstore.P3", "p3")}
     assert len({checksum for *_, checksum in lines}) == 1, f"workers ended with different weights: {lines}"
     assert all(float(accuracy) > 0.9 for _, _, _, accuracy, _ in lines), lines
     # ... and the gradients really went through p3kv's servers (their per-slice trace).

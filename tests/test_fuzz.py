@@ -139,7 +139,7 @@ def test_fuzzed_server_refuses_everything_while_the_job_computes_correct_sums(se
     stop = tmp_path / "stop"
     port = free_port()
     env = {"P3_SECRET": SECRET}
-    scheduler = Node("scheduler", [sys.executable, "-m", "p3kv.scheduler"],
+    scheduler = Node("scheduler", [sys.executable, "-m", "p3kv.core.scheduler"],
                      node_env("scheduler", port, 2, servers, **env))
     server_nodes = [Node(f"server process {i}", [sys.executable, REPORT_SERVER], node_env("server", port, 2, servers,
                                                                                            **env))
@@ -200,7 +200,8 @@ def test_fuzzed_server_refuses_everything_while_the_job_computes_correct_sums(se
 def test_refused_connections_do_not_keep_server_descriptors(nodes, tmp_path):
     port = free_port()
     env = {"P3_SECRET": SECRET}
-    nodes.append(Node("scheduler", [sys.executable, "-m", "p3kv.scheduler"], node_env("scheduler", port, 2, 1, **env)))
+    nodes.append(Node("scheduler", [sys.executable, "-m", "p3kv.core.scheduler"],
+                      node_env("scheduler", port, 2, 1, **env)))
     server = Node("server process", [sys.executable, REPORT_SERVER], node_env("server", port, 2, 1, **env))
     nodes.append(server)
     workers = [Node(f"worker process {i}", [sys.executable, FAILURE_WORKER, "--stop-file", str(tmp_path / "stop")],

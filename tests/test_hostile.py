@@ -150,7 +150,7 @@ def test_a_flood_during_the_rendezvous_costs_no_threads_and_the_job_still_runs(n
     port = free_port()
     server_ports = [free_port(), free_port()]
     stop = tmp_path / "stop"
-    scheduler = Node("scheduler", [sys.executable, "-m", "p3kv.scheduler"],
+    scheduler = Node("scheduler", [sys.executable, "-m", "p3kv.core.scheduler"],
                      node_env("scheduler", port, P3_CONNECT_TIMEOUT="40"))
     nodes.append(scheduler)
     wait_listening(port)
@@ -243,7 +243,8 @@ def test_refused_or_reset_scheduler_connections_are_retried_until_the_connect_ti
         resets += 1
     impostor.close()
     assert resets >= 3, "every node should have tried at least once"
-    scheduler = Node("scheduler", [sys.executable, "-m", "p3kv.scheduler"], node_env("scheduler", port, 2, 1, **env))
+    scheduler = Node("scheduler", [sys.executable, "-m", "p3kv.core.scheduler"],
+                     node_env("scheduler", port, 2, 1, **env))
     nodes.append(scheduler)
     for node in starters + [scheduler]:
         assert node.finish(40) == 0, f"{node.name}:\n{node.output}"
@@ -356,7 +357,8 @@ def test_memory_claims_of_a_worker_are_refused_or_paid_for_as_they_arrive(nodes)
     port = free_port()
     env = {"P3_HEARTBEAT_TIMEOUT": "60", "P3_SERVER_SLICE_BYTES": str(64 << 20), "P3_CONNECT_TIMEOUT": "30",
            "P3_TIMEOUT": "4"}
-    scheduler = Node("scheduler", [sys.executable, "-m", "p3kv.scheduler"], node_env("scheduler", port, 2, 1, **env))
+    scheduler = Node("scheduler", [sys.executable, "-m", "p3kv.core.scheduler"],
+                     node_env("scheduler", port, 2, 1, **env))
     server = Node("server process", [sys.executable, REPORT_SERVER], node_env("server", port, 2, 1, **env))
     nodes += [scheduler, server]
     wait_listening(port)

@@ -1,6 +1,7 @@
 """`import p3kv` from a folder whose C++ core is not built (the README's `pip install .`, then its examples run
 from the checkout: the source folder shadows the installed package) fails with a message that says what to do."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -25,7 +26,7 @@ def import_in(cwd, code, pythonpath=""):
 
 def test_missing_core_says_to_build_it(tmp_path):
     copy_without_core(tmp_path)
-    result = import_in(tmp_path, "import p3kv, p3kv.node")
+    result = import_in(tmp_path, "import p3kv, p3kv.core.node")
     assert result.returncode == 1
     message = result.stderr.strip().splitlines()[-1]
     assert message.startswith("ImportError: cannot import p3kv's C++ core: p3kv's C++ core (p3kv/_p3*.so) is not "
@@ -45,3 +46,35 @@ def test_source_folder_shadowing_an_installed_p3kv_is_named(tmp_path):
     message = result.stderr.strip().splitlines()[-1]
     assert f"shadows the installed p3kv at {installed / 'p3kv'}" in message, message
     assert "Run from another directory" in message and "python setup.py build_ext --inplace" in message, message
+
+
+CORE_MODULES = ("config", "keys", "node", "worker", "server", "scheduler", "requests")
+
+
+def run_here(code):
+    """Runs `code` in a fresh interpreter that imports this checkout's p3kv (with its built core)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (ROOT, os.environ.get("PYTHONPATH"))))}
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_the_core_loads_no_mxnet():
+    core = ", ".join(f"p3kv.core.{m}" for m in CORE_MODULES)
+    result = run_here(f"import sys, p3kv, p3kv.errors, {core}\nfrom p3kv import P3Server, P3Worker, _p3\n"
+                      "assert P3Worker.__module__ == 'p3kv.core.worker' and P3Server.__module__ == 'p3kv.core.server'\n"
+                      "loaded = sorted(m for m in sys.modules if m == 'mxnet' or m.startswith('mxnet.'))\n"
+                      "print('mxnet modules:', loaded)\n"
+                      "print('p3kv from', p3kv.__file__)")
+    assert result.returncode == 0, result.stderr
+    assert "mxnet modules: []" in result.stdout, result.stdout
+    assert f"p3kv from {ROOT}/p3kv/__init__.py" in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize("first", ["mxnet", "p3kv"])
+def test_kvstore_p3_is_registered_whichever_is_imported_first(first):
+    second = "p3kv" if first == "mxnet" else "mxnet"
+    result = run_here(f"import {first}, {second}\nimport mxnet as mx\n"
+                      "from p3kv.mxnet.kvstore import P3\n"
+                      "print('registered:', mx.kvstore.KVStoreBase.kv_registry.get('p3') is P3)")
+    assert result.returncode == 0, result.stderr
+    assert "registered: True" in result.stdout, result.stdout

@@ -96,8 +96,8 @@ def test_plan_p3_gives_each_role_its_variables():
         assert spec.env["P3_SLICE_SIZE"] == "40000" and spec.env["KEEP"] == "1"
         assert "DMLC_ROLE" not in spec.env and BASELINE_VARIABLE not in spec.env
         assert spec.primary == (role == "worker")
-    assert specs["scheduler"].argv == (sys.executable, "-m", "p3kv.scheduler")
-    assert specs["server 1"].argv == (sys.executable, "-m", "p3kv.server")
+    assert specs["scheduler"].argv == (sys.executable, "-m", "p3kv.core.scheduler")
+    assert specs["server 1"].argv == (sys.executable, "-m", "p3kv.core.server")
     assert specs["worker 1"].argv == ("train",) and specs["worker 1"].log_name == "worker1"
 
 

@@ -227,7 +227,8 @@ def test_priorities_follow_the_forward_pass_not_key_order(jobs):
 def test_forward_order_ranks_a_shared_weight_by_its_first_use_in_the_last_pass():
     from types import SimpleNamespace
 
-    from p3kv.kvstore import ForwardOrder
+    from p3kv.mxnet import hook
+    from p3kv.mxnet.forward_order import ForwardOrder
 
     def array(handle):
         return SimpleNamespace(handle=SimpleNamespace(value=handle))
@@ -244,8 +245,9 @@ def test_forward_order_ranks_a_shared_weight_by_its_first_use_in_the_last_pass()
     assert order.learned
     assert order.of(2, 99) == 0 and order.of(1, 99) == -1 and order.of(0, 99) == -2  # embed, layer, out_bias
     assert order.of(7, 99) == 99  # unknown keys keep MXNet's hint
-    # The hook: autograd.record() marks the start of a pass.
+    # The hook: autograd.record() marks the start of a pass, for the orders it watches (each kvstore watches its own).
     order = ForwardOrder()
+    hook.watch_forward_pass(order)
     with mx.autograd.record():
         with mx.autograd.record():  # nested scopes do not restart the pass
             pass
@@ -259,7 +261,7 @@ def test_forward_order_ranks_a_shared_weight_by_its_first_use_in_the_last_pass()
 def test_forward_order_stays_bounded_when_it_never_learns_and_still_learns_the_last_pass():
     from types import SimpleNamespace
 
-    from p3kv.kvstore import ForwardOrder
+    from p3kv.mxnet.forward_order import ForwardOrder
 
     def array(handle):
         return SimpleNamespace(handle=SimpleNamespace(value=handle))
@@ -459,8 +461,9 @@ def test_hyperparameter_changes_reach_the_servers(tmp_path, change):
 def test_hyperparameter_change_keeps_slice_states_and_counts():
     # Both server paths: the native kernel (states in C++, re-created when a kernel setting changes) and MXNet's
     # own update per slice (optimizers without a kernel).
-    from p3kv import _p3, requests
-    from p3kv.server_optimizer import OptimizerHost
+    from p3kv import _p3
+    from p3kv.core import requests
+    from p3kv.mxnet.optimizer_host import OptimizerHost
 
     host = OptimizerHost(_p3.SliceOptimizer())
     host.on_request(requests.SET_OPTIMIZER, pickle.dumps(mx.optimizer.SGD(learning_rate=0.1, momentum=0.9)))

@@ -13,7 +13,8 @@ import pytest
 
 mx = pytest.importorskip("mxnet")
 
-from p3kv import _p3, server_kernels  # noqa: E402
+from p3kv import _p3  # noqa: E402
+from p3kv.mxnet import server_kernels  # noqa: E402
 
 pytestmark = pytest.mark.unit
 

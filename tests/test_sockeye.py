@@ -70,14 +70,14 @@ def assert_same_metrics(got, want, who):
 
 
 def train_reference(args, output, updates):
-    cmd = [sys.executable, "-m", "p3kv.sockeye_train", *args, "--kvstore", "device", "-o", output,
+    cmd = [sys.executable, "-m", "p3kv.mxnet.sockeye_train", *args, "--kvstore", "device", "-o", output,
            "--max-updates", str(updates)]
     done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-4000:]
 
 
 def train_p3(args, output, updates):
-    job = run_job(2, 2, ["-m", "p3kv.sockeye_train", *args, "--kvstore", "p3", "--optimizer-params",
+    job = run_job(2, 2, ["-m", "p3kv.mxnet.sockeye_train", *args, "--kvstore", "p3", "--optimizer-params",
                          "rescale_grad:0.5", "-o", output, "--max-updates", str(updates)],
                   timeout=180, launcher_args=("--timeout", "150"))
     assert job.returncode == 0, job.stdout[-6000:]

@@ -22,8 +22,8 @@ import p3auth
 import pytest
 from harness import HOST, SECRET, STEP, Node, free_port, node_env
 
+from p3kv.core.worker import P3Worker
 from p3kv.errors import P3Error, P3TimeoutError
-from p3kv.worker import P3Worker
 
 pytestmark = pytest.mark.integration
 
@@ -101,7 +101,7 @@ def job(nodes, monkeypatch):
     port = free_port()
     env = node_env("worker", port, workers=1, servers=2, P3_SLICE_SIZE=str(SLICE), P3_HEARTBEAT_TIMEOUT="60",
                    P3_HEARTBEAT_INTERVAL="1")
-    scheduler = Node("scheduler", [sys.executable, "-m", "p3kv.scheduler"], {**env, "P3_ROLE": "scheduler"})
+    scheduler = Node("scheduler", [sys.executable, "-m", "p3kv.core.scheduler"], {**env, "P3_ROLE": "scheduler"})
     nodes.append(scheduler)
     for name, value in env.items():
         if name.startswith("P3_"):

@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-from p3kv.worker import P3Worker
+from p3kv.core.worker import P3Worker
 
 ITERATIONS = 3
 # name -> (size, dtype): sizes around the slice size (1000 in these tests) and tiny keys that still spread.

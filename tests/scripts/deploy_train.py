@@ -50,7 +50,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="folder for weights<rank>.txt")
     args = parser.parse_args()
-    from p3kv.worker import P3Worker
+    from p3kv.core.worker import P3Worker
 
     with P3Worker() as worker:
         weights = initial() if worker.rank == 0 else np.zeros(SIZE, np.float32)

@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 
-from p3kv.worker import P3Worker
+from p3kv.core.worker import P3Worker
 
 BULK, URGENT = 1, 0  # key ids
 

@@ -1,9 +1,9 @@
 """A p3kv server whose update function raises ValueError("boom") at iteration 2 (and otherwise stores the sum,
-like the default server). Run through ``p3kv.server.main`` so its exit codes are the real server's."""
+like the default server). Run through ``p3kv.core.server.main`` so its exit codes are the real server's."""
 
 import sys
 
-from p3kv.server import main
+from p3kv.core.server import main
 
 FAILING_ITERATION = 2
 

@@ -9,7 +9,7 @@ import os
 import sys
 import time
 
-from p3kv.server import P3Server
+from p3kv.core.server import P3Server
 
 
 def make_updater(spec):
@@ -39,7 +39,7 @@ def main():
     status = 0
     try:
         server.run()
-    except Exception as e:  # reported through the exit code and stderr, like p3kv.server.main
+    except Exception as e:  # reported through the exit code and stderr, like p3kv.core.server.main
         sys.stderr.write(f"test server failed: {e}\n")
         status = 1
     out = os.environ.get("P3_TEST_OUT")

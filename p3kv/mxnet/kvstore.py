@@ -11,19 +11,20 @@ What it does, and why:
   layer k waits for layer k only. Nothing here waits on the training path.
 - Priorities follow the forward pass. Gluon numbers keys alphabetically (bias before weight, dense10
   before dense4), so the key order says nothing: the adapter watches the order in which the forward pass
-  reads the parameters (see ForwardOrder) and gives the k-th parameter priority -k. Module's keys are in
+  reads the parameters (p3kv.mxnet.forward_order) and gives the k-th parameter priority -k. Module's keys are in
   forward order already. Pushes start layer by layer during backward only with
   MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD=1 (the launcher sets it for workers unless you set it).
 - update_on_kvstore=True (the default, as in the paper): worker 0 ships the optimizer and servers update
-  each slice (p3kv.server_optimizer). False: servers broadcast the summed gradient. A later change of the
+  each slice (p3kv.mxnet.optimizer_host). False: servers broadcast the summed gradient. A later change of the
   workers' optimizer (trainer.set_learning_rate, opt.wd = ..., lr_mult, a new batch size in trainer.step)
   is seen at the next step's first push and carried to the servers before that step's updates (MXNet's
   dist_sync never carries it). The lr scheduler is not compared: it runs on the servers.
-- type is 'p3' (MXNet's convention); p3kv.mxnet_hook makes Gluon and Module treat it as dist_sync.
+- type is 'p3' (MXNet's convention); p3kv.mxnet.hook makes Gluon and Module treat it as dist_sync.
 - Sparse arrays (row_sparse, csr) are refused: P3 sends every array dense, slice by slice.
 - String keys (Module) are numbered in init order, as MXNet does, so optimizer indices match idx2name.
 - Arrays on GPUs, or several devices per worker, are staged through one CPU buffer per key (local sum,
   then the result copied to every device), all as engine operations.
+- Optimizer states: p3kv.mxnet.checkpoint; the optimizer the servers get: p3kv.mxnet.shipped_optimizer.
 """
 
 from __future__ import annotations
@@ -31,19 +32,22 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
-import os
 import pickle
 
 import mxnet as mx
 import numpy as np
 
-from p3kv import _p3, requests, server_kernels
+from p3kv import _p3
+from p3kv.core import config, requests
+from p3kv.core.config import BULK_VARIABLE, Role
+from p3kv.core.worker import P3Worker
 from p3kv.errors import ConfigError, P3Error
-from p3kv.worker import P3Worker
+from p3kv.mxnet import checkpoint, hook, server_kernels
+from p3kv.mxnet.forward_order import ForwardOrder
+from p3kv.mxnet.shipped_optimizer import hyperparameters, server_copy
 
 log = logging.getLogger("p3kv.kvstore")
 
-BULK_VARIABLE = "MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD"
 P3_TYPE = "p3"
 
 
@@ -59,100 +63,27 @@ class _Key:
         self.latest: mx.nd.NDArray | None = None  # array holding the last broadcast (for pull)
 
 
-class ForwardOrder:
-    """Each key's position in the forward pass, for Gluon, whose key numbers are alphabetical.
-
-    Gluon blocks read every parameter through Parameter.data() as the forward pass reaches it (also when
-    hybridized: the cached graph's inputs are in topological order). mxnet_hook wraps Parameter.data to
-    call `used()`, and autograd.record() calls `new_pass()`. The forward pass just before the first pushpull
-    defines the order, whatever was read earlier: it starts where the last recording scope opened (without
-    one, at the earliest of the keys' last reads), and each key ranks by its first read from there (a weight
-    shared by two layers, e.g. a tied embedding and output layer, is needed by the first).
-    Keys are matched to arrays through the `out` arrays of init/broadcast (the parameters' data). Module
-    never calls Parameter.data; its keys are already numbered in forward order, so MXNet's priority hint
-    (-index) is right there and is kept.
-    """
-
-    recorder: ForwardOrder | None = None  # the instance Parameter.data reports to (one kvstore per process)
-    # Reads kept while the order is unknown. Only the last forward pass matters, so when a script reads
-    # parameters for ever without pushing a key they stand for (inference loops, keys set up by init() with no
-    # parameter array), the oldest reads are dropped: memory stays bounded and the most recent pass is kept.
-    # A pass of more reads than this (several thousand parameters, each read a few times) ranks only its end.
-    MAX_READS = 65536
-
-    def __init__(self):
-        self._uses: list[int] = []  # array handles in the order they were read, until the order is learned
-        self._pass_start: int | None = None  # index into _uses where the last forward pass began
-        self._handle_of: dict[int, int] = {}  # key index -> handle of its parameter array
-        self.priority: dict[int, int] = {}
-        self.learned = False
-        ForwardOrder.recorder = self
-
-    def used(self, array) -> None:
-        if not self.learned:
-            self._uses.append(array.handle.value)
-            if len(self._uses) > self.MAX_READS:
-                self._forget(len(self._uses) - self.MAX_READS // 2)
-
-    def _forget(self, n: int) -> None:
-        """Drops the `n` oldest reads (amortised O(1) per read: half the window at a time)."""
-        del self._uses[:n]
-        if self._pass_start is not None:
-            self._pass_start = max(0, self._pass_start - n)
-
-    def new_pass(self) -> None:
-        if not self.learned:
-            self._pass_start = len(self._uses)
-
-    def bind(self, index: int, array) -> None:
-        """Remembers which parameter array a key stands for."""
-        self._handle_of[index] = array.handle.value
-
-    def learn(self) -> None:
-        """Called before pushes: fixes priorities once the forward pass has read the keys' arrays."""
-        if self.learned or not self._uses:
-            return
-        last = {h: i for i, h in enumerate(self._uses)}
-        keyed = {h for h in self._handle_of.values() if h in last}
-        if not keyed:
-            return
-        start = min(last[h] for h in keyed)  # where the last forward pass began, at the latest
-        if self._pass_start is not None and self._pass_start <= start:
-            start = self._pass_start
-        first: dict[int, int] = {}
-        for i in range(start, len(self._uses)):
-            first.setdefault(self._uses[i], i)
-        ranked = sorted((first[h], index) for index, h in self._handle_of.items() if h in first)
-        # First layer first: priority 0 is the most urgent, then -1, -2, ...
-        self.priority = {index: -rank for rank, (_, index) in enumerate(ranked)}
-        self.learned = True
-        self._uses, self._pass_start = [], None
-        log.info("priorities from the forward pass (first layer first): keys %s", [i for _, i in ranked][:12])
-
-    def of(self, index: int, hint: int) -> int:
-        return self.priority.get(index, hint)
-
-
 @mx.kvstore.KVStoreBase.register
 class P3(mx.kvstore.KVStoreBase):
     """MXNet KVStore backed by p3kv. Create it with kvstore='p3' (or mx.kv.create('p3')) in a worker started
     by `python -m p3kv.launch` (or with the P3_* environment set)."""
 
     def __init__(self):
-        if os.environ.get("P3_ROLE", "worker") != "worker":
-            raise ConfigError(f"kvstore 'p3' is created in a process with P3_ROLE={os.environ['P3_ROLE']}; only "
-                              "workers create it")
-        if "P3_ROOT_URI" not in os.environ:
+        role = config.get("P3_ROLE") or Role.WORKER.value
+        if role != Role.WORKER.value:
+            raise ConfigError(f"kvstore 'p3' is created in a process with P3_ROLE={role}; only workers create it")
+        if config.get("P3_ROOT_URI") is None:
             raise ConfigError("kvstore 'p3' needs a p3kv job: start the script with python -m p3kv.launch -n W -s S "
                               "-- python train.py (or set P3_ROLE, P3_ROOT_URI, P3_ROOT_PORT, P3_NUM_WORKER, "
                               "P3_NUM_SERVER)")
-        if os.environ.get(BULK_VARIABLE) != "1":
+        if config.get(BULK_VARIABLE) != "1":
             log.warning("%s is not 1: MXNet releases gradients in bulk at the end of backward, so pushes cannot "
                         "start layer by layer (python -m p3kv.launch sets it for you)", BULK_VARIABLE)
         self._worker = P3Worker()
         self._bridge = _p3.EngineBridge.load(mx.libinfo.find_lib_path()[0])
         self._keys: dict[object, _Key] = {}
-        self._order = ForwardOrder()
+        self._order = ForwardOrder()  # this kvstore's: Gluon's forward pass reports to it through the hook
+        hook.watch_forward_pass(self._order)
         self._optimizer = None
         self._updater = None  # Trainer.load_states reads kv._updater.optimizer
         self._seen_as: str | None = None  # see mxnet_sees_dist_sync
@@ -165,12 +96,12 @@ class P3(mx.kvstore.KVStoreBase):
     @property
     def type(self) -> str:
         # MXNet's convention for a registered KVStoreBase: its name. Gluon and Module decide "distributed" by
-        # 'dist' in kv.type; p3kv.mxnet_hook makes those code paths treat 'p3' as dist_sync.
+        # 'dist' in kv.type; p3kv.mxnet.hook makes those code paths treat 'p3' as dist_sync.
         return self._seen_as or P3_TYPE
 
     @contextlib.contextmanager
     def mxnet_sees_dist_sync(self):
-        """While MXNet's own Gluon/Module code decides how to treat this kvstore (p3kv.mxnet_hook), its type
+        """While MXNet's own Gluon/Module code decides how to treat this kvstore (p3kv.mxnet.hook), its type
         reads 'dist_sync', so that code takes dist_sync's branches: P3 is synchronous distributed SGD."""
         before, self._seen_as = self._seen_as, "dist_sync"
         try:
@@ -220,8 +151,8 @@ class P3(mx.kvstore.KVStoreBase):
         _refuse_sparse(key, [value, *outs], "init")
         index = key if isinstance(key, int) else len(self._keys)  # MXNet numbers str keys in init order
         info = _Key(index, key, tuple(value.shape), value.dtype)
-        data = value.asnumpy().reshape(-1)  # init is not on the training path: a synchronous copy is fine
-        self._worker.init(index, data)
+        data = value.asnumpy()  # init is not on the training path: a synchronous copy is fine
+        self._worker.init(index, data, name=key)
         self._worker.wait(index)
         self._keys[key] = info
         if outs:
@@ -273,21 +204,14 @@ class P3(mx.kvstore.KVStoreBase):
                           f"dense parameters only; {SPARSE_ADVICE}")
 
     def _pushpull_one(self, info: _Key, values: list, outs: list, priority: int) -> None:
-        if self._worker.config.priority == "none":
-            priority = 0  # FIFO (P3_PRIORITY=none)
-        # `out` too: the engine operation writes the key's whole size into it, whatever its shape.
-        for what, arrays in (("got", values), ("out has", outs)):
-            for v in arrays:
-                if tuple(v.shape) != info.shape or np.dtype(v.dtype) != info.dtype:
-                    raise ConfigError(f"pushpull of key {info.name!r}: {what} shape {tuple(v.shape)} dtype "
-                                      f"{np.dtype(v.dtype)}, but it was initialised with {info.shape} {info.dtype}")
+        # Every device's array, not only those that reach the worker: the staged path below copies them.
+        self._worker.check_arrays(info.index, values, outs)
         direct = len(values) == 1 and values[0].context.device_type == "cpu" and \
             all(o.context.device_type == "cpu" for o in outs) and len(outs) <= 1
         if direct:
             # One CPU array: the engine op reads the gradient and writes the result straight into `out`.
             target = outs[0] if outs else self._staging(info)
-            self._bridge.push_pull(self._worker.core, info.index, values[0].handle.value, target.handle.value,
-                                   priority)
+            self._worker.push_engine(info.index, values[0], target, self._bridge, priority)
             info.latest = target
             return
         staging = self._staging(info)
@@ -295,7 +219,7 @@ class P3(mx.kvstore.KVStoreBase):
             values[0].copyto(staging)
         else:  # several devices: sum locally first, as MXNet's KVStore does
             mx.nd.add_n(*[v.as_in_context(mx.cpu()) for v in values], out=staging)
-        self._bridge.push_pull(self._worker.core, info.index, staging.handle.value, staging.handle.value, priority)
+        self._worker.push_engine(info.index, staging, staging, self._bridge, priority)
         for o in outs:
             staging.copyto(o)
         info.latest = staging
@@ -318,7 +242,7 @@ class P3(mx.kvstore.KVStoreBase):
             self._pushed.update(keys)
             return
         self._pushed = set(keys)
-        hyper = _hyperparameters(self._optimizer)
+        hyper = hyperparameters(self._optimizer)
         if hyper == self._hyper:
             return
         changed = sorted(name for name in hyper if hyper[name] != (self._hyper or {}).get(name))
@@ -355,10 +279,10 @@ class P3(mx.kvstore.KVStoreBase):
         """Makes `optimizer` this kvstore's; worker 0 sends it to every server."""
         self._optimizer = optimizer
         self._updater = mx.optimizer.get_updater(optimizer)
-        self._hyper = _hyperparameters(optimizer)
+        self._hyper = hyperparameters(optimizer)
         self._pushed = set()
         if self.rank == 0:
-            body = pickle.dumps(_server_copy(optimizer), protocol=4)
+            body = pickle.dumps(server_copy(optimizer), protocol=4)
             for s in range(self._worker.num_servers):
                 self._worker.request(s, requests.SET_OPTIMIZER, body)
 
@@ -373,32 +297,14 @@ class P3(mx.kvstore.KVStoreBase):
         for info in self._keys.values():
             if info.latest is not None:
                 info.latest.wait_to_read()
-        pieces: dict = {}
-        counts: dict = {}
-        page_bytes = self._worker.config.max_message_bytes // 2  # a page and its pickle fit in one frame
-        for s in range(self._worker.num_servers):
-            start = 0
-            while start is not None:
-                body = pickle.dumps({"start": start, "max_bytes": page_bytes}, protocol=4)
-                reply = pickle.loads(self._worker.request(s, requests.GET_STATES, body))
-                pieces.update(reply["states"])
-                for index, count in reply["counts"].items():
-                    counts[index] = max(count, counts.get(index, 0))
-                start = reply["next"]
-        states = {}
-        for info in self._keys.values():
-            parts = [pieces.get((info.index, sl[0])) for sl in self._worker.slices(info.index)]
-            if parts and all(p is not None for p in parts):
-                states[info.index] = _join(parts, info.shape)
-            elif parts and any(p is not None for p in parts):
-                raise ConfigError(f"servers hold states for only some slices of key {info.name!r}")
+        states, counts = checkpoint.collect(self._worker, self._keys.values())
         # The servers did the updates, so the workers' optimizer has counted none: the saved one takes the
         # servers' update counts (Adam's bias correction, lr schedules), and Gluon's per-parameter lr_mult and
         # wd_mult by index (pickling drops param_dict, and Trainer.load_states restores it only after
         # load_optimizer_states has shipped the optimizer).
         payload = states
         if dump_optimizer:
-            optimizer = _server_copy(self._optimizer)
+            optimizer = server_copy(self._optimizer)
             optimizer._index_update_count.update(counts)
             optimizer.num_update = max([optimizer.num_update, *counts.values()])
             payload = (states, optimizer)
@@ -419,17 +325,7 @@ class P3(mx.kvstore.KVStoreBase):
                 optimizer.param_dict = getattr(self._optimizer, "param_dict", {})
             self._use_optimizer(optimizer)
         if self.rank == 0:
-            per_server: list[dict] = [{} for _ in range(self._worker.num_servers)]
-            for info in self._keys.values():
-                if info.index not in states:
-                    continue
-                for index, offset, count, server in self._worker.slices(info.index):
-                    per_server[server][(info.index, index)] = _cut(states[info.index], offset, count)
-            page_bytes = self._worker.config.max_message_bytes // 2  # a page and its pickle fit in one frame
-            for s, states_here in enumerate(per_server):
-                for i, page in enumerate(requests.pages(states_here, page_bytes)):
-                    body = pickle.dumps({"states": page, "first": i == 0}, protocol=4)
-                    self._worker.request(s, requests.SET_STATES, body)
+            checkpoint.distribute(self._worker, self._keys.values(), states)
         self._worker.barrier()
 
     def set_gradient_compression(self, compression_params) -> None:
@@ -447,6 +343,7 @@ class P3(mx.kvstore.KVStoreBase):
         if self._closed:
             return
         self._closed = True
+        hook.stop_watching(self._order)
         try:
             mx.nd.waitall()
         except mx.base.MXNetError as e:
@@ -483,41 +380,6 @@ def _first(v):
     return v[0] if isinstance(v, (list, tuple)) else v
 
 
-def _server_copy(optimizer):
-    """The optimizer as servers need it: MXNet drops `param_dict` when pickling (so dist_sync loses Gluon's
-    per-parameter lr_mult/wd_mult on servers); fold them into the index-keyed multipliers first."""
-    opt = pickle.loads(pickle.dumps(optimizer))
-    opt.lr_mult, opt.wd_mult = _multipliers(optimizer)
-    return opt
-
-
-def _multipliers(optimizer) -> tuple[dict, dict]:
-    """lr_mult and wd_mult by index, with Gluon's per-parameter ones (param_dict) folded in."""
-    lr_mult, wd_mult = dict(optimizer.lr_mult), dict(optimizer.wd_mult)
-    for index, param in getattr(optimizer, "param_dict", {}).items():
-        lr_mult[index] = param.lr_mult
-        wd_mult[index] = param.wd_mult
-    return lr_mult, wd_mult
-
-
-# Optimizer attributes that are state, not hyperparameters: the servers keep their own (update counts), or
-# they describe the model (names), or they drive themselves on the servers (the lr scheduler runs there on
-# the servers' update counts; changing a scheduler object on the workers is not carried).
-_NOT_HYPERPARAMETERS = {"num_update", "_index_update_count", "_all_index_update_counts", "idx2name", "sym_info",
-                        "param_dict", "lr_scheduler", "lr_mult", "wd_mult"}
-_SCALARS = (bool, int, float, str, type(None))
-
-
-def _hyperparameters(optimizer) -> dict:
-    """The optimizer's hyperparameters as servers need them (see requests.SET_HYPERPARAMETERS): every scalar
-    attribute (lr, wd, rescale_grad, momentum, clip_gradient, beta1, ...) and the folded multipliers."""
-    hyper = {name: value for name, value in vars(optimizer).items()
-             if name not in _NOT_HYPERPARAMETERS and (isinstance(value, _SCALARS) or (
-                 isinstance(value, tuple) and all(isinstance(v, _SCALARS) for v in value)))}
-    hyper["lr_mult"], hyper["wd_mult"] = _multipliers(optimizer)
-    return hyper
-
-
 SPARSE_ADVICE = ("use dense gradients (e.g. Embedding(sparse_grad=False), grad_stype='default', or "
                  "grad.tostype('default')), or keep sparse training on MXNet's own kvstores")
 
@@ -536,20 +398,3 @@ def _one_key(key):
     return key[0] if isinstance(key, (list, tuple)) and len(key) == 1 else key
 
 
-def _join(parts, shape):
-    """Per-slice states (numpy, possibly nested tuples) to one state of the whole parameter (NDArrays)."""
-    first = parts[0]
-    if first is None:
-        return None
-    if isinstance(first, (tuple, list)):
-        return type(first)(_join([p[i] for p in parts], shape) for i in range(len(first)))
-    return mx.nd.array(np.concatenate(parts).reshape(shape), dtype=first.dtype)
-
-
-def _cut(state, offset: int, count: int):
-    """The part of a whole-parameter state that belongs to one slice, as numpy."""
-    if state is None:
-        return None
-    if isinstance(state, (tuple, list)):
-        return type(state)(_cut(s, offset, count) for s in state)
-    return state.asnumpy().reshape(-1)[offset:offset + count].copy()

@@ -8,6 +8,7 @@
 
 Priorities follow MXNet: larger is more urgent, so layer k of the forward pass pushes with priority -k.
 Arrays must stay alive and unmodified until their key completes (wait); the worker keeps a reference.
+An execution engine's arrays (MXNet's, through the engine bridge) are pushed with `push_engine` instead.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import logging
 
 import numpy as np
 
-from p3kv import _p3, node
-from p3kv.config import Config, Role, load
+from p3kv import _p3
+from p3kv.core import node
+from p3kv.core.config import Config, Role, load
+from p3kv.core.keys import key_id
 from p3kv.errors import ConfigError
-from p3kv.keys import key_id
 
 log = logging.getLogger("p3kv.worker")
 
@@ -28,6 +30,7 @@ log = logging.getLogger("p3kv.worker")
 @dataclasses.dataclass
 class _Key:
     name: str
+    label: object  # what messages call it: the user's key, or the name given to init
     shape: tuple
     dtype: np.dtype
     in_use: list  # arrays the core reads or writes until the key's operations complete
@@ -69,18 +72,15 @@ class P3Worker:
     def slice_size(self) -> int:
         return self.config.slice_size
 
-    @property
-    def core(self):
-        """The C++ worker (for the MXNet engine bridge)."""
-        return self._core
-
     # -- operations --------------------------------------------------------------------------------------
-    def init(self, key: int | str, value: np.ndarray, out: np.ndarray | None = None) -> None:
+    def init(self, key: int | str, value: np.ndarray, out: np.ndarray | None = None, name: str | None = None
+             ) -> None:
         """Declares `key` and starts its initialisation; non-blocking.
 
         Worker 0's `value` becomes the value on the servers and is written into `out` (default: `value`
         itself) on every worker, so all workers start equal. Every worker must init the same keys, with the
-        same shapes and dtypes, in the same order.
+        same shapes and dtypes, in the same order. `name` is what error messages call the key (default: the
+        key itself; the MXNet adapter passes Module's parameter names for its numbered keys).
         """
         kid = key_id(key)
         if kid in self._keys:
@@ -92,7 +92,7 @@ class P3Worker:
         self._check_out(key, out, value.shape, value.dtype)
         if not value.flags.c_contiguous:
             value = np.ascontiguousarray(value)
-        self._keys[kid] = _Key(str(key), value.shape, value.dtype, [value, out])
+        self._keys[kid] = _Key(str(key), key if name is None else name, value.shape, value.dtype, [value, out])
         try:
             self._core.init(kid, str(key), value.dtype.name, value.reshape(-1), out.reshape(-1))
         except Exception:
@@ -107,19 +107,26 @@ class P3Worker:
         """
         k = self._known(key)
         grad = np.asarray(grad)
-        if grad.shape != k.shape or grad.dtype != k.dtype:
-            raise ConfigError(f"push of key {key!r}: gradient has shape {grad.shape} and dtype {grad.dtype}, "
-                              f"but the key was initialised with shape {k.shape} and dtype {k.dtype}")
+        self._check_gradient(k, grad)
         if not grad.flags.c_contiguous:
             grad = np.ascontiguousarray(grad)
         out = grad if out is None else out
-        self._check_out(key, out, k.shape, k.dtype)
-        if not -(2**31) <= priority < 2**31:
-            raise ConfigError(f"priority {priority} does not fit in 32 bits")
+        self._check_out(k.label, out, k.shape, k.dtype)
+        priority = self._send_priority(priority)
         k.in_use += [grad, out]
-        if self.config.priority == "none":
-            priority = 0  # every slice equally urgent: the send queue degenerates to FIFO
-        self._core.push(key_id(key), k.dtype.name, grad.reshape(-1), out.reshape(-1), int(priority))
+        self._core.push(key_id(key), k.dtype.name, grad.reshape(-1), out.reshape(-1), priority)
+
+    def push_engine(self, key: int | str, grad, out, engine, priority: int = 0) -> None:
+        """`push` of an execution engine's arrays, as one engine operation; non-blocking.
+
+        The operation starts when the engine has written `grad` and completes when the servers' broadcast of the
+        key's last slice is in `out` (which may be `grad`): engine ops that read `out` wait for exactly this
+        key. `grad` and `out` are engine arrays with `shape`, `dtype` and `handle.value` (MXNet NDArrays);
+        `engine` is a loaded p3kv._p3.EngineBridge. The engine keeps them alive; `push`'s checks apply.
+        Any thread.
+        """
+        self.check_arrays(key, [grad], [out])
+        engine.push_pull(self._core, key_id(key), grad.handle.value, out.handle.value, self._send_priority(priority))
 
     def wait(self, key: int | str | None = None, timeout: float | None = None) -> None:
         """Blocks until every operation on `key` (all keys if None) completed.
@@ -146,7 +153,7 @@ class P3Worker:
         self._core.barrier(self.config.timeout if timeout is None else timeout)
 
     def request(self, server: int, kind: int, body: bytes, timeout: float | None = None) -> bytes:
-        """Sends a control request (see p3kv.requests) to one server and returns its reply."""
+        """Sends a control request (see p3kv.core.requests) to one server and returns its reply."""
         return self._core.request(server, kind, body, self.config.timeout if timeout is None else timeout)
 
     def close(self, timeout: float | None = None) -> None:
@@ -160,6 +167,18 @@ class P3Worker:
             if self.config.trace:
                 path = node.write_trace(self.config.trace, "worker", self.rank, self._core.trace())
                 log.info("trace written to %s", path)
+
+    def check_arrays(self, key: int | str, grads=(), outs=()) -> None:
+        """Raises ConfigError unless every gradient and every out array (numpy or engine arrays: anything with
+        `shape` and `dtype`) has the shape and dtype `key` was initialised with. Any thread."""
+        k = self._known(key)
+        for grad in grads:
+            self._check_gradient(k, grad)
+        for out in outs:
+            if tuple(out.shape) != k.shape or np.dtype(out.dtype) != k.dtype:
+                # An engine operation writes the key's whole size into `out`, whatever its shape.
+                raise ConfigError(f"out for key {k.label!r} has shape {tuple(out.shape)} and dtype "
+                                  f"{np.dtype(out.dtype)}; expected {k.shape} and {k.dtype}")
 
     # -- introspection ----------------------------------------------------------------------------------
     def counters(self) -> dict:
@@ -186,6 +205,19 @@ class P3Worker:
             self._closed = True
 
     # -- helpers -----------------------------------------------------------------------------------------
+    def _check_gradient(self, k: _Key, grad) -> None:
+        if tuple(grad.shape) != k.shape or np.dtype(grad.dtype) != k.dtype:
+            raise ConfigError(f"push of key {k.label!r}: gradient has shape {tuple(grad.shape)} and dtype "
+                              f"{np.dtype(grad.dtype)}, but the key was initialised with shape {k.shape} and dtype "
+                              f"{k.dtype}")
+
+    def _send_priority(self, priority: int) -> int:
+        if not -(2**31) <= priority < 2**31:
+            raise ConfigError(f"priority {priority} does not fit in 32 bits")
+        if self.config.priority == "none":
+            return 0  # every slice equally urgent: the send queue degenerates to FIFO
+        return int(priority)
+
     def _known(self, key: int | str) -> _Key:
         k = self._keys.get(key_id(key))
         if k is None:

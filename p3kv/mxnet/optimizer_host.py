@@ -1,7 +1,7 @@
 """Runs an MXNet optimizer on the slices a server owns (the paper's server-side update, per slice).
 
 Worker 0 ships the optimizer (as MXNet's dist_sync does). Optimizers with a native kernel (SGD, NAG, Adam,
-RMSProp, AdaGrad, AdaDelta, Adamax, Signum, FTRL, FTML: p3kv.server_kernels) update every slice in C++ without
+RMSProp, AdaGrad, AdaDelta, Adamax, Signum, FTRL, FTML: p3kv.mxnet.server_kernels) update every slice in C++ without
 the GIL; Python runs once per key and iteration, not per slice, to compute what MXNet computes per parameter
 and update (learning rate after the scheduler and lr_mult, wd after wd_mult, the update count, bias
 corrections) — so counts, schedules and multipliers work per key, as on a dist_sync server, and the weights
@@ -24,7 +24,8 @@ import pickle
 
 import numpy as np
 
-from p3kv import requests, server_kernels
+from p3kv.core import requests
+from p3kv.mxnet import server_kernels
 
 log = logging.getLogger("p3kv.server")
 

@@ -1,6 +1,6 @@
 """Train a Sockeye 2.3 model (the last MXNet Sockeye) with kvstore 'p3'.
 
-    python -m p3kv.launch -n 2 -s 2 -- python -m p3kv.sockeye_train --kvstore p3 --use-cpu \\
+    python -m p3kv.launch -n 2 -s 2 -- python -m p3kv.mxnet.sockeye_train --kvstore p3 --use-cpu \\
         --source train.src --target train.trg --validation-source dev.src --validation-target dev.trg \\
         --output model ...
 
@@ -30,7 +30,7 @@ import sys
 from collections.abc import Sequence
 
 import p3kv  # noqa: F401  (registers kvstore 'p3' once mxnet is imported)
-from p3kv.mxnet_hook import P3_NAME
+from p3kv.mxnet.hook import P3_NAME
 
 SECONDARY_WORKERS_DIRNAME = "secondary_workers"  # the folder name Sockeye uses under Horovod
 

@@ -1,7 +1,8 @@
-"""Every environment variable p3kv reads, in one table.
+"""Every environment variable p3kv reads, in one table: its own P3_* variables and the MXNet ones it consults.
 
-This module is the only place the environment is read. The README's configuration table is generated from
-`VARIABLES` (``python -m p3kv.config --markdown``) and a test checks the two agree.
+This module is the only place the environment is read, besides the launcher (p3kv.launch), which hands its own
+environment on to the processes it starts. The README's configuration table is generated from `VARIABLES`
+(``python -m p3kv.core.config --markdown``) and a test checks the two agree.
 """
 
 from __future__ import annotations
@@ -30,6 +31,16 @@ class Variable:
     help: str
     required_for: tuple[Role, ...] = ()
     internal: bool = False  # set by the launcher for its own bookkeeping: not in the README's table
+
+    @property
+    def field(self) -> str | None:
+        """The `Config` field that holds it; None for another library's variable (read with `get`)."""
+        return self.name[len("P3_"):].lower() if self.name.startswith("P3_") else None
+
+
+# Gradients become ready layer by layer only when MXNet does not bulk backward operators; P3's (and MXNet's own)
+# overlap of communication with backward needs that. The launcher sets it to 1 for workers unless the user set it.
+BULK_VARIABLE = "MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD"
 
 
 def _positive(name: str, value: int) -> int:
@@ -85,6 +96,14 @@ VARIABLES: tuple[Variable, ...] = (
              "ERROR)."),
     Variable("P3_JOINED_FILE", str, "", "Set by the launcher for each worker: a file the worker creates once it "
              "joined the job, so that the launcher can name a worker that exits without joining.", internal=True),
+    # MXNet's own variables that p3kv consults (MXNet reads them too).
+    Variable(BULK_VARIABLE, str, "", "MXNet: how many backward operators it bulks into one "
+             "(empty: MXNet's default). Workers need `1` so that gradients, and pushes, start layer by layer: the "
+             "launcher sets it for workers unless set, and kvstore 'p3' warns if it is not 1."),
+    Variable("MXNET_UPDATE_ON_KVSTORE", int, 1, "MXNet: with Module (and FeedForward), `1` runs the optimizer on "
+             "the servers (the paper's setting), `0` on the workers; kvstore 'p3' follows it as MXNet does."),
+    Variable("DMLC_PS_WATER_MARK", int, 10, "MXNet's P3 port (`--kvstore mxnet-p3` baseline): its send "
+             "high-water mark; the launcher sets 10, as the paper's artifact does, unless set."),
 )
 
 _BY_NAME = {v.name: v for v in VARIABLES}
@@ -155,7 +174,9 @@ def load(environ: Mapping[str, str] | None = None, role: Role | None = None, **o
     env = os.environ if environ is None else environ
     values: dict[str, object] = {}
     for var in VARIABLES:
-        field = var.name[len("P3_"):].lower()
+        field = var.field
+        if field is None:
+            continue
         if field in overrides and overrides[field] is not None:
             values[field] = overrides[field]
         else:
@@ -170,7 +191,7 @@ def load(environ: Mapping[str, str] | None = None, role: Role | None = None, **o
     except ValueError:
         raise ConfigError(f"P3_ROLE={values['role']!r} is not a role: use scheduler, server or worker") from None
     values["role"] = role_enum
-    missing = [v.name for v in VARIABLES if role_enum in v.required_for and values[v.name[3:].lower()] is None]
+    missing = [v.name for v in VARIABLES if role_enum in v.required_for and values[str(v.field)] is None]
     if missing:
         raise ConfigError(
             f"{', '.join(missing)} not set for this {role_enum.value}: every node of a job needs "
@@ -245,7 +266,9 @@ def environment_for(config: Config, role: Role) -> dict[str, str]:
     """The P3_* variables that describe `config` to a child process of `role`."""
     env = {}
     for var in VARIABLES:
-        value = getattr(config, var.name[3:].lower())
+        if var.field is None:
+            continue
+        value = getattr(config, var.field)
         if var.name == "P3_ROLE":
             value = role.value
         if var.name == "P3_SECRET" and config.secret_file:

@@ -1,7 +1,7 @@
-"""P3Server: the server side of P3, and `python -m p3kv.server` to run one from the P3_* environment.
+"""P3Server: the server side of P3, and `python -m p3kv.core.server` to run one from the P3_* environment.
 
 The update function is pluggable. By default the server runs the MXNet optimizer that worker 0 sends
-(p3kv.server_optimizer), and until one arrives it broadcasts the summed gradient ("aggregate only"). A
+(p3kv.mxnet.optimizer_host), and until one arrives it broadcasts the summed gradient ("aggregate only"). A
 custom update function is called once per slice and iteration, on the server's consumer thread, as
 `updater(key_id, slice, offset, iteration, aggregated, value)`: `aggregated` is a read-only view of the sum
 over workers, `value` a writable view of the stored slice (initially worker 0's init value) to update in
@@ -16,10 +16,10 @@ from typing import Callable
 
 import numpy as np
 
-from p3kv import _p3, node
-from p3kv.config import Config, Role, load
+from p3kv import _p3
+from p3kv.core import node
+from p3kv.core.config import Config, Role, load
 from p3kv.errors import P3Error
-from p3kv.server_optimizer import OptimizerHost
 
 log = logging.getLogger("p3kv.server")
 
@@ -29,14 +29,18 @@ Updater = Callable[[int, int, int, int, np.ndarray, np.ndarray], None]
 class P3Server:
     def __init__(self, config: Config | None = None, updater: Updater | None = None,
                  on_request: Callable[[int, bytes], bytes] | None = None, **overrides):
-        """`on_request(type, body) -> reply` answers workers' control requests (see p3kv.requests) on the
+        """`on_request(type, body) -> reply` answers workers' control requests (see p3kv.core.requests) on the
         consumer thread; without `updater` and `on_request` the server runs MXNet optimizers that worker 0
-        sends (p3kv.server_optimizer), and broadcasts summed gradients until one arrives."""
+        sends (p3kv.mxnet.optimizer_host), and broadcasts summed gradients until one arrives."""
         self.config = config if config is not None else load(role=Role.SERVER, **overrides)
         node.configure_logging(self.config)
-        self.optimizer_host: OptimizerHost | None = None
+        self.optimizer_host = None
         if updater is None and on_request is None:
-            # The slices' MXNet optimizer, in C++ (aggregate only until worker 0 sends an optimizer).
+            # The default plug-in: the slices' MXNet optimizer, in C++ (aggregate only until worker 0 sends an
+            # optimizer). Imported here, not at the top, so that the core loads nothing of the MXNet layer unless
+            # it runs it; the host itself imports mxnet only when an optimizer arrives.
+            from p3kv.mxnet.optimizer_host import OptimizerHost
+
             native = _p3.SliceOptimizer()
             self.optimizer_host = OptimizerHost(native)
             updater, on_request = native, self.optimizer_host.on_request

@@ -7,7 +7,7 @@ import logging
 import os
 
 from p3kv import _p3
-from p3kv.config import Config
+from p3kv.core.config import Config
 
 _LEVELS = {"DEBUG": 0, "INFO": 1, "WARNING": 2, "ERROR": 3}
 

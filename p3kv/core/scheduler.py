@@ -1,12 +1,13 @@
-"""The scheduler role: `python -m p3kv.scheduler` runs the job's rendezvous from the P3_* environment."""
+"""The scheduler role: `python -m p3kv.core.scheduler` runs the job's rendezvous from the P3_* environment."""
 
 from __future__ import annotations
 
 import logging
 import sys
 
-from p3kv import _p3, node
-from p3kv.config import Config, Role, load
+from p3kv import _p3
+from p3kv.core import node
+from p3kv.core.config import Config, Role, load
 from p3kv.errors import P3Error
 
 log = logging.getLogger("p3kv.scheduler")

@@ -4,9 +4,10 @@ Registration needs mxnet, but `import p3kv` must stay cheap for processes that n
 that only aggregate, numpy users). So: if mxnet is already imported, register now; otherwise a meta-path
 finder waits for `import mxnet` to finish and registers then.
 
-Registering also wraps gluon.Parameter.data so the kvstore can see the forward order of parameters
-(p3kv.kvstore.ForwardOrder), and makes Gluon, Module and model.py treat kvstore 'p3' (whose type is 'p3', MXNet's
-convention for a registered kvstore) as the synchronous distributed kvstore it is. MXNet 1.9.1 decides that by
+Registering also wraps gluon.Parameter.data so that each kvstore 'p3' can see the forward order of parameters
+(its p3kv.mxnet.forward_order.ForwardOrder, watched through `watch_forward_pass`), and makes Gluon, Module and
+model.py treat kvstore 'p3' (whose type is 'p3', MXNet's convention for a registered kvstore) as the
+synchronous distributed kvstore it is. MXNet 1.9.1 decides that by
 `'dist' in kv.type` (and '_sync'/'_async'); every such check that Trainer, Module and FeedForward reach:
 - model._create_kvstore (imported by name into trainer.py and module.py): with one device per worker it
   silently drops a kvstore name without "dist". Patched: the name "p3" creates kvstore 'p3'.
@@ -17,6 +18,7 @@ convention for a registered kvstore) as the synchronous distributed kvstore it i
   dist_sync's branches; everywhere else kv.type is 'p3'.
 - Trainer._check_and_rescale_grad: for dist_sync MXNet refuses a new batch size once the optimizer is on the
   servers; kvstore 'p3' carries the new rescale_grad to its servers (P3._start_step), so it is accepted.
+This module imports mxnet only once mxnet is being imported anyway: `import p3kv` loads it.
 - Sparse parameters or gradients are refused with a ConfigError naming them (P3 sends dense slices).
 """
 
@@ -26,11 +28,29 @@ import functools
 import importlib.abc
 import importlib.machinery
 import inspect
-import os
 import sys
+import weakref
 
 P3_NAME = "p3"
 _registered = False
+# The forward orders that Parameter.data and autograd.record() report to: one per live kvstore 'p3', each owned by
+# its kvstore (weak references: a kvstore that is gone stops listening).
+_watched: weakref.WeakSet = weakref.WeakSet()
+
+
+def watch_forward_pass(order) -> None:
+    """From now on, `order` (a ForwardOrder) sees every parameter read and every start of a forward pass, until
+    it has learned the order or is garbage. Any thread (reads are reported from the thread that reads)."""
+    _watched.add(order)
+
+
+def stop_watching(order) -> None:
+    """`order` sees no more reads (its kvstore closed). Any thread."""
+    _watched.discard(order)
+
+
+def _listening() -> list:
+    return [order for order in list(_watched) if not order.learned]
 
 
 def activate() -> None:
@@ -50,14 +70,15 @@ def register() -> None:
     import mxnet.model
     import mxnet.module.module
 
-    import p3kv.kvstore  # noqa: F401  (the @register decorator runs on import)
+    import p3kv.mxnet.kvstore  # noqa: F401  (the @register decorator runs on import)
+    from p3kv.core import config
 
     original = mxnet.model._create_kvstore
 
     def _create_kvstore(kvstore, num_device, arg_params):
         if isinstance(kvstore, str) and kvstore.lower() == P3_NAME:
             kv = mxnet.kv.create(P3_NAME)
-            update_on_kvstore = bool(int(os.getenv("MXNET_UPDATE_ON_KVSTORE", "1")))
+            update_on_kvstore = bool(config.get("MXNET_UPDATE_ON_KVSTORE"))
             return kv, update_on_kvstore and kv.is_capable(mxnet.kvstore.KVStoreBase.OPTIMIZER)
         return original(kvstore, num_device, arg_params)
 
@@ -70,9 +91,9 @@ def register() -> None:
 
     def _data(self, ctx=None):
         array = data(self, ctx)
-        recorder = p3kv.kvstore.ForwardOrder.recorder
-        if recorder is not None and not recorder.learned:
-            recorder.used(array)
+        if _watched:
+            for order in _listening():
+                order.used(array)
         return array
 
     mxnet.gluon.Parameter.data = _data
@@ -83,9 +104,9 @@ def register() -> None:
 
     def _enter(self):
         enter(self)
-        recorder = p3kv.kvstore.ForwardOrder.recorder
-        if recorder is not None and not recorder.learned and self._enter_is_record and not self._prev_is_record:
-            recorder.new_pass()
+        if _watched and self._enter_is_record and not self._prev_is_record:
+            for order in _listening():
+                order.new_pass()
 
     scope.__enter__ = _enter
 
@@ -93,7 +114,7 @@ def register() -> None:
 def _treat_p3_as_dist_sync(mxnet) -> None:
     """Patches the MXNet code paths that test `'dist' in kv.type` (see the module docstring)."""
     from p3kv.errors import ConfigError
-    from p3kv.kvstore import P3, SPARSE_ADVICE
+    from p3kv.mxnet.kvstore import P3, SPARSE_ADVICE
 
     trainer = mxnet.gluon.Trainer
 

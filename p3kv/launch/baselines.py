@@ -1,0 +1,34 @@
+"""The baselines the launcher can run instead of p3kv: MXNet's own parameter server (`dist_sync`) and MXNet's
+built-in port of P3 (`mxnet-p3`, ps-lite's P3 van). Both are ps-lite jobs: every process gets the DMLC_*
+variables of its role, and the scheduler and servers are plain `import mxnet` processes."""
+
+from __future__ import annotations
+
+import sys
+
+from p3kv.core import config
+from p3kv.core.config import Role
+from p3kv.launch.job import BASELINE_VARIABLE, Job, KVStore
+
+
+def command(role: Role) -> tuple[str, ...]:
+    """The scheduler's or a server's argv: with DMLC_ROLE=scheduler/server, importing mxnet runs ps-lite's node
+    and returns when the job ends."""
+    return (sys.executable, "-c", "import mxnet")
+
+
+def set_environment(env: dict[str, str], job: Job, role: Role, root: str, port: int, host: str) -> None:
+    """Adds the ps-lite variables of `role` in a baseline `job` to `env` (a process's whole environment)."""
+    env.update({
+        "DMLC_ROLE": role.value, "DMLC_PS_ROOT_URI": root, "DMLC_PS_ROOT_PORT": str(port),
+        "DMLC_NUM_WORKER": str(job.num_workers), "DMLC_NUM_SERVER": str(job.num_servers), "DMLC_NODE_HOST": host,
+    })
+    if job.kvstore is KVStore.MXNET_P3:
+        env["DMLC_PS_VAN_TYPE"] = "p3"
+        env["DMLC_PS_WATER_MARK"] = str(config.get("DMLC_PS_WATER_MARK", env))  # the user's, else the artifact's
+    else:
+        env.pop("DMLC_PS_VAN_TYPE", None)
+    if role is Role.WORKER:
+        env[BASELINE_VARIABLE] = job.kvstore.value
+    else:
+        env.pop(BASELINE_VARIABLE, None)

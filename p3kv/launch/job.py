@@ -1,0 +1,96 @@
+"""What the launcher runs: a `Job` (the processes of one p3kv job, or of an MXNet baseline, on this host) and
+the checks that refuse an inconsistent one before anything starts."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from collections.abc import Mapping
+
+from p3kv.errors import ConfigError
+
+BASELINE_VARIABLE = "P3_BASELINE"  # set for baseline workers: "dist_sync" or "mxnet-p3" (see p3kv.core.config)
+DEFAULT_GRACE = 30.0
+DEFAULT_KILL_GRACE = 5.0
+
+# Variables the launcher sets for every process; --env may not set them. Value: the option to use instead.
+_MANAGED = {
+    "P3_ROLE": "nothing (it is per process)", "P3_ROOT_URI": "--host", "P3_ROOT_PORT": "--port",
+    "P3_NUM_WORKER": "-n", "P3_NUM_SERVER": "-s", "P3_NODE_HOST": "--host", BASELINE_VARIABLE: "--kvstore",
+    "DMLC_ROLE": "nothing (it is per process)", "DMLC_PS_ROOT_URI": "--host", "DMLC_PS_ROOT_PORT": "--port",
+    "DMLC_NUM_WORKER": "-n", "DMLC_NUM_SERVER": "-s", "DMLC_NODE_HOST": "--host", "DMLC_PS_VAN_TYPE": "--kvstore",
+    "P3_JOINED_FILE": "nothing (it is per worker)",
+}
+
+
+class KVStore(enum.Enum):
+    """Which parameter server the job runs."""
+
+    P3 = "p3"  # p3kv's scheduler and servers
+    DIST_SYNC = "dist_sync"  # MXNet's own ps-lite servers (the baseline)
+    MXNET_P3 = "mxnet-p3"  # MXNet's built-in port of P3 (ps-lite's P3 van); needs update_on_kvstore=False
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """What to run. `command` is the worker's argv; `env` adds to (and overrides) the launcher's environment.
+    `server_command`/`scheduler_command` replace the default processes of those roles (for debugging and
+    tests). `timeout` (seconds) bounds the whole job; `grace` is how long the scheduler and servers may take to
+    exit after the last worker; `kill_grace` is how long a process has between SIGTERM and SIGKILL."""
+
+    command: tuple[str, ...]
+    num_workers: int
+    num_servers: int
+    kvstore: KVStore = KVStore.P3
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: pick a free one
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    server_command: tuple[str, ...] | None = None
+    scheduler_command: tuple[str, ...] | None = None
+    timeout: float | None = None
+    log_dir: str | None = None
+    grace: float = DEFAULT_GRACE
+    kill_grace: float = DEFAULT_KILL_GRACE
+    # A job across hosts: this host's share of the processes (None: all of them) and where the scheduler is.
+    local_workers: int | None = None
+    local_servers: int | None = None
+    scheduler: bool = True  # run the scheduler here (at `host`); False: it runs at `root`
+    root: str | None = None
+
+    @property
+    def spans_hosts(self) -> bool:
+        return (not self.scheduler or (self.local_workers is not None and self.local_workers < self.num_workers)
+                or (self.local_servers is not None and self.local_servers < self.num_servers))
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            raise ConfigError("no worker command given: put it after the options, e.g. "
+                              "python -m p3kv.launch -n 2 -s 1 -- python train.py")
+        for flag, value in (("-n/--num-workers", self.num_workers), ("-s/--num-servers", self.num_servers)):
+            if value < 1:
+                raise ConfigError(f"{flag} must be at least 1 (got {value})")
+        if not 0 <= self.port < 65536:
+            raise ConfigError(f"--port {self.port} is not a TCP port: use 1-65535, or 0 to pick a free one")
+        for flag, seconds in (("--timeout", self.timeout), ("--grace", self.grace), ("kill_grace", self.kill_grace)):
+            if seconds is not None and not 0 < seconds < math.inf:
+                raise ConfigError(f"{flag} must be a positive number of seconds (got {seconds})")
+        for key in self.env:
+            if key in _MANAGED:
+                raise ConfigError(f"--env {key}: the launcher sets {key} itself; use {_MANAGED[key]} instead")
+        for flag, local, total in (("--local-workers", self.local_workers, self.num_workers),
+                                   ("--local-servers", self.local_servers, self.num_servers)):
+            if local is not None and not 0 <= local <= total:
+                raise ConfigError(f"{flag} {local} must be between 0 and the job's total ({total})")
+        if not self.scheduler and (not self.port or not self.root):
+            raise ConfigError("--no-scheduler: give the scheduler's address and port with --root and --port "
+                              "(the same on every host)")
+        if self.scheduler and self.root:
+            raise ConfigError("--root is for hosts without the scheduler: add --no-scheduler, or leave --root "
+                              "out on the scheduler's host (it runs at --host)")
+        if self.spans_hosts and not self.port:
+            raise ConfigError("a job across hosts needs a fixed scheduler port: pass the same --port on every host")
+        for flag, argv in (("--server-command", self.server_command),
+                           ("--scheduler-command", self.scheduler_command)):
+            if argv is not None and not argv:
+                raise ConfigError(f"{flag} is empty: give a command, or leave the option out for the default")
