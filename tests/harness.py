@@ -77,22 +77,31 @@ def node_env(role: str, root_port: int | None, workers: int = 2, servers: int = 
 # ---- processes ----
 
 class Node:
-    """One process with its stdout and stderr merged; lines can be awaited with a timeout."""
+    """One process whose stdout and stderr lines are interleaved as they come; lines can be awaited with a timeout.
+
+    The two streams are read through separate pipes, so a line is never torn: with one shared pipe, a C++ log
+    line written to stderr could land between an unbuffered print's text and its newline."""
 
     def __init__(self, name: str, argv: Sequence[str], env: dict[str, str]):
         self.name = name
         self.proc = subprocess.Popen(list(argv), env=env, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)
+                                     stderr=subprocess.PIPE, text=True)
         self._lines: queue.SimpleQueue = queue.SimpleQueue()
         self.seen: list[str] = []
-        self._reader = threading.Thread(target=self._read, name=f"read {name}", daemon=True)
-        self._reader.start()
+        self._open = 2  # streams not yet at their end (touched by the readers only, under _lock)
+        self._lock = threading.Lock()
+        self._readers = [threading.Thread(target=self._read, args=(stream,), name=f"read {name}", daemon=True)
+                         for stream in (self.proc.stdout, self.proc.stderr)]
+        for reader in self._readers:
+            reader.start()
 
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self._lines.put(line)
-        self._lines.put(None)
+    def _read(self, stream) -> None:
+        for line in stream:
+            self._lines.put(line if line.endswith("\n") else line + "\n")
+        with self._lock:
+            self._open -= 1
+            if self._open == 0:
+                self._lines.put(None)
 
     def _take(self, timeout: float) -> bool:
         """Move one line into `seen`; False at the end of the output."""
@@ -139,7 +148,8 @@ class Node:
         except subprocess.TimeoutExpired:
             self.kill()
             pytest.fail(f"{self.name} did not exit within {timeout:g} s; its output:\n{self.output}")
-        self._reader.join(STEP)
+        for reader in self._readers:
+            reader.join(STEP)
         while not self._lines.empty() and self._take(0):
             pass
         return code
