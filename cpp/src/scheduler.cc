@@ -304,7 +304,7 @@ Status Scheduler::RunLoop(const InterruptCheck& interrupted) {
     constexpr size_t kFirstMember = 3;
     for (auto& m : members_) fds.push_back({m->conn->fd(), POLLIN, 0});
     const int rc = poll(fds.data(), fds.size(), 200);
-    if (interrupted && interrupted()) return Status::Aborted("scheduler interrupted");
+    if (interrupted && interrupted()) return Status::Interrupted("scheduler interrupted");
     if (rc < 0) continue;  // EINTR
     if (fds[1].revents != 0) return Status::Aborted("scheduler stopped");
     for (size_t i = kFirstMember; i < fds.size() && failure.ok(); ++i) {

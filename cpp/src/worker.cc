@@ -400,7 +400,7 @@ Status Worker::WaitFor(const std::function<bool()>& idle, double timeout_s, cons
       lock.unlock();  // the check may take the GIL: never while holding mu_
       const bool stop = interrupted();
       lock.lock();
-      if (stop) return Status::Aborted(what + " interrupted");
+      if (stop) return Status::Interrupted(what + " interrupted");
     }
   }
   // Name what is missing, so a hang has a culprit.
