@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "p3/status.h"
-#include "p3/virtual_stream.h"
+#include "virtual_stream.h"
 #include "p3/worker.h"
 
 namespace p3 {

@@ -1,4 +1,4 @@
-// Public. The scheduler (rendezvous) role: admits exactly num_server servers and num_worker workers,
+// Internal. The scheduler (p3/scheduler.h) as I/O: admits exactly num_server servers and num_worker workers,
 // assigns ranks in registration order, sends every node the node table, runs worker barriers, watches
 // every node's connection, and ends the job: cleanly (SHUTDOWN to all) once every worker has finished, or
 // with NODE_FAILED naming the node whose connection dropped.
@@ -17,29 +17,26 @@
 #include <utility>
 #include <vector>
 
-#include "p3/codec.h"
+#include "codec.h"
 #include "p3/config.h"
-#include "p3/connection.h"
+#include "p3/scheduler.h"
+#include "connection.h"
 #include "p3/counters.h"
-#include "p3/gatekeeper.h"
-#include "p3/socket.h"
+#include "gatekeeper.h"
+#include "socket.h"
 
 namespace p3 {
 
-class Scheduler {
+class SchedulerNode final : public Scheduler {
  public:
-  explicit Scheduler(NodeConfig config);
-  ~Scheduler();
+  explicit SchedulerNode(NodeConfig config);
+  ~SchedulerNode() override;
 
-  // Binds root_uri:root_port. Fails at once if the port is in use or the address is not local.
-  Status Bind();
-  // Returns Ok when every worker finished and every server was told to shut down; an error naming the
-  // node otherwise (a node died, registration timed out, job sizes disagree).
-  Status Run(const InterruptCheck& interrupted = nullptr);
-  // Any thread: makes Run() return Aborted soon.
-  void Stop();
-  uint16_t port() const { return listener_.LocalPort(); }
-  const Counters& counters() const { return counters_; }
+  Status Bind() override;
+  Status Run(const InterruptCheck& interrupted = nullptr) override;
+  void Stop() override;
+  uint16_t port() const override { return listener_.LocalPort(); }
+  const Counters& counters() const override { return counters_; }
 
  private:
   struct Member;

@@ -19,7 +19,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "p3/connection.h"
+#include "connection.h"
 #include "p3/trace.h"
 
 namespace p3 {

@@ -22,17 +22,17 @@
 #include <utility>
 #include <vector>
 
-#include "p3/admission.h"
-#include "p3/aggregator.h"
-#include "p3/buffer_pool.h"
-#include "p3/codec.h"
+#include "admission.h"
+#include "aggregator.h"
+#include "buffer_pool.h"
+#include "codec.h"
 #include "p3/config.h"
-#include "p3/connection.h"
+#include "connection.h"
 #include "p3/counters.h"
-#include "p3/gatekeeper.h"
-#include "p3/priority_queue.h"
-#include "p3/scheduler_client.h"
-#include "p3/sender.h"
+#include "gatekeeper.h"
+#include "priority_queue.h"
+#include "scheduler_client.h"
+#include "sender.h"
 #include "p3/trace.h"
 #include "p3/update.h"
 

@@ -5,7 +5,7 @@
 #include <climits>
 #include <set>
 
-#include "p3/handshake.h"
+#include "handshake.h"
 #include "p3/log.h"
 
 namespace p3 {

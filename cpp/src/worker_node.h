@@ -18,12 +18,12 @@
 #include <thread>
 #include <vector>
 
-#include "p3/codec.h"
+#include "codec.h"
 #include "p3/config.h"
-#include "p3/connection.h"
+#include "connection.h"
 #include "p3/counters.h"
-#include "p3/scheduler_client.h"
-#include "p3/sender.h"
+#include "scheduler_client.h"
+#include "sender.h"
 #include "p3/slicer.h"
 #include "p3/trace.h"
 

@@ -12,10 +12,10 @@
 #include <utility>
 #include <vector>
 
-#include "p3/connection.h"
+#include "connection.h"
 #include "p3/counters.h"
-#include "p3/sender.h"
-#include "p3/socket.h"
+#include "sender.h"
+#include "socket.h"
 #include "p3/trace.h"
 #include "check.h"
 

@@ -12,12 +12,12 @@
 
 #include <sys/socket.h>
 
-#include "p3/codec.h"
+#include "codec.h"
 #include "p3/dtype.h"
-#include "p3/handshake.h"
-#include "p3/priority_queue.h"
+#include "handshake.h"
+#include "priority_queue.h"
 #include "p3/slicer.h"
-#include "p3/virtual_stream.h"
+#include "virtual_stream.h"
 #include "check.h"
 
 namespace {
