@@ -9,7 +9,8 @@ from conftest import ROOT
 from test_cpp_unit import FLAGS, compiler  # noqa: F401  (pytest fixture)
 
 CPP = os.path.join(ROOT, "cpp")
-UNITS = ("aggregator.cc", "admission.cc", "buffer_pool.cc", "slice_optimizer.cc", "optimizer.cc", "dtype.cc")
+UNITS = ("aggregator.cc", "admission.cc", "buffer_pool.cc", "slice_optimizer.cc", "optimizer.cc", "dtype.cc",
+         "frame_builder.cc", "codec.cc")
 
 
 def test_server_parts_unit_tests_pass(tmp_path, compiler):  # noqa: F811

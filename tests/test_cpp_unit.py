@@ -10,7 +10,9 @@ import pytest
 from conftest import ROOT
 
 CPP = os.path.join(ROOT, "cpp")
-FLAGS = ["-std=c++17", "-Wall", "-Wextra", "-Werror", "-O1", "-pthread", "-I", os.path.join(CPP, "include")]
+# The public API (cpp/include) and the internal headers beside the sources (cpp/src), which the tests drive.
+FLAGS = ["-std=c++17", "-Wall", "-Wextra", "-Werror", "-O1", "-pthread", "-I", os.path.join(CPP, "include"),
+         "-I", os.path.join(CPP, "src")]
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +25,8 @@ def compiler():
 
 def test_cpp_unit_tests_pass(tmp_path, compiler):
     binary = str(tmp_path / "unit_tests")
-    units = ("dtype.cc", "codec.cc", "slicer.cc", "socket.cc", "handshake.cc", "virtual_stream.cc", "log.cc")
+    units = ("dtype.cc", "codec.cc", "frame_builder.cc", "slicer.cc", "socket.cc", "handshake.cc", "virtual_stream.cc",
+             "log.cc")
     sources = [os.path.join(CPP, "src", f) for f in units]
     subprocess.run([compiler, *FLAGS, *sources, os.path.join(CPP, "tests", "unit_tests.cc"), "-o", binary, "-lcrypto"],
                    check=True, timeout=300)

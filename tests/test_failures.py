@@ -48,11 +48,12 @@ FLOAT32 = 0  # p3::DType::kFloat32
 
 # ---- helpers ----
 
-def header(command: int, *, sender: int = 0, magic: int = MAGIC, version: int = 2, count: int = 0,
+def header(command: int, *, sender: int = 0, magic: int = MAGIC, version: int = 3, count: int = 0,
            payload_bytes: int = 0, byte_order: int = LITTLE_ENDIAN) -> bytes:
-    """A 64-byte frame header as cpp/src/codec.cc encodes it (a HELLO declares `byte_order`)."""
-    reserved8 = byte_order if command == HELLO else 0
-    data = struct.pack("<IHHiiBBHIQQQQQ", magic, version, command, 0, sender, FLOAT32, reserved8, 0, 0, 0, 0, count,
+    """A 64-byte frame header as cpp/src/codec.cc encodes it (protocol 3, layout in cpp/include/p3/message.h; a
+    HELLO declares `byte_order`)."""
+    order = byte_order if command == HELLO else 0
+    data = struct.pack("<IHBBiiBBHIQQQQQ", magic, version, command, 0, 0, sender, FLOAT32, order, 0, 0, 0, 0, count,
                        0, payload_bytes)
     assert len(data) == 64
     return data
@@ -365,7 +366,7 @@ BAD_FRAMES = {
     # name: (bytes to send after the handshake, before closing; the reason the server must log)
     "garbage": (bytes(range(256)), "bad magic"),
     "bad magic": (header(HELLO, magic=0x12345678), "bad magic"),
-    "bad version": (header(HELLO, version=7), "protocol version 7, expected 2"),
+    "bad version": (header(HELLO, version=7), "protocol version 7, expected 3"),
     "oversized payload": (header(HELLO, payload_bytes=2**40),
                           "payload of 1099511627776 bytes exceeds the limit of 1073741824 (P3_MAX_MESSAGE_BYTES)"),
     "truncated frame": (header(PUSH, count=250, payload_bytes=1000) + bytes(10), "expected HELLO, got PUSH"),

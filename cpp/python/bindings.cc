@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 
+#include "emulated_compute.h"
 #include "engine_bridge.h"
 #include "optimizer_bindings.h"
 #include "p3/log.h"
@@ -149,6 +150,13 @@ struct PyCallable {
   py::object fn;
 };
 
+// What Python calls EngineBridge: the bridge, plus the benchmark-only emulated compute on the same engine
+// (created on first use: it owns a timer thread).
+struct PyEngineBridge {
+  std::unique_ptr<p3::EngineBridge> bridge;
+  std::unique_ptr<p3::EmulatedCompute> emulated;
+};
+
 // A per-slice Python update function `fn(key, slice, offset, iteration, aggregated, value)`.
 p3::Updater PyUpdater(py::object f) {
   auto callable = std::make_shared<PyCallable>(std::move(f));
@@ -201,7 +209,7 @@ PYBIND11_MODULE(_p3, m) {
       .def_readwrite("heartbeat_timeout", &p3::NodeConfig::heartbeat_timeout);
 
   py::class_<p3::Scheduler>(m, "Scheduler")
-      .def(py::init<p3::NodeConfig>())
+      .def(py::init(&p3::Scheduler::Create))
       .def("bind", [](p3::Scheduler& s) { Check(s.Bind()); })
       .def("run", [](p3::Scheduler& s) {
         CheckInterruptible(WithoutGil([&] { return s.Run(SignalCheck()); }));
@@ -285,7 +293,7 @@ PYBIND11_MODULE(_p3, m) {
             return Status::Ok();
           };
         }
-        return std::make_unique<p3::Server>(std::move(config), std::move(fn), std::move(handler));
+        return p3::Server::Create(std::move(config), std::move(fn), std::move(handler));
       }), py::arg("config"), py::arg("updater") = py::none(), py::arg("on_request") = py::none())
       .def("start", [](p3::Server& s) {
         Check(WithoutGil([&] { return s.Start(); }));
@@ -307,28 +315,29 @@ PYBIND11_MODULE(_p3, m) {
       }, "Receive buffers reused from the pool / allocated, and updates that copied a value being broadcast")
       .def("trace", [](const p3::Server& s) { return TraceToList(s.trace()); });
 
-  py::class_<p3::EngineBridge>(m, "EngineBridge")
+  py::class_<PyEngineBridge>(m, "EngineBridge")
       .def_static("load", [](const std::string& libmxnet_path) {
-        std::unique_ptr<p3::EngineBridge> bridge;
-        Check(p3::EngineBridge::Load(libmxnet_path, &bridge));
-        return bridge;
+        auto b = std::make_unique<PyEngineBridge>();
+        Check(p3::EngineBridge::Load(libmxnet_path, &b->bridge));
+        return b;
       }, "Binds to the libmxnet.so that `import mxnet` loaded")
-      .def("push_pull", [](p3::EngineBridge& b, p3::Worker& w, uint64_t key, uintptr_t grad, uintptr_t out,
+      .def("push_pull", [](PyEngineBridge& b, p3::Worker& w, uint64_t key, uintptr_t grad, uintptr_t out,
                            int32_t priority) {
         Check(WithoutGil([&] {
-          return b.PushPull(&w, key, reinterpret_cast<void*>(grad), reinterpret_cast<void*>(out), priority);
+          return b.bridge->PushPull(&w, key, reinterpret_cast<void*>(grad), reinterpret_cast<void*>(out), priority);
         }));
       }, "Engine-asynchronous push of NDArray `grad` (handle) whose broadcast lands in NDArray `out`")
-      .def("emulate_compute", [](p3::EngineBridge& b, const std::vector<uintptr_t>& reads,
+      .def("emulate_compute", [](PyEngineBridge& b, const std::vector<uintptr_t>& reads,
                                  const std::vector<uintptr_t>& writes, double seconds) {
         std::vector<void*> r, w;
         for (uintptr_t h : reads) r.push_back(reinterpret_cast<void*>(h));
         for (uintptr_t h : writes) w.push_back(reinterpret_cast<void*>(h));
-        Check(WithoutGil([&] { return b.EmulateCompute(r, w, seconds); }));
+        if (!b.emulated) b.emulated = std::make_unique<p3::EmulatedCompute>(b.bridge->api());
+        Check(WithoutGil([&] { return b.emulated->Run(r, w, seconds); }));
       }, "Engine operation that reads/writes the NDArrays (handles) and takes `seconds` on the virtual device");
 
   py::class_<p3::Worker>(m, "Worker")
-      .def(py::init<p3::NodeConfig>())
+      .def(py::init(&p3::Worker::Create))
       .def("start", [](p3::Worker& w) {
         Check(WithoutGil([&] { return w.Start(); }));
       })

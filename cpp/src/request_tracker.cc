@@ -140,6 +140,15 @@ Status RequestTracker::TakeError(uint64_t key) {
   return error;
 }
 
+Status RequestTracker::TakeAllErrors() {
+  Status first;
+  for (auto& [key, ks] : keys_) {
+    if (first.ok()) first = ks.error;
+    ks.error = Status::Ok();
+  }
+  return first;
+}
+
 size_t RequestTracker::Outstanding(std::set<int>* servers) const {
   size_t slices = 0;
   for (const auto& [key, ks] : keys_) {

@@ -81,6 +81,8 @@ class RequestTracker {
   bool AllIdle() const;
   // The first rejection of `key` since the last call (Ok if none), then forgets it.
   Status TakeError(uint64_t key);
+  // The first rejection of any key since the last call (keys in key order), then forgets them all.
+  Status TakeAllErrors();
   // Slices still expected and the servers they are expected from (for a timeout's message).
   size_t Outstanding(std::set<int>* servers) const;
 

@@ -82,7 +82,8 @@ void SchedulerClient::HeartbeatLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!cv_.wait_for(lock, interval, [&] { return stopping_ || !failure_.ok(); })) {
     lock.unlock();
-    link_->Send(ControlFrame(Command::kHeartbeat, -1, 0), nullptr);  // a failed send shows up as a read failure on the reader thread
+    // A failed send shows up as a read failure on the reader thread.
+    link_->Send(ControlFrame(Command::kHeartbeat, -1, 0), nullptr);
     lock.lock();
   }
 }
