@@ -1,5 +1,6 @@
 #include "request_tracker.h"
 
+#include <set>
 #include <utility>
 
 namespace p3 {
@@ -149,15 +150,18 @@ Status RequestTracker::TakeAllErrors() {
   return first;
 }
 
-size_t RequestTracker::Outstanding(std::set<int>* servers) const {
+std::string RequestTracker::Missing() const {
   size_t slices = 0;
+  std::set<int> servers;
   for (const auto& [key, ks] : keys_) {
     for (const Op& op : ks.ops) {
       slices += op.remaining;
-      for (const Slice& s : ks.key.slices) servers->insert(s.server);
+      for (const Slice& s : ks.key.slices) servers.insert(s.server);
     }
   }
-  return slices;
+  std::string names;
+  for (int s : servers) names += (names.empty() ? "" : ", ") + std::to_string(s);
+  return std::to_string(slices) + " slices still expected from servers {" + names + "}";
 }
 
 uint64_t RequestTracker::NewRequest() {

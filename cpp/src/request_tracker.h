@@ -14,7 +14,6 @@
 #include <deque>
 #include <functional>
 #include <map>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -83,8 +82,8 @@ class RequestTracker {
   Status TakeError(uint64_t key);
   // The first rejection of any key since the last call (keys in key order), then forgets them all.
   Status TakeAllErrors();
-  // Slices still expected and the servers they are expected from (for a timeout's message).
-  size_t Outstanding(std::set<int>* servers) const;
+  // What is still expected, for a timeout's message: "N slices still expected from servers {0, 2}".
+  std::string Missing() const;
 
   // Control requests: a new id whose reply is awaited; the reply (ignored if the requester gave up);
   // whether it came; and, once, its result (the reply, or the server's error), forgetting the request.

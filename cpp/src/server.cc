@@ -2,8 +2,8 @@
 
 #include <chrono>
 #include <climits>
-#include <thread>
 #include <cstring>
+#include <thread>
 
 #include "frame_builder.h"
 #include "p3/log.h"
@@ -212,12 +212,8 @@ void ServerNode::ProcessRequest(const Frame& m) {
         std::to_string(m.header.request) + " (id " + std::to_string(m.header.iteration) + ") from " +
         (conn ? conn->peer() : WorkerName(m.header.sender)) + ": " + reply);
   }
-  OutMessage out;
-  out.conn = conn;
-  out.peer_rank = m.header.sender;
-  out.owned = std::make_shared<const std::vector<char>>(reply.begin(), reply.end());
-  out.header = ReplyFrame(rank_, m.header, st.code(), kErrorPriority, reply.size());
-  Queue(std::move(out));
+  Queue(conn, m.header.sender, ReplyFrame(rank_, m.header, st.code(), kErrorPriority, reply.size()),
+        std::make_shared<const std::vector<char>>(reply.begin(), reply.end()));
 }
 
 Status ServerNode::Update(const UpdateRequest& r) {
@@ -239,15 +235,9 @@ void ServerNode::Broadcast(const SliceEntry& s, int32_t priority) {
     targets = workers_;
   }
   trace_.Record(TraceEvent::kBroadcast, s.key, s.slice, priority, s.iteration, -1);
-  for (int w = 0; w < config_.num_worker; ++w) {
-    OutMessage m;
-    m.conn = targets[static_cast<size_t>(w)];
-    m.peer_rank = w;
-    m.owned = s.value;
-    m.header = SliceFrame(Command::kBroadcast, rank_, SliceId{s.key, s.slice, s.offset, s.count, s.dtype, s.iteration},
-                          priority, s.value->size());
-    Queue(std::move(m));
-  }
+  const Header h = SliceFrame(Command::kBroadcast, rank_, SliceId{s.key, s.slice, s.offset, s.count, s.dtype,
+                                                                   s.iteration}, priority, s.value->size());
+  for (int w = 0; w < config_.num_worker; ++w) Queue(targets[static_cast<size_t>(w)], w, h, s.value);
 }
 
 void ServerNode::Reject(int worker, const Header& h, const std::string& why) {
@@ -261,21 +251,22 @@ void ServerNode::Reject(int worker, const Header& h, const std::string& why) {
       (conn ? conn->peer() : WorkerName(worker)) + " for key " + std::to_string(h.key) + " slice " +
       std::to_string(h.slice) + ": " + why);
   if (!conn) return;
-  OutMessage m;
-  m.conn = conn;
-  m.peer_rank = worker;
-  m.owned = std::make_shared<const std::vector<char>>(why.begin(), why.end());
   SliceId id;
   id.key = h.key;
   id.slice = h.slice;
   id.iteration = h.iteration;
-  m.header = ErrorFrame(rank_, Status::Code::kRejected, id, kErrorPriority, why.size());
-  Queue(std::move(m));
+  Queue(conn, worker, ErrorFrame(rank_, Status::Code::kRejected, id, kErrorPriority, why.size()),
+        std::make_shared<const std::vector<char>>(why.begin(), why.end()));
 }
 
-void ServerNode::Queue(OutMessage m) {
+void ServerNode::Queue(std::shared_ptr<Connection> conn, int worker, const Header& h,
+                       std::shared_ptr<const std::vector<char>> payload) {
+  OutMessage m;
+  m.conn = std::move(conn);
+  m.peer_rank = worker;
+  m.header = h;
+  m.owned = std::move(payload);
   // Refused only once the worker's connection failed: the sender has then reported it, which fails the job.
-  const int worker = m.peer_rank;
   if (!sender_.Enqueue(std::move(m))) {
     Log(LogLevel::kDebug, Name(), "a frame for worker " + std::to_string(worker) + " was not queued: its connection "
         "failed");

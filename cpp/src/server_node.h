@@ -64,8 +64,9 @@ class ServerNode final : public Server, private Node {
   Status Update(const UpdateRequest& r);
   void Broadcast(const SliceEntry& s, int32_t priority);
   void Reject(int worker, const Header& h, const std::string& why);
-  // Queues a frame for a worker.
-  void Queue(OutMessage m);
+  // Queues a frame (header + payload) for worker `worker` on `conn`.
+  void Queue(std::shared_ptr<Connection> conn, int worker, const Header& h,
+             std::shared_ptr<const std::vector<char>> payload);
   void Fail(const Status& status, bool from_scheduler = false);
   // A slice needs an iteration from a worker that has left: the job cannot go on (consumer thread).
   void Strand(const std::string& why);

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
-#include <set>
 
 #include "frame_builder.h"
 #include "handshake.h"
@@ -126,42 +125,32 @@ Status WorkerNode::StartLocked(std::unique_lock<std::mutex>* lock, Command comma
 
 void WorkerNode::ReceiveLoop(int server) {
   Connection* conn = servers_[static_cast<size_t>(server)].get();
-  while (true) {
-    Header h;
-    Status st = conn->ReadHeader(&h);
-    if (st.ok()) {
-      if (h.command == Command::kBroadcast) {
-        st = HandleBroadcast(server, conn, h);
-      } else if (h.command == Command::kError) {
-        std::string text;
-        st = conn->ReadPayload(&text, h.payload_bytes);
-        if (st.ok()) HandleError(server, h, text);
-      } else if (h.command == Command::kReply) {
-        std::string text;
-        st = conn->ReadPayload(&text, h.payload_bytes);
-        if (st.ok()) HandleReply(h, std::move(text));
-      } else if (h.command == Command::kNodeFailed) {  // the server is going down and says why
-        std::string text;
-        st = conn->ReadPayload(&text, h.payload_bytes);
-        if (st.ok()) st = Status::PeerLost(conn->peer() + " failed: " + text);
-      } else {
-        st = Status::Invalid(std::string("unexpected ") + CommandName(h.command) + " frame");
-      }
-    }
-    if (st.ok()) continue;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (closing_ || !fatal_.ok()) return;
-    }
-    if (h.command == Command::kNodeFailed) {
-      Fail(st);
-    } else if (st.code() == Status::Code::kPeerLost) {
-      Fail(Status::PeerLost("lost " + conn->peer() + " (" + st.message() + "): the server died or the network "
-                            "failed"));
+  Header h;
+  Status st;
+  while (st.ok()) {
+    h = Header();
+    st = conn->ReadHeader(&h);
+    if (!st.ok()) break;
+    if (h.command == Command::kBroadcast) {
+      st = HandleBroadcast(server, conn, h);
+    } else if (h.command == Command::kError || h.command == Command::kReply || h.command == Command::kNodeFailed) {
+      std::string text;
+      st = conn->ReadPayload(&text, h.payload_bytes);
+      if (st.ok()) st = HandleControl(server, h, std::move(text));
     } else {
-      Fail(st.WithContext("bad frame from " + conn->peer()));
+      st = Status::Invalid(std::string("unexpected ") + CommandName(h.command) + " frame");
     }
-    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closing_ || !fatal_.ok()) return;
+  }
+  if (h.command == Command::kNodeFailed) {
+    Fail(st);
+  } else if (st.code() == Status::Code::kPeerLost) {
+    Fail(Status::PeerLost("lost " + conn->peer() + " (" + st.message() + "): the server died or the network failed"));
+  } else {
+    Fail(st.WithContext("bad frame from " + conn->peer()));
   }
 }
 
@@ -196,30 +185,28 @@ Status WorkerNode::HandleBroadcast(int server, Connection* conn, const Header& h
   return Status::Ok();
 }
 
-void WorkerNode::HandleError(int server, const Header& h, const std::string& text) {
+Status WorkerNode::HandleControl(int server, const Header& h, std::string text) {
+  const std::string& peer = servers_[static_cast<size_t>(server)]->peer();
+  if (h.command == Command::kNodeFailed) return Status::PeerLost(peer + " failed: " + text);  // its last words
   RequestTracker::Completion c;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    const Status error = Status::Rejected(servers_[static_cast<size_t>(server)]->peer() + " rejected key '" +
-                                          tracker_.Name(h.key) + "' (iteration " + std::to_string(h.iteration) +
-                                          "): " + text);
-    Log(LogLevel::kWarning, Name(), error.message());
-    c = tracker_.Reject(h.key, h.iteration, error);
-  }
-  cv_.notify_all();
-  c.Run();
-}
-
-void WorkerNode::HandleReply(const Header& h, std::string body) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (h.status != 0) {
-      tracker_.Answer(h.iteration, Status::Rejected("server " + std::to_string(h.sender) + ": " + body), "");
-    } else {
-      tracker_.Answer(h.iteration, Status::Ok(), std::move(body));
+    if (h.command == Command::kReply) {  // an answer to Request(); an error text if its status says so
+      if (h.status == 0) {
+        tracker_.Answer(h.iteration, Status::Ok(), std::move(text));
+      } else {
+        tracker_.Answer(h.iteration, Status::Rejected("server " + std::to_string(h.sender) + ": " + text), "");
+      }
+    } else {  // ERROR: the server rejected an operation
+      const Status error = Status::Rejected(peer + " rejected key '" + tracker_.Name(h.key) + "' (iteration " +
+                                            std::to_string(h.iteration) + "): " + text);
+      Log(LogLevel::kWarning, Name(), error.message());
+      c = tracker_.Reject(h.key, h.iteration, error);
     }
   }
   cv_.notify_all();
+  c.Run();
+  return Status::Ok();
 }
 
 Status WorkerNode::Request(int server, uint32_t type, const std::string& body, std::string* reply,
@@ -321,13 +308,8 @@ Status WorkerNode::WaitFor(const std::function<bool()>& idle, double timeout_s, 
     }
   }
   // Name what is missing, so a hang has a culprit.
-  std::set<int> servers;
-  const size_t slices = tracker_.Outstanding(&servers);
-  std::string names;
-  for (int s : servers) names += (names.empty() ? "" : ", ") + std::to_string(s);
-  return Status::Timeout(what + " did not complete within " + Seconds(timeout_s) +
-                         " s (P3_TIMEOUT): " + std::to_string(slices) + " slices still expected from servers {" +
-                         names + "}; do all workers init and push the same keys?");
+  return Status::Timeout(what + " did not complete within " + Seconds(timeout_s) + " s (P3_TIMEOUT): " +
+                         tracker_.Missing() + "; do all workers init and push the same keys?");
 }
 
 Status WorkerNode::Wait(uint64_t key, double timeout_s, const InterruptCheck& interrupted) {

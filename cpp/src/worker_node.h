@@ -51,8 +51,8 @@ class WorkerNode final : public Worker, private Node {
                      const void* data, void* out, Callback done);
   void ReceiveLoop(int server);
   Status HandleBroadcast(int server, Connection* conn, const Header& h);
-  void HandleError(int server, const Header& h, const std::string& text);
-  void HandleReply(const Header& h, std::string body);
+  // ERROR, REPLY and NODE_FAILED frames (their payload is `text`); returns the error that ends the receiver.
+  Status HandleControl(int server, const Header& h, std::string text);
   // Sender thread: a failed write fails the job, unless the peer's own reason arrives within a second.
   void OnSendError(const Status& st);
   // Ends the job for this worker: every outstanding and future operation fails with `status`. Unless the

@@ -216,7 +216,7 @@ void TestTheJobsFailureStopsWritesAndHandsBackEveryCallback() {
   CHECK(calls.count == 2 && calls.last.code() == Status::Code::kPeerLost);
 }
 
-void TestOutstandingNamesTheSlicesAndServersStillExpected() {
+void TestMissingNamesTheSlicesAndServersStillExpected() {
   RequestTracker t;
   const RequestTracker::Key k = FiveFloats();
   CHECK(t.Declare(kKey, k).ok());
@@ -224,9 +224,10 @@ void TestOutstandingNamesTheSlicesAndServersStillExpected() {
   RequestTracker::Completion now;
   t.Begin(kKey, reinterpret_cast<char*>(out.data()), nullptr, &now);
   Land(&t, k, 1, 0, 1.0f);
-  std::set<int> servers;
-  CHECK(t.Outstanding(&servers) == 2);
-  CHECK((servers == std::set<int>{0, 1}));  // the key's servers (the worker names them in a timeout)
+  // The key's servers: the worker names them in a timeout.
+  CHECK(t.Missing() == "2 slices still expected from servers {0, 1}");
+  for (uint32_t i : {0u, 2u}) Land(&t, k, i, 0, 1.0f);
+  CHECK(t.Missing() == "0 slices still expected from servers {}");
 }
 
 void TestWaitAllReportsTheFirstRejectionOfAnyKeyOnce() {
@@ -272,7 +273,7 @@ int main() {
       RUN(TestARejectionWaitsForTheSliceBeingWritten),
       RUN(TestAFailedReadCompletesNothing),
       RUN(TestTheJobsFailureStopsWritesAndHandsBackEveryCallback),
-      RUN(TestOutstandingNamesTheSlicesAndServersStillExpected),
+      RUN(TestMissingNamesTheSlicesAndServersStillExpected),
       RUN(TestWaitAllReportsTheFirstRejectionOfAnyKeyOnce),
       RUN(TestRequestsAreAnsweredOnceAndLateRepliesIgnored),
   });
