@@ -322,9 +322,9 @@ Status WorkerNode::Wait(uint64_t key, double timeout_s, const InterruptCheck& in
     name = tracker_.Name(key);
   }
   Status st = WaitFor([&] { return tracker_.Idle(key); }, timeout_s, interrupted, "key '" + name + "'");
+  if (!st.ok()) return st;  // a rejection stays for the Wait that sees the key complete
   std::lock_guard<std::mutex> lock(mu_);
-  Status error = tracker_.TakeError(key);
-  return st.ok() ? error : st;
+  return tracker_.TakeError(key);
 }
 
 Status WorkerNode::WaitAll(double timeout_s, const InterruptCheck& interrupted) {
