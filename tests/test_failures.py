@@ -41,7 +41,7 @@ HOST = "127.0.0.1"
 SECRET = secrets.token_hex(16)  # P3_SECRET of the jobs these tests start node by node
 
 MAGIC = 0x564B3350
-HELLO, PUSH = 9, 11
+NODE_FAILED, HELLO, PUSH = 7, 9, 11
 LITTLE_ENDIAN, BIG_ENDIAN = 1, 2  # a HELLO's byte order (cpp/include/p3/message.h ByteOrder)
 FLOAT32 = 0  # p3::DType::kFloat32
 
@@ -414,6 +414,16 @@ def test_malformed_connections_are_refused_while_the_job_computes_correct_sums(n
     handshakes = {name: refused_reason(rank0, "server 0", bad_handshake(port, behave))
                   for name, (behave, _) in BAD_HANDSHAKES.items()}
     frames = {name: refused_reason(rank0, "server 0", bad_frame(port, data)) for name, (data, _) in BAD_FRAMES.items()}
+    # A worker of another p3kv version is told why before the server closes: the frame it gets is of this version
+    # (it refuses it in turn, naming both versions).
+    with socket.create_connection((HOST, port), timeout=STEP) as s:
+        p3auth.authenticate(s, SECRET)
+        s.sendall(header(HELLO, sender=1, version=2))
+        magic, version, command, _, _, sender, *_, payload_bytes = struct.unpack("<IHBBiiBBHIQQQQQ",
+                                                                               p3auth.recv_exactly(s, 64))
+        why = p3auth.recv_exactly(s, payload_bytes).decode()
+    assert (magic, version, command, sender) == (MAGIC, 3, NODE_FAILED, 0), (magic, version, command, sender)
+    assert why == "server 0 refused this worker: protocol version 2, expected 3 (mixed p3kv versions in one job?)", why
     # The job kept going: every worker completes further iterations (each checked against numpy), then stops.
     last = max(int(n) for n in re.findall(r"^iteration (\d+) ok$", job.workers[0].output, re.MULTILINE))
     job.wait_iteration(last + 3)

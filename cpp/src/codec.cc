@@ -150,6 +150,15 @@ void EncodeHeader(const Header& h, uint8_t out[kHeaderBytes]) {
   w.Put(h.payload_bytes);
 }
 
+bool IsOtherVersion(const uint8_t in[kHeaderBytes]) {
+  Reader r(in, kHeaderBytes);
+  uint32_t magic = 0;
+  uint16_t version = 0;
+  r.Get(&magic);
+  r.Get(&version);
+  return magic == kMagic && version != kProtocolVersion;
+}
+
 Status DecodeHeader(const uint8_t in[kHeaderBytes], uint64_t max_payload_bytes, Header* out,
                     const char* limit_name) {
   Reader r(in, kHeaderBytes);

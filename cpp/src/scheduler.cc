@@ -313,8 +313,12 @@ Status SchedulerNode::RunLoop(const InterruptCheck& interrupted) {
       Status st = m->conn->ReadAvailable(&m->in, &complete);
       if (st.ok() && !complete) continue;  // the rest of the frame comes later (within kFrameTimeoutS)
       const Header h = m->in.header;
+      const bool other_version = m->in.head_got == kHeaderBytes && IsOtherVersion(m->in.head);
       std::string payload = std::move(m->in.payload);
       m->in = PartialFrame();
+      if (other_version) {  // a node of another p3kv version: it hears why, in a frame it refuses naming both
+        m->conn->Send(ErrorFrame(-1, st.code(), SliceId{}, 0, st.message().size()), st.message().data());
+      }
       if (st.ok()) m->last_seen = Clock::now();
       if (st.ok() && h.command == Command::kHeartbeat) continue;
       if (st.ok()) {

@@ -89,12 +89,12 @@ Status ServerNode::OnHello(Socket* s, const std::string& peer, const uint8_t* he
   Header h;
   // Connection::ReadHeader would count a frame it fails to decode; the gatekeeper counts every refusal.
   Status st = DecodeHeader(head, config_.max_message_bytes, &h);
-  if (!st.ok()) return st;
-  bool byte_order_mismatch = false;
-  st = CheckHello(h, &byte_order_mismatch);
+  bool mismatch = !st.ok() && IsOtherVersion(head);
+  if (st.ok()) st = CheckHello(h, &mismatch);
   if (!st.ok()) {
-    if (byte_order_mismatch) {
-      // An authenticated worker of this job that can never work here: it fails naming both byte orders.
+    if (mismatch) {
+      // An authenticated worker that can never work here (another p3kv version, another byte order): it fails
+      // naming both versions or both byte orders.
       auto c = std::make_shared<Connection>(std::move(*s), peer, config_.max_message_bytes, &counters_);
       SayLastWords({c}, Name() + " refused this worker: " + st.message());
       c->Shutdown();

@@ -107,9 +107,13 @@ void TestTheDecoderRefusesMisplacedOrUnknownStatusesAndOtherVersions() {
   EncodeHeader(hello, buf);
   st = DecodeHeader(buf, 1 << 30, &d);
   CHECK(!st.ok() && st.message().find("protocol version 2, expected 3") != std::string::npos);
+  CHECK(IsOtherVersion(buf));  // a p3kv peer of another version: the server and scheduler tell it why
   buf[6] = 0;  // an unknown command
   buf[4] = 3;
-  CHECK(!DecodeHeader(buf, 1 << 30, &d).ok());
+  CHECK(!DecodeHeader(buf, 1 << 30, &d).ok() && !IsOtherVersion(buf));
+  buf[0] = 'X';  // not p3kv at all
+  buf[4] = 2;
+  CHECK(!IsOtherVersion(buf));
 }
 
 }  // namespace
