@@ -13,7 +13,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 core = Pybind11Extension(
     "p3kv._p3",
-    sorted(glob.glob("cpp/src/*.cc")) + ["cpp/mxnet/engine_bridge.cc"] + sorted(glob.glob("cpp/python/*.cc")),
+    sorted(glob.glob("cpp/src/*.cc")) + sorted(glob.glob("cpp/mxnet/*.cc")) + sorted(glob.glob("cpp/python/*.cc")),
+    # The bindings see the public API (cpp/include/p3) and the MXNet bridge; the core's internal headers sit
+    # next to its sources (cpp/src), found from there.
     include_dirs=[os.path.join(HERE, "cpp", "include"), os.path.join(HERE, "cpp", "mxnet"),
                   os.path.join(HERE, "cpp", "python")],
     cxx_std=17,

@@ -21,7 +21,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
 SOURCE = HERE / "server_slice_bench.cc"
 # The server's per-slice path and what it needs; nothing with sockets or threads.
-UNITS = ("aggregator.cc", "admission.cc", "buffer_pool.cc", "slice_optimizer.cc", "optimizer.cc", "dtype.cc")
+UNITS = ("aggregator.cc", "admission.cc", "buffer_pool.cc", "slice_optimizer.cc", "optimizer.cc", "dtype.cc",
+         "frame_builder.cc", "codec.cc")
 # setup.py's extra_compile_args (and Pybind11Extension's C++17), so the numbers are the extension's; -Werror
 # keeps the benchmark warnings-clean.
 FLAGS = ["-std=c++17", "-O3", "-Wall", "-Wextra", "-Werror", "-pthread"]
@@ -40,7 +41,8 @@ def build(binary: pathlib.Path, extra_flags: tuple[str, ...] = ()) -> None:
     RuntimeError with the compiler's output on an error or a warning."""
     sources = [SOURCE, *(ROOT / "cpp" / "src" / u for u in UNITS)]
     objects = [binary.parent / f"{binary.name}.{src.stem}.o" for src in sources]
-    compile_flags = [*FLAGS, *extra_flags, "-I", str(ROOT / "cpp" / "include")]
+    # The public API and the core's internal headers (the aggregator and buffer pool sit beside their sources).
+    compile_flags = [*FLAGS, *extra_flags, "-I", str(ROOT / "cpp" / "include"), "-I", str(ROOT / "cpp" / "src")]
     procs = [subprocess.Popen([compiler(), *compile_flags, "-c", str(src), "-o", str(obj)], stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for src, obj in zip(sources, objects)]
     errors = [p.communicate(timeout=300)[0] for p in procs if p.wait(timeout=300) != 0]

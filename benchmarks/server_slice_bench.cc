@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
-#include "p3/aggregator.h"
-#include "p3/buffer_pool.h"
+#include "aggregator.h"
+#include "buffer_pool.h"
 #include "p3/optimizer.h"
 #include "p3/slice_optimizer.h"
 

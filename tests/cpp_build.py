@@ -26,7 +26,9 @@ from harness import ROOT
 
 CPP = os.path.join(ROOT, "cpp")
 CACHE = os.path.join(ROOT, "build", "cpp-tests")
-FLAGS = ["-std=c++17", "-Wall", "-Wextra", "-Werror", "-O1", "-pthread", "-I", os.path.join(CPP, "include")]
+# The public API (cpp/include) and the internal headers beside the sources (cpp/src), which the tests drive.
+FLAGS = ["-std=c++17", "-Wall", "-Wextra", "-Werror", "-O1", "-pthread", "-I", os.path.join(CPP, "include"),
+         "-I", os.path.join(CPP, "src")]
 LIBS = ["-lcrypto"]
 FORMAT = "2"  # bump when the layout of the cache changes
 COMPILE_TIMEOUT = 300  # seconds for one compiler process

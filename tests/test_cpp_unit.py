@@ -11,7 +11,9 @@ import pytest
 pytestmark = pytest.mark.unit
 
 # Programs whose own test module states what they cover and how many tests they hold.
-OWN_MODULE = {"sender_tests": "test_cpp_sender.py", "aggregator_tests": "test_cpp_server_parts.py"}
+OWN_MODULE = {"sender_tests": "test_cpp_sender.py", "aggregator_tests": "test_cpp_server_parts.py",
+              "request_tracker_tests": "test_cpp_worker_parts.py", "frame_builder_tests": "test_cpp_worker_parts.py",
+              "node_tests": "test_cpp_worker_parts.py"}
 # How many tests a program holds, where it is known here (a test dropped from a program's list fails).
 TESTS = {"unit_tests": 16}
 

@@ -31,19 +31,19 @@ pytestmark = pytest.mark.integration
 
 SECRET = "fuzz-secret-\u00e9"  # non-ASCII: the secret is UTF-8 bytes on both sides
 MAGIC = 0x564B3350
-HEADER = struct.Struct("<IHHiiBBHIQQQQQ")  # cpp/src/codec.cc
-FIELDS = ("magic", "version", "command", "priority", "sender", "dtype", "reserved8", "reserved16", "slice", "key",
-          "offset", "count", "iteration", "payload_bytes")
-FIELD_BITS = (32, 16, 16, -32, -32, 8, 8, 16, 32, 64, 64, 64, 64, 64)  # negative: signed
+HEADER = struct.Struct("<IHBBiiBBHIQQQQQ")  # cpp/src/codec.cc, protocol 3 (cpp/include/p3/message.h)
+FIELDS = ("magic", "version", "command", "status", "priority", "sender", "dtype", "byte_order", "request", "slice",
+          "key", "offset", "count", "iteration", "payload_bytes")
+FIELD_BITS = (32, 16, 8, 8, -32, -32, 8, 8, 16, 32, 64, 64, 64, 64, 64)  # negative: signed
 INIT, HELLO, PUSH = 10, 9, 11
 EXAMPLES = 150
 REFUSED = r"p3kv\.core\[server (\d)\]: refused the connection from " + re.escape(HOST) + r":(\d+): (.*)$"
 
 
 def frame(command: int, *, sender: int = 0, count: int = 0, payload: bytes = b"", **fields: int) -> bytes:
-    values = dict(magic=MAGIC, version=2, command=command, priority=0, sender=sender, dtype=0,
-                  reserved8=1 if command == HELLO else 0,  # a HELLO declares little-endian payloads
-                  reserved16=0, slice=0, key=0, offset=0, count=count, iteration=1, payload_bytes=len(payload))
+    values = dict(magic=MAGIC, version=3, command=command, status=0, priority=0, sender=sender, dtype=0,
+                  byte_order=1 if command == HELLO else 0,  # a HELLO declares little-endian payloads
+                  request=0, slice=0, key=0, offset=0, count=count, iteration=1, payload_bytes=len(payload))
     values.update(fields)
     return HEADER.pack(*(values[name] for name in FIELDS)) + payload
 
@@ -67,12 +67,13 @@ def random_frame(draw) -> bytes:
     """A header whose every field is random (command and dtype mostly in range, so decoding gets further)."""
     values = [draw(field_value(bits)) for bits in FIELD_BITS]
     if draw(st.booleans()):
-        values[0], values[1] = MAGIC, 2
+        values[0], values[1] = MAGIC, 3
     if draw(st.booleans()):
         values[2] = draw(st.integers(0, 17))
-        values[5] = draw(st.integers(0, 6))
+        values[3] = draw(st.integers(0, 8))
+        values[6] = draw(st.integers(0, 6))
     if draw(st.booleans()):
-        values[13] = draw(st.integers(0, 64))
+        values[14] = draw(st.integers(0, 64))
     return HEADER.pack(*values) + draw(st.binary(max_size=64))
 
 

@@ -54,20 +54,21 @@ def stats(pid: int) -> dict[str, int]:
             "rss_kib": int(fields["VmRSS"].split()[0]), "vm_kib": int(fields["VmSize"].split()[0])}
 
 
-def frame(command: int, *, sender: int = 0, key: int = 0, count: int = 0, iteration: int = 0, payload: bytes = b"",
-          payload_bytes: int | None = None) -> bytes:
-    """A frame as cpp/src/codec.cc encodes it (protocol version 2; a HELLO declares little-endian payloads)."""
+def frame(command: int, *, sender: int = 0, key: int = 0, count: int = 0, iteration: int = 0, request: int = 0,
+          payload: bytes = b"", payload_bytes: int | None = None) -> bytes:
+    """A frame as cpp/src/codec.cc encodes it (protocol version 3, layout in cpp/include/p3/message.h; a HELLO
+    declares little-endian payloads, a REQUEST names its type in `request`)."""
     n = len(payload) if payload_bytes is None else payload_bytes
     byte_order = LITTLE_ENDIAN if command == HELLO else 0
-    return struct.pack("<IHHiiBBHIQQQQQ", MAGIC, 2, command, 0, sender, FLOAT32, byte_order, 0, 0, key, 0, count,
-                       iteration, n) + payload
+    return struct.pack("<IHBBiiBBHIQQQQQ", MAGIC, 3, command, 0, 0, sender, FLOAT32, byte_order, request, 0, key, 0,
+                       count, iteration, n) + payload
 
 
 def read_frame(s: socket.socket) -> tuple[int, int, int, bytes]:
     """(command, key, iteration, payload) of the next frame."""
     head = p3auth.recv_exactly(s, 64)
-    fields = struct.unpack("<IHHiiBBHIQQQQQ", head)
-    return fields[2], fields[9], fields[12], p3auth.recv_exactly(s, fields[13])
+    fields = struct.unpack("<IHBBiiBBHIQQQQQ", head)
+    return fields[2], fields[10], fields[13], p3auth.recv_exactly(s, fields[14])
 
 
 def authenticated(port: int) -> socket.socket:
@@ -407,7 +408,7 @@ def test_memory_claims_of_a_worker_are_refused_or_paid_for_as_they_arrive(nodes)
         command, key, iteration, body = next_data(s)
         assert (command, iteration) == (BROADCAST, 2) and np.all(np.frombuffer(body, np.float32) == 3), body[:16]
     # A control request the server refuses is answered with the reason and logged with the worker's address.
-    data[1].sendall(frame(REQUEST, sender=1, key=999, iteration=5, payload=b"x"))
+    data[1].sendall(frame(REQUEST, sender=1, request=999, iteration=5, payload=b"x"))
     while (reply := read_frame(data[1]))[0] != REPLY:
         pass
     assert b"999" in reply[3], reply

@@ -27,8 +27,8 @@ from p3kv.errors import P3Error, P3TimeoutError
 
 pytestmark = pytest.mark.integration
 
-HEADER = struct.Struct("<IHHiiBBHIQQQQQ")  # cpp/src/codec.cc
-MAGIC, VERSION = 0x564B3350, 2
+HEADER = struct.Struct("<IHBBiiBBHIQQQQQ")  # cpp/src/codec.cc, protocol 3 (cpp/include/p3/message.h)
+MAGIC, VERSION = 0x564B3350, 3
 REGISTER, NODE_TABLE, ERROR, HELLO, INIT, PUSH, BROADCAST = 1, 2, 8, 9, 10, 11, 12
 SERVER_ROLE = 1
 SLICE = 1000  # P3_SLICE_SIZE: a key of 2 * SLICE float32 elements has slice 0 on server 0 and slice 1 on server 1
@@ -36,13 +36,13 @@ SLICE = 1000  # P3_SLICE_SIZE: a key of 2 * SLICE float32 elements has slice 0 o
 
 def frame(command: int, *, sender: int = 0, slice_: int = 0, key: int = 0, offset: int = 0, count: int = 0,
           iteration: int = 0, payload: bytes = b"") -> bytes:
-    return HEADER.pack(MAGIC, VERSION, command, 0, sender, 0, 0, 0, slice_, key, offset, count, iteration,
+    return HEADER.pack(MAGIC, VERSION, command, 0, 0, sender, 0, 0, 0, slice_, key, offset, count, iteration,
                        len(payload)) + payload
 
 
 def read_frame(sock: socket.socket) -> tuple[dict, bytes]:
-    names = ("magic", "version", "command", "priority", "sender", "dtype", "reserved8", "reserved16", "slice", "key",
-             "offset", "count", "iteration", "payload_bytes")
+    names = ("magic", "version", "command", "status", "priority", "sender", "dtype", "byte_order", "request", "slice",
+             "key", "offset", "count", "iteration", "payload_bytes")
     h = dict(zip(names, HEADER.unpack(p3auth.recv_exactly(sock, HEADER.size)), strict=True))
     return h, p3auth.recv_exactly(sock, h["payload_bytes"]) if h["payload_bytes"] else b""
 

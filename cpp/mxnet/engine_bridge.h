@@ -9,13 +9,13 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "p3/status.h"
-#include "p3/virtual_stream.h"
 #include "p3/worker.h"
 
 namespace p3 {
+
+struct MxApi;
 
 class EngineBridge {
  public:
@@ -28,18 +28,14 @@ class EngineBridge {
   // (the error surfaces as MXNetError when the script next reads `out`). Returns at once.
   Status PushPull(Worker* worker, uint64_t key, void* grad, void* out, int32_t priority);
 
-  // Emulated compute (benchmarks): pushes an engine operation that reads `reads`, writes `writes` and
-  // takes `seconds` on this process's one virtual device stream (see VirtualStream), computing nothing.
-  // It orders with real operations and PushPull through the arrays, exactly like a layer's kernel would.
-  Status EmulateCompute(const std::vector<void*>& reads, const std::vector<void*>& writes, double seconds);
+  // The resolved C API functions (mxnet_api.h), for other users of the same engine (emulated_compute.h).
+  const MxApi* api() const { return api_.get(); }
 
   ~EngineBridge();
-  struct Api;  // the resolved C API functions (defined in the .cc)
 
  private:
-  explicit EngineBridge(std::unique_ptr<Api> api);
-  std::unique_ptr<Api> api_;
-  std::unique_ptr<VirtualStream> stream_;
+  explicit EngineBridge(std::unique_ptr<MxApi> api);
+  std::unique_ptr<MxApi> api_;
 };
 
 }  // namespace p3

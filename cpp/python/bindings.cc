@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 
+#include "emulated_compute.h"
 #include "engine_bridge.h"
 #include "optimizer_bindings.h"
 #include "p3/log.h"
@@ -53,11 +54,19 @@ p3::InterruptCheck SignalCheck() {
 }
 
 void CheckInterruptible(const Status& st) {
-  if (st.code() == Status::Code::kAborted && st.message().find("interrupted") != std::string::npos) {
+  if (st.code() == Status::Code::kInterrupted) {
     PyErr_SetNone(PyExc_KeyboardInterrupt);
     throw py::error_already_set();
   }
   Check(st);
+}
+
+// Runs `fn`, a call into the core that may block, with the GIL released so that other Python threads (and
+// the callbacks the core runs on its own threads) can take it meanwhile; returns what `fn` returns.
+template <typename Fn>
+auto WithoutGil(Fn&& fn) -> decltype(fn()) {
+  py::gil_scoped_release nogil;
+  return fn();
 }
 
 struct Buffer {
@@ -141,6 +150,13 @@ struct PyCallable {
   py::object fn;
 };
 
+// What Python calls EngineBridge: the bridge, plus the benchmark-only emulated compute on the same engine
+// (created on first use: it owns a timer thread).
+struct PyEngineBridge {
+  std::unique_ptr<p3::EngineBridge> bridge;
+  std::unique_ptr<p3::EmulatedCompute> emulated;
+};
+
 // A per-slice Python update function `fn(key, slice, offset, iteration, aggregated, value)`.
 p3::Updater PyUpdater(py::object f) {
   auto callable = std::make_shared<PyCallable>(std::move(f));
@@ -193,15 +209,10 @@ PYBIND11_MODULE(_p3, m) {
       .def_readwrite("heartbeat_timeout", &p3::NodeConfig::heartbeat_timeout);
 
   py::class_<p3::Scheduler>(m, "Scheduler")
-      .def(py::init<p3::NodeConfig>())
+      .def(py::init(&p3::Scheduler::Create))
       .def("bind", [](p3::Scheduler& s) { Check(s.Bind()); })
       .def("run", [](p3::Scheduler& s) {
-        Status st;
-        {
-          py::gil_scoped_release nogil;
-          st = s.Run(SignalCheck());
-        }
-        CheckInterruptible(st);
+        CheckInterruptible(WithoutGil([&] { return s.Run(SignalCheck()); }));
       })
       .def("stop", &p3::Scheduler::Stop)
       .def_property_readonly("port", &p3::Scheduler::port);
@@ -282,23 +293,13 @@ PYBIND11_MODULE(_p3, m) {
             return Status::Ok();
           };
         }
-        return std::make_unique<p3::Server>(std::move(config), std::move(fn), std::move(handler));
+        return p3::Server::Create(std::move(config), std::move(fn), std::move(handler));
       }), py::arg("config"), py::arg("updater") = py::none(), py::arg("on_request") = py::none())
       .def("start", [](p3::Server& s) {
-        Status st;
-        {
-          py::gil_scoped_release nogil;
-          st = s.Start();
-        }
-        Check(st);
+        Check(WithoutGil([&] { return s.Start(); }));
       })
       .def("run", [](p3::Server& s) {
-        Status st;
-        {
-          py::gil_scoped_release nogil;
-          st = s.Run(SignalCheck());
-        }
-        CheckInterruptible(st);
+        CheckInterruptible(WithoutGil([&] { return s.Run(SignalCheck()); }));
       })
       .def("stop", &p3::Server::Stop)
       .def("enable_updater", &p3::Server::EnableUpdater)
@@ -314,43 +315,31 @@ PYBIND11_MODULE(_p3, m) {
       }, "Receive buffers reused from the pool / allocated, and updates that copied a value being broadcast")
       .def("trace", [](const p3::Server& s) { return TraceToList(s.trace()); });
 
-  py::class_<p3::EngineBridge>(m, "EngineBridge")
+  py::class_<PyEngineBridge>(m, "EngineBridge")
       .def_static("load", [](const std::string& libmxnet_path) {
-        std::unique_ptr<p3::EngineBridge> bridge;
-        Check(p3::EngineBridge::Load(libmxnet_path, &bridge));
-        return bridge;
+        auto b = std::make_unique<PyEngineBridge>();
+        Check(p3::EngineBridge::Load(libmxnet_path, &b->bridge));
+        return b;
       }, "Binds to the libmxnet.so that `import mxnet` loaded")
-      .def("push_pull", [](p3::EngineBridge& b, p3::Worker& w, uint64_t key, uintptr_t grad, uintptr_t out,
+      .def("push_pull", [](PyEngineBridge& b, p3::Worker& w, uint64_t key, uintptr_t grad, uintptr_t out,
                            int32_t priority) {
-        Status st;
-        {
-          py::gil_scoped_release nogil;
-          st = b.PushPull(&w, key, reinterpret_cast<void*>(grad), reinterpret_cast<void*>(out), priority);
-        }
-        Check(st);
+        Check(WithoutGil([&] {
+          return b.bridge->PushPull(&w, key, reinterpret_cast<void*>(grad), reinterpret_cast<void*>(out), priority);
+        }));
       }, "Engine-asynchronous push of NDArray `grad` (handle) whose broadcast lands in NDArray `out`")
-      .def("emulate_compute", [](p3::EngineBridge& b, const std::vector<uintptr_t>& reads,
+      .def("emulate_compute", [](PyEngineBridge& b, const std::vector<uintptr_t>& reads,
                                  const std::vector<uintptr_t>& writes, double seconds) {
         std::vector<void*> r, w;
         for (uintptr_t h : reads) r.push_back(reinterpret_cast<void*>(h));
         for (uintptr_t h : writes) w.push_back(reinterpret_cast<void*>(h));
-        Status st;
-        {
-          py::gil_scoped_release nogil;
-          st = b.EmulateCompute(r, w, seconds);
-        }
-        Check(st);
+        if (!b.emulated) b.emulated = std::make_unique<p3::EmulatedCompute>(b.bridge->api());
+        Check(WithoutGil([&] { return b.emulated->Run(r, w, seconds); }));
       }, "Engine operation that reads/writes the NDArrays (handles) and takes `seconds` on the virtual device");
 
   py::class_<p3::Worker>(m, "Worker")
-      .def(py::init<p3::NodeConfig>())
+      .def(py::init(&p3::Worker::Create))
       .def("start", [](p3::Worker& w) {
-        Status st;
-        {
-          py::gil_scoped_release nogil;
-          st = w.Start();
-        }
-        Check(st);
+        Check(WithoutGil([&] { return w.Start(); }));
       })
       .def("init", [](p3::Worker& w, uint64_t key, const std::string& name, const std::string& dtype,
                       py::buffer value, py::buffer out) {
@@ -358,66 +347,31 @@ PYBIND11_MODULE(_p3, m) {
         Buffer v = GetBuffer(value, "the value of key '" + name + "'", t, false);
         Buffer o = GetBuffer(out, "the output of key '" + name + "'", t, true);
         if (v.count != o.count) Raise(Status::Invalid("value and output of key '" + name + "' differ in size"));
-        Status st;
-        {
-          py::gil_scoped_release nogil;
-          st = w.Init(key, name, t, v.count, v.ptr, o.ptr, nullptr);
-        }
-        Check(st);
+        Check(WithoutGil([&] { return w.Init(key, name, t, v.count, v.ptr, o.ptr, nullptr); }));
       })
       .def("push", [](p3::Worker& w, uint64_t key, const std::string& dtype, py::buffer grad, py::buffer out,
                       int32_t priority) {
         const p3::DType t = ToDType(dtype);
         Buffer g = GetBuffer(grad, "the gradient", t, false);
         Buffer o = GetBuffer(out, "the output", t, true);
-        Status st;
-        {
-          py::gil_scoped_release nogil;
-          st = w.Push(key, g.ptr, o.ptr, priority, nullptr);
-        }
-        Check(st);
+        Check(WithoutGil([&] { return w.Push(key, g.ptr, o.ptr, priority, nullptr); }));
       })
       .def("wait", [](p3::Worker& w, uint64_t key, double timeout) {
-        Status st;
-        {
-          py::gil_scoped_release nogil;
-          st = w.Wait(key, timeout, SignalCheck());
-        }
-        CheckInterruptible(st);
+        CheckInterruptible(WithoutGil([&] { return w.Wait(key, timeout, SignalCheck()); }));
       })
       .def("wait_all", [](p3::Worker& w, double timeout) {
-        Status st;
-        {
-          py::gil_scoped_release nogil;
-          st = w.WaitAll(timeout, SignalCheck());
-        }
-        CheckInterruptible(st);
+        CheckInterruptible(WithoutGil([&] { return w.WaitAll(timeout, SignalCheck()); }));
       })
       .def("barrier", [](p3::Worker& w, double timeout) {
-        Status st;
-        {
-          py::gil_scoped_release nogil;
-          st = w.Barrier(timeout);
-        }
-        Check(st);
+        Check(WithoutGil([&] { return w.Barrier(timeout); }));
       })
       .def("request", [](p3::Worker& w, int server, uint32_t type, const std::string& body, double timeout) {
-        Status st;
         std::string reply;
-        {
-          py::gil_scoped_release nogil;
-          st = w.Request(server, type, body, &reply, timeout);
-        }
-        Check(st);
+        Check(WithoutGil([&] { return w.Request(server, type, body, &reply, timeout); }));
         return py::bytes(reply);
       })
       .def("close", [](p3::Worker& w, double timeout) {
-        Status st;
-        {
-          py::gil_scoped_release nogil;
-          st = w.Close(timeout);
-        }
-        Check(st);
+        Check(WithoutGil([&] { return w.Close(timeout); }));
       })
       .def_property_readonly("rank", &p3::Worker::rank)
       .def_property_readonly("num_workers", &p3::Worker::num_workers)

@@ -1,4 +1,4 @@
-#include "p3/admission.h"
+#include "admission.h"
 
 #include <algorithm>
 #include <numeric>

@@ -1,7 +1,9 @@
-#include "p3/aggregator.h"
+#include "aggregator.h"
 
 #include <algorithm>
 #include <cstring>
+
+#include "frame_builder.h"
 
 namespace p3 {
 namespace {
@@ -234,11 +236,11 @@ void Aggregator::WorkerLeft(int w) {
       if (!why.empty()) {
         // Part of this iteration is summed and the rest can never come: fail it for those who pushed it (later
         // pushes of it are refused by OnFrame).
-        Header h;
-        h.command = s.initialized ? Command::kPush : Command::kInit;
-        h.key = s.entry.key;
-        h.slice = s.entry.slice;
-        h.iteration = pending;
+        SliceId id;
+        id.key = s.entry.key;
+        id.slice = s.entry.slice;
+        id.iteration = pending;
+        const Header h = SliceFrame(s.initialized ? Command::kPush : Command::kInit, -1, id, 0, 0);
         for (int v = 0; v < workers_; ++v) {
           if (s.contributed[static_cast<size_t>(v)]) hooks_.reject(v, h, why);
         }

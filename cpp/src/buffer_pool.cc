@@ -1,4 +1,4 @@
-#include "p3/buffer_pool.h"
+#include "buffer_pool.h"
 
 #include <algorithm>
 #include <cstdlib>

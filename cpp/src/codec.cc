@@ -1,4 +1,4 @@
-#include "p3/codec.h"
+#include "codec.h"
 
 #include <cstring>
 
@@ -111,24 +111,16 @@ const char* ByteOrderName(ByteOrder order) {
   return "undeclared";
 }
 
-Header MakeHello(int32_t sender) {
-  Header h;
-  h.command = Command::kHello;
-  h.sender = sender;
-  h.reserved8 = static_cast<uint8_t>(HostByteOrder());
-  return h;
-}
-
 Status CheckHello(const Header& h, bool* byte_order_mismatch) {
   *byte_order_mismatch = false;
   if (h.command != Command::kHello) return Status::Invalid(std::string("expected HELLO, got ") + CommandName(h.command));
   if (h.payload_bytes != 0) return Status::Invalid("HELLO with a " + std::to_string(h.payload_bytes) + "-byte payload");
   const ByteOrder here = HostByteOrder();
-  if (h.reserved8 != static_cast<uint8_t>(here)) {
+  if (h.byte_order != here) {
     *byte_order_mismatch = true;
-    const ByteOrder theirs = h.reserved8 == static_cast<uint8_t>(ByteOrder::kLittleEndian) ? ByteOrder::kLittleEndian
-                             : h.reserved8 == static_cast<uint8_t>(ByteOrder::kBigEndian) ? ByteOrder::kBigEndian
-                                                                                           : ByteOrder::kUndeclared;
+    const ByteOrder theirs = h.byte_order == ByteOrder::kLittleEndian || h.byte_order == ByteOrder::kBigEndian
+                                 ? h.byte_order
+                                 : ByteOrder::kUndeclared;
     return Status::Invalid("worker " + std::to_string(h.sender) + " sends payloads in " + ByteOrderName(theirs) +
                            " byte order, this server's host is " + ByteOrderName(here) + ": p3kv does not convert "
                            "payloads, so every worker and server of a job must run on hosts of one byte order");
@@ -136,19 +128,20 @@ Status CheckHello(const Header& h, bool* byte_order_mismatch) {
   return Status::Ok();
 }
 
-bool IsValidCommand(uint16_t raw) { return raw >= 1 && raw < kNumCommands; }
+bool IsValidCommand(uint8_t raw) { return raw >= 1 && raw < kNumCommands; }
 
 void EncodeHeader(const Header& h, uint8_t out[kHeaderBytes]) {
   std::memset(out, 0, kHeaderBytes);
   Writer w(out);
   w.Put(h.magic);
   w.Put(h.version);
-  w.Put(static_cast<uint16_t>(h.command));
+  w.Put(static_cast<uint8_t>(h.command));
+  w.Put(h.status);
   w.Put(h.priority);
   w.Put(h.sender);
   w.Put(static_cast<uint8_t>(h.dtype));
-  w.Put(h.reserved8);
-  w.Put(h.reserved16);
+  w.Put(static_cast<uint8_t>(h.byte_order));
+  w.Put(h.request);
   w.Put(h.slice);
   w.Put(h.key);
   w.Put(h.offset);
@@ -157,20 +150,31 @@ void EncodeHeader(const Header& h, uint8_t out[kHeaderBytes]) {
   w.Put(h.payload_bytes);
 }
 
+bool IsOtherVersion(const uint8_t in[kHeaderBytes]) {
+  Reader r(in, kHeaderBytes);
+  uint32_t magic = 0;
+  uint16_t version = 0;
+  r.Get(&magic);
+  r.Get(&version);
+  return magic == kMagic && version != kProtocolVersion;
+}
+
 Status DecodeHeader(const uint8_t in[kHeaderBytes], uint64_t max_payload_bytes, Header* out,
                     const char* limit_name) {
   Reader r(in, kHeaderBytes);
   Header h;
-  uint16_t command = 0;
+  uint8_t command = 0;
   uint8_t dtype = 0;
+  uint8_t byte_order = 0;
   r.Get(&h.magic);
   r.Get(&h.version);
   r.Get(&command);
+  r.Get(&h.status);
   r.Get(&h.priority);
   r.Get(&h.sender);
   r.Get(&dtype);
-  r.Get(&h.reserved8);
-  r.Get(&h.reserved16);
+  r.Get(&byte_order);
+  r.Get(&h.request);
   r.Get(&h.slice);
   r.Get(&h.key);
   r.Get(&h.offset);
@@ -186,6 +190,16 @@ Status DecodeHeader(const uint8_t in[kHeaderBytes], uint64_t max_payload_bytes, 
   if (!IsValidDType(dtype)) return Status::Invalid("unknown dtype " + std::to_string(dtype));
   h.command = static_cast<Command>(command);
   h.dtype = static_cast<DType>(dtype);
+  if (h.status != 0) {
+    if (h.command != Command::kReply && h.command != Command::kError) {
+      return Status::Invalid(std::string("a status on a ") + CommandName(h.command) + " frame");
+    }
+    if (h.status > static_cast<uint8_t>(Status::Code::kInterrupted)) {
+      return Status::Invalid("unknown status " + std::to_string(h.status));
+    }
+  }
+  // Any value is carried; CheckHello judges it (naming what it cannot use).
+  h.byte_order = static_cast<ByteOrder>(byte_order);
   if (h.payload_bytes > max_payload_bytes) {
     return Status::Invalid("payload of " + std::to_string(h.payload_bytes) + " bytes exceeds the limit of " +
                            std::to_string(max_payload_bytes) + " (" + limit_name + ")");

@@ -1,12 +1,12 @@
-#include "p3/connection.h"
+#include "connection.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <vector>
 
-#include "p3/codec.h"
-#include "p3/handshake.h"
+#include "codec.h"
+#include "handshake.h"
 
 namespace p3 {
 

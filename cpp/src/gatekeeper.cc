@@ -1,4 +1,4 @@
-#include "p3/gatekeeper.h"
+#include "gatekeeper.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <map>
 
-#include "p3/handshake.h"
+#include "handshake.h"
 #include "p3/log.h"
 #include "p3/message.h"
 

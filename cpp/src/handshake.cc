@@ -1,4 +1,4 @@
-#include "p3/handshake.h"
+#include "handshake.h"
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>

@@ -1,4 +1,4 @@
-#include "p3/scheduler.h"
+#include "scheduler_node.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -6,12 +6,17 @@
 
 #include <chrono>
 
-#include "p3/handshake.h"
+#include "frame_builder.h"
+#include "handshake.h"
 #include "p3/log.h"
 
 namespace p3 {
 
-struct Scheduler::Member {
+std::unique_ptr<Scheduler> Scheduler::Create(NodeConfig config) {
+  return std::make_unique<SchedulerNode>(std::move(config));
+}
+
+struct SchedulerNode::Member {
   std::shared_ptr<Connection> conn;
   PartialFrame in;  // the frame arriving now
   std::chrono::steady_clock::time_point admitted;
@@ -34,20 +39,20 @@ constexpr size_t kMaxHandshakes = 128;
 constexpr size_t kMaxUnregistered = 32;
 }  // namespace
 
-Scheduler::Scheduler(NodeConfig config)
+SchedulerNode::SchedulerNode(NodeConfig config)
     : config_(std::move(config)),
       gate_(Gatekeeper::Options{config_.secret, kHandshakeTimeoutS, kMaxHandshakes, false},
             [this](Socket* s, const std::string& peer, const uint8_t*) { return OnAuthenticated(s, peer); },
             &counters_) {}
 
-Scheduler::~Scheduler() {
+SchedulerNode::~SchedulerNode() {
   gate_.Stop();  // before the pipes it writes to close
   for (int fd : {wake_pipe_[0], wake_pipe_[1], admit_pipe_[0], admit_pipe_[1]}) {
     if (fd >= 0) close(fd);
   }
 }
 
-Status Scheduler::Bind() {
+Status SchedulerNode::Bind() {
   Status st = Socket::Listen(config_.root_uri, config_.root_port, 0, &listener_);
   if (!st.ok()) return st.WithContext("scheduler cannot listen on P3_ROOT_URI:P3_ROOT_PORT");
   if (pipe2(wake_pipe_, O_CLOEXEC) != 0 || pipe2(admit_pipe_, O_CLOEXEC | O_NONBLOCK) != 0) {
@@ -56,7 +61,7 @@ Status Scheduler::Bind() {
   return Status::Ok();
 }
 
-Status Scheduler::OnAuthenticated(Socket* s, const std::string& peer) {
+Status SchedulerNode::OnAuthenticated(Socket* s, const std::string& peer) {
   {
     std::lock_guard<std::mutex> lock(authenticated_mu_);
     authenticated_.emplace_back(std::move(*s), peer);
@@ -68,7 +73,7 @@ Status Scheduler::OnAuthenticated(Socket* s, const std::string& peer) {
   return Status::Ok();
 }
 
-void Scheduler::AdmitAuthenticated() {
+void SchedulerNode::AdmitAuthenticated() {
   char buf[64];
   while (read(admit_pipe_[0], buf, sizeof buf) > 0) {
   }
@@ -97,7 +102,7 @@ void Scheduler::AdmitAuthenticated() {
   }
 }
 
-Status Scheduler::EnforceDeadlines() {
+Status SchedulerNode::EnforceDeadlines() {
   const auto now = std::chrono::steady_clock::now();
   const auto limit = std::chrono::duration<double>(kFrameTimeoutS);
   for (auto it = members_.begin(); it != members_.end();) {
@@ -121,7 +126,7 @@ Status Scheduler::EnforceDeadlines() {
   return Status::Ok();
 }
 
-void Scheduler::Stop() {
+void SchedulerNode::Stop() {
   if (wake_pipe_[1] >= 0) {
     const char c = 1;
     if (write(wake_pipe_[1], &c, 1) < 0) {
@@ -130,7 +135,7 @@ void Scheduler::Stop() {
   }
 }
 
-std::string Scheduler::Describe(const Member& m) const {
+std::string SchedulerNode::Describe(const Member& m) const {
   if (!m.registered) return "unregistered peer " + m.conn->peer();
   std::string what = std::string(RoleName(m.reg.role));
   if (m.rank >= 0) what += " " + std::to_string(m.rank);
@@ -138,19 +143,16 @@ std::string Scheduler::Describe(const Member& m) const {
          ")";
 }
 
-void Scheduler::Broadcast(Command c, const std::string& payload, bool servers, bool workers) {
+void SchedulerNode::Broadcast(Command c, const std::string& payload, bool servers, bool workers) {
   for (auto& m : members_) {
     if (!m->registered) continue;
     if ((m->reg.role == Role::kServer && !servers) || (m->reg.role == Role::kWorker && !workers)) continue;
-    Header h;
-    h.command = c;
-    h.payload_bytes = payload.size();
-    Status st = m->conn->Send(h, payload.data());
+    Status st = m->conn->Send(ControlFrame(c, -1, payload.size()), payload.data());
     if (!st.ok()) Log(LogLevel::kInfo, "scheduler", st.message());
   }
 }
 
-Status Scheduler::Admit(Member* m, const std::string& payload) {
+Status SchedulerNode::Admit(Member* m, const std::string& payload) {
   Registration reg;
   Status st = DecodeRegistration(payload, &reg);
   if (!st.ok()) return st;
@@ -178,7 +180,7 @@ Status Scheduler::Admit(Member* m, const std::string& payload) {
   return Status::Ok();
 }
 
-Status Scheduler::SendTables() {
+Status SchedulerNode::SendTables() {
   NodeTable table;
   for (Role role : {Role::kServer, Role::kWorker}) {
     for (int rank = 0;; ++rank) {
@@ -196,10 +198,7 @@ Status Scheduler::SendTables() {
     if (!m->registered) continue;
     table.your_rank = m->rank;
     const std::string payload = EncodeNodeTable(table);
-    Header h;
-    h.command = Command::kNodeTable;
-    h.payload_bytes = payload.size();
-    Status st = m->conn->Send(h, payload.data());
+    Status st = m->conn->Send(ControlFrame(Command::kNodeTable, -1, payload.size()), payload.data());
     if (!st.ok()) return Status::PeerLost(Describe(*m) + " left during rendezvous: " + st.message());
   }
   tables_sent_ = true;
@@ -208,7 +207,7 @@ Status Scheduler::SendTables() {
   return Status::Ok();
 }
 
-Status Scheduler::HandleFrame(Member* m, const Header& h, std::string payload) {
+Status SchedulerNode::HandleFrame(Member* m, const Header& h, std::string payload) {
   if (!m->registered) {
     if (h.command != Command::kRegister) return Status::Invalid("first frame must be REGISTER");
     Status st = Admit(m, payload);
@@ -241,14 +240,14 @@ Status Scheduler::HandleFrame(Member* m, const Header& h, std::string payload) {
   }
 }
 
-Status Scheduler::Run(const InterruptCheck& interrupted) {
+Status SchedulerNode::Run(const InterruptCheck& interrupted) {
   Status st = gate_.Start(&listener_, "scheduler");
   if (st.ok()) st = RunLoop(interrupted);
   gate_.Stop();
   return st;
 }
 
-Status Scheduler::RunLoop(const InterruptCheck& interrupted) {
+Status SchedulerNode::RunLoop(const InterruptCheck& interrupted) {
   using Clock = std::chrono::steady_clock;
   const auto deadline = Clock::now() + std::chrono::duration<double>(config_.connect_timeout);
   const auto heartbeat_interval =
@@ -304,7 +303,7 @@ Status Scheduler::RunLoop(const InterruptCheck& interrupted) {
     constexpr size_t kFirstMember = 3;
     for (auto& m : members_) fds.push_back({m->conn->fd(), POLLIN, 0});
     const int rc = poll(fds.data(), fds.size(), 200);
-    if (interrupted && interrupted()) return Status::Aborted("scheduler interrupted");
+    if (interrupted && interrupted()) return Status::Interrupted("scheduler interrupted");
     if (rc < 0) continue;  // EINTR
     if (fds[1].revents != 0) return Status::Aborted("scheduler stopped");
     for (size_t i = kFirstMember; i < fds.size() && failure.ok(); ++i) {
@@ -314,17 +313,20 @@ Status Scheduler::RunLoop(const InterruptCheck& interrupted) {
       Status st = m->conn->ReadAvailable(&m->in, &complete);
       if (st.ok() && !complete) continue;  // the rest of the frame comes later (within kFrameTimeoutS)
       const Header h = m->in.header;
+      const bool other_version = m->in.head_got == kHeaderBytes && IsOtherVersion(m->in.head);
       std::string payload = std::move(m->in.payload);
       m->in = PartialFrame();
+      if (other_version) {  // a node of another p3kv version: it hears why, in a frame it refuses naming both
+        m->conn->Send(ErrorFrame(-1, st.code(), SliceId{}, 0, st.message().size()), st.message().data());
+      }
       if (st.ok()) m->last_seen = Clock::now();
       if (st.ok() && h.command == Command::kHeartbeat) continue;
       if (st.ok()) {
         const Status handled = HandleFrame(m, h, std::move(payload));
         if (handled.ok()) continue;
-        Header e;  // tell the offender why before anything else happens
-        e.command = Command::kError;
-        e.payload_bytes = handled.message().size();
-        m->conn->Send(e, handled.message().data());
+        // Tell the offender why before anything else happens.
+        const std::string& why = handled.message();
+        m->conn->Send(ErrorFrame(-1, handled.code(), SliceId{}, 0, why.size()), why.data());
         if (m->registered || h.command == Command::kRegister) {
           failure = handled;  // a misconfigured or misbehaving member: the job cannot complete
           break;

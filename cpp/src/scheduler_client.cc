@@ -1,9 +1,10 @@
-#include "p3/scheduler_client.h"
+#include "scheduler_client.h"
 
 #include <algorithm>
 #include <chrono>
 
-#include "p3/handshake.h"
+#include "frame_builder.h"
+#include "handshake.h"
 #include "p3/log.h"
 
 namespace p3 {
@@ -35,10 +36,7 @@ Status SchedulerClient::Join(const std::string& host, uint16_t listen_port, Node
   reg.num_worker = static_cast<uint32_t>(config_.num_worker);
   reg.num_server = static_cast<uint32_t>(config_.num_server);
   const std::string payload = EncodeRegistration(reg);
-  Header h;
-  h.command = Command::kRegister;
-  h.payload_bytes = payload.size();
-  st = link_->Send(h, payload.data());
+  st = link_->Send(ControlFrame(Command::kRegister, -1, payload.size()), payload.data());
   if (!st.ok()) return st;
   // The table comes once every node has registered: wait for it, but not forever. The scheduler is the judge
   // of a rendezvous that does not complete: P3_CONNECT_TIMEOUT after it started, it tells every registered node
@@ -84,9 +82,8 @@ void SchedulerClient::HeartbeatLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!cv_.wait_for(lock, interval, [&] { return stopping_ || !failure_.ok(); })) {
     lock.unlock();
-    Header h;
-    h.command = Command::kHeartbeat;
-    link_->Send(h, nullptr);  // a failed send shows up as a read failure on the reader thread
+    // A failed send shows up as a read failure on the reader thread.
+    link_->Send(ControlFrame(Command::kHeartbeat, -1, 0), nullptr);
     lock.lock();
   }
 }
@@ -158,10 +155,7 @@ Status SchedulerClient::Barrier(double timeout_s) {
     if (!failure_.ok()) return failure_;
     target = ++barriers_sent_;
   }
-  Header h;
-  h.command = Command::kBarrier;
-  h.key = target;
-  Status st = link_->Send(h, nullptr);
+  Status st = link_->Send(BarrierFrame(target), nullptr);
   if (!st.ok()) return st;
   std::unique_lock<std::mutex> lock(mu_);
   const bool done = cv_.wait_for(lock, std::chrono::duration<double>(timeout_s),
@@ -180,9 +174,7 @@ Status SchedulerClient::Finish() {
     if (finished_) return Status::Ok();
     finished_ = true;
   }
-  Header h;
-  h.command = Command::kFinish;
-  return link_->Send(h, nullptr);
+  return link_->Send(ControlFrame(Command::kFinish, -1, 0), nullptr);
 }
 
 void SchedulerClient::ReportFailure(const std::string& reason) {
@@ -190,10 +182,7 @@ void SchedulerClient::ReportFailure(const std::string& reason) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!link_ || !failure_.ok() || stopping_) return;
   }
-  Header h;
-  h.command = Command::kNodeFailed;
-  h.payload_bytes = reason.size();
-  link_->Send(h, reason.data());
+  link_->Send(ControlFrame(Command::kNodeFailed, -1, reason.size()), reason.data());
 }
 
 void SchedulerClient::Stop() {

@@ -1,4 +1,4 @@
-#include "p3/sender.h"
+#include "sender.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -13,7 +13,7 @@
 #include <system_error>
 #include <utility>
 
-#include "p3/codec.h"
+#include "codec.h"
 
 namespace p3 {
 namespace {

@@ -1,10 +1,11 @@
-#include "p3/server.h"
+#include "server_node.h"
 
 #include <chrono>
 #include <climits>
-#include <thread>
 #include <cstring>
+#include <thread>
 
+#include "frame_builder.h"
 #include "p3/log.h"
 
 namespace p3 {
@@ -17,12 +18,14 @@ constexpr size_t kMaxHandshakes = 128;
 constexpr int32_t kByePriority = INT32_MIN;     // a worker's goodbye goes after all its frames
 }  // namespace
 
-Server::Server(NodeConfig config, Updater updater, RequestHandler on_request)
-    : config_(std::move(config)),
+std::unique_ptr<Server> Server::Create(NodeConfig config, Updater updater, RequestHandler on_request) {
+  return std::make_unique<ServerNode>(std::move(config), std::move(updater), std::move(on_request));
+}
+
+ServerNode::ServerNode(NodeConfig config, Updater updater, RequestHandler on_request)
+    : Node(std::move(config), Role::kServer),
       updater_(std::move(updater)),
       on_request_(std::move(on_request)),
-      trace_(config_.trace),
-      scheduler_(config_, Role::kServer, &counters_),
       sender_(&trace_, [this](const OutMessage&, const Status& st) { Fail(st); }),
       // Keep freed receive buffers up to the queue bound: enough for every frame in flight to be reused.
       pool_(config_.server_queue_bytes),
@@ -38,18 +41,18 @@ Server::Server(NodeConfig config, Updater updater, RequestHandler on_request)
             [this](Socket* s, const std::string& peer, const uint8_t* head) { return OnHello(s, peer, head); },
             &counters_) {}
 
-Server::~Server() {
+ServerNode::~ServerNode() {
   Stop();
   if (consumer_.joinable()) Run();
 }
 
-std::string Server::WorkerName(int rank) const {
+std::string ServerNode::WorkerName(int rank) const {
   std::lock_guard<std::mutex> lock(mu_);
   const std::string host = rank >= 0 && rank < static_cast<int>(worker_hosts_.size()) ? worker_hosts_[rank] : "?";
   return "worker " + std::to_string(rank) + " (" + host + ")";
 }
 
-Status Server::Start() {
+Status ServerNode::Start() {
   Status st = Socket::Listen(config_.host, config_.port, config_.socket_buffer, &listener_);
   if (!st.ok()) return st.WithContext("server cannot listen for workers (P3_NODE_HOST/P3_PORT)");
   NodeTable table;
@@ -67,7 +70,7 @@ Status Server::Start() {
   }
   sender_.Start();
   consumer_ = std::thread([this] { ConsumeLoop(); });
-  st = gate_.Start(&listener_, "server " + std::to_string(rank_));
+  st = gate_.Start(&listener_, Name());
   if (!st.ok()) return st;
   scheduler_.Start({[this] {
                       {
@@ -77,29 +80,24 @@ Status Server::Start() {
                       cv_.notify_all();
                     },
                     [this](const Status& s) { Fail(s, /*from_scheduler=*/true); }});
-  Log(LogLevel::kInfo, "server " + std::to_string(rank_), "listening on " + config_.host + ":" +
+  Log(LogLevel::kInfo, Name(), "listening on " + config_.host + ":" +
       std::to_string(listener_.LocalPort()));
   return Status::Ok();
 }
 
-Status Server::OnHello(Socket* s, const std::string& peer, const uint8_t* head) {
+Status ServerNode::OnHello(Socket* s, const std::string& peer, const uint8_t* head) {
   Header h;
   // Connection::ReadHeader would count a frame it fails to decode; the gatekeeper counts every refusal.
   Status st = DecodeHeader(head, config_.max_message_bytes, &h);
-  if (!st.ok()) return st;
-  bool byte_order_mismatch = false;
-  st = CheckHello(h, &byte_order_mismatch);
+  bool mismatch = !st.ok() && IsOtherVersion(head);
+  if (st.ok()) st = CheckHello(h, &mismatch);
   if (!st.ok()) {
-    if (byte_order_mismatch) {
-      // An authenticated worker of this job that can never work here: it fails naming both byte orders.
-      const std::string why = "server " + std::to_string(rank_) + " refused this worker: " + st.message();
-      Header note;
-      note.command = Command::kNodeFailed;
-      note.sender = rank_;
-      note.payload_bytes = why.size();
-      Connection c(std::move(*s), peer, config_.max_message_bytes, &counters_);
-      c.SendLastWords(note, why.data(), 1.0);
-      c.Shutdown();
+    if (mismatch) {
+      // An authenticated worker that can never work here (another p3kv version, another byte order): it fails
+      // naming both versions or both byte orders.
+      auto c = std::make_shared<Connection>(std::move(*s), peer, config_.max_message_bytes, &counters_);
+      SayLastWords({c}, Name() + " refused this worker: " + st.message());
+      c->Shutdown();
     }
     return st;
   }
@@ -124,7 +122,7 @@ Status Server::OnHello(Socket* s, const std::string& peer, const uint8_t* head) 
   return Status::Ok();
 }
 
-void Server::ReceiveLoop(int rank, std::shared_ptr<Connection> conn) {
+void ServerNode::ReceiveLoop(int rank, std::shared_ptr<Connection> conn) {
   const Status st = ReadWorkerFrames(rank, conn.get());
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -140,7 +138,7 @@ void Server::ReceiveLoop(int rank, std::shared_ptr<Connection> conn) {
   }
 }
 
-Status Server::ReadWorkerFrames(int rank, Connection* conn) {
+Status ServerNode::ReadWorkerFrames(int rank, Connection* conn) {
   while (true) {
     Header h;
     Status st = conn->ReadHeader(&h);
@@ -180,11 +178,11 @@ Status Server::ReadWorkerFrames(int rank, Connection* conn) {
   }
 }
 
-void Server::ConsumeLoop() {
+void ServerNode::ConsumeLoop() {
   while (std::optional<Frame> f = inbox_.Pop()) Process(std::move(*f));
 }
 
-void Server::Process(Frame f) {
+void ServerNode::Process(Frame f) {
   const Header& h = f.header;
   if (h.command == Command::kRequest) {
     ProcessRequest(f);
@@ -198,9 +196,9 @@ void Server::Process(Frame f) {
   aggregator_.OnFrame(std::move(f));
 }
 
-void Server::ProcessRequest(const Frame& m) {
+void ServerNode::ProcessRequest(const Frame& m) {
   std::string reply;
-  Status st = on_request_ ? on_request_(static_cast<uint32_t>(m.header.key),
+  Status st = on_request_ ? on_request_(m.header.request,
                                         std::string(m.payload.data(), m.payload.size()), &reply)
                           : Status::Invalid("this server takes no requests (it runs without a request handler)");
   std::shared_ptr<Connection> conn;
@@ -210,25 +208,15 @@ void Server::ProcessRequest(const Frame& m) {
   }
   if (!st.ok()) {
     reply = st.message();
-    Log(LogLevel::kWarning, "server " + std::to_string(rank_), "rejected control request " +
-        std::to_string(m.header.key) + " (id " + std::to_string(m.header.iteration) + ") from " +
+    Log(LogLevel::kWarning, Name(), "rejected control request " +
+        std::to_string(m.header.request) + " (id " + std::to_string(m.header.iteration) + ") from " +
         (conn ? conn->peer() : WorkerName(m.header.sender)) + ": " + reply);
   }
-  OutMessage out;
-  out.conn = conn;
-  out.peer_rank = m.header.sender;
-  out.owned = std::make_shared<const std::vector<char>>(reply.begin(), reply.end());
-  out.header.command = Command::kReply;
-  out.header.priority = kErrorPriority;
-  out.header.sender = rank_;
-  out.header.key = m.header.key;
-  out.header.iteration = m.header.iteration;
-  out.header.reserved8 = st.ok() ? 0 : 1;
-  out.header.payload_bytes = reply.size();
-  sender_.Enqueue(std::move(out));
+  Queue(conn, m.header.sender, ReplyFrame(rank_, m.header, st.code(), kErrorPriority, reply.size()),
+        std::make_shared<const std::vector<char>>(reply.begin(), reply.end()));
 }
 
-Status Server::Update(const UpdateRequest& r) {
+Status ServerNode::Update(const UpdateRequest& r) {
   Status st;
   if (updater_ && updater_enabled_) {
     st = updater_(r);
@@ -239,7 +227,7 @@ Status Server::Update(const UpdateRequest& r) {
   return st;
 }
 
-void Server::Broadcast(const SliceEntry& s, int32_t priority) {
+void ServerNode::Broadcast(const SliceEntry& s, int32_t priority) {
   // The W sends share the slice's value buffer: no copy (the aggregator copies on write if it must).
   std::vector<std::shared_ptr<Connection>> targets;
   {
@@ -247,58 +235,51 @@ void Server::Broadcast(const SliceEntry& s, int32_t priority) {
     targets = workers_;
   }
   trace_.Record(TraceEvent::kBroadcast, s.key, s.slice, priority, s.iteration, -1);
-  for (int w = 0; w < config_.num_worker; ++w) {
-    OutMessage m;
-    m.conn = targets[static_cast<size_t>(w)];
-    m.peer_rank = w;
-    m.owned = s.value;
-    Header& h = m.header;
-    h.command = Command::kBroadcast;
-    h.priority = priority;
-    h.sender = rank_;
-    h.dtype = s.dtype;
-    h.slice = s.slice;
-    h.key = s.key;
-    h.offset = s.offset;
-    h.count = s.count;
-    h.iteration = s.iteration;
-    h.payload_bytes = s.value->size();
-    sender_.Enqueue(std::move(m));
-  }
+  const Header h = SliceFrame(Command::kBroadcast, rank_, SliceId{s.key, s.slice, s.offset, s.count, s.dtype,
+                                                                   s.iteration}, priority, s.value->size());
+  for (int w = 0; w < config_.num_worker; ++w) Queue(targets[static_cast<size_t>(w)], w, h, s.value);
 }
 
-void Server::Reject(int worker, const Header& h, const std::string& why) {
+void ServerNode::Reject(int worker, const Header& h, const std::string& why) {
   std::shared_ptr<Connection> conn;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (worker >= 0 && worker < static_cast<int>(workers_.size())) conn = workers_[static_cast<size_t>(worker)];
   }
   // conn->peer() names the worker and the address its connection comes from.
-  Log(LogLevel::kWarning, "server " + std::to_string(rank_), "rejected a request from " +
+  Log(LogLevel::kWarning, Name(), "rejected a request from " +
       (conn ? conn->peer() : WorkerName(worker)) + " for key " + std::to_string(h.key) + " slice " +
       std::to_string(h.slice) + ": " + why);
   if (!conn) return;
-  OutMessage m;
-  m.conn = conn;
-  m.peer_rank = worker;
-  m.owned = std::make_shared<const std::vector<char>>(why.begin(), why.end());
-  m.header.command = Command::kError;
-  m.header.priority = kErrorPriority;
-  m.header.sender = rank_;
-  m.header.key = h.key;
-  m.header.slice = h.slice;
-  m.header.iteration = h.iteration;
-  m.header.payload_bytes = why.size();
-  sender_.Enqueue(std::move(m));
+  SliceId id;
+  id.key = h.key;
+  id.slice = h.slice;
+  id.iteration = h.iteration;
+  Queue(conn, worker, ErrorFrame(rank_, Status::Code::kRejected, id, kErrorPriority, why.size()),
+        std::make_shared<const std::vector<char>>(why.begin(), why.end()));
 }
 
-void Server::Strand(const std::string& why) {
+void ServerNode::Queue(std::shared_ptr<Connection> conn, int worker, const Header& h,
+                       std::shared_ptr<const std::vector<char>> payload) {
+  OutMessage m;
+  m.conn = std::move(conn);
+  m.peer_rank = worker;
+  m.header = h;
+  m.owned = std::move(payload);
+  // Refused only once the worker's connection failed: the sender has then reported it, which fails the job.
+  if (!sender_.Enqueue(std::move(m))) {
+    Log(LogLevel::kDebug, Name(), "a frame for worker " + std::to_string(worker) + " was not queued: its connection "
+        "failed");
+  }
+}
+
+void ServerNode::Strand(const std::string& why) {
   // The workers still pushing were told why (Reject); the others may be waiting for something else (a barrier,
   // another server): end the job for everyone, naming the cause, rather than let them wait for ever.
   Fail(Status::Rejected("the job cannot go on: " + why));
 }
 
-void Server::Fail(const Status& status, bool from_scheduler) {
+void ServerNode::Fail(const Status& status, bool from_scheduler) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!fatal_.ok() || shutdown_) return;
@@ -306,11 +287,11 @@ void Server::Fail(const Status& status, bool from_scheduler) {
     fatal_from_scheduler_ = from_scheduler;
   }
   admission_.Abort();
-  Log(LogLevel::kError, "server " + std::to_string(rank_), status.message());
+  Log(LogLevel::kError, Name(), status.message());
   cv_.notify_all();
 }
 
-void Server::Stop() {
+void ServerNode::Stop() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (fatal_.ok() && !shutdown_) fatal_ = Status::Aborted("server stopped");
@@ -319,7 +300,7 @@ void Server::Stop() {
   admission_.Abort();
 }
 
-Status Server::Run(const InterruptCheck& interrupted) {
+Status ServerNode::Run(const InterruptCheck& interrupted) {
   Status result;
   while (true) {
     {
@@ -356,15 +337,9 @@ Status Server::Run(const InterruptCheck& interrupted) {
       std::lock_guard<std::mutex> lock(mu_);
       report = !fatal_from_scheduler_ && result.code() != Status::Code::kAborted;
     }
-    const std::string reason = "server " + std::to_string(rank_) + ": " + result.message();
+    const std::string reason = Name() + ": " + result.message();
     if (report) scheduler_.ReportFailure(reason);
-    Header note;
-    note.command = Command::kNodeFailed;
-    note.sender = rank_;
-    note.payload_bytes = reason.size();
-    for (auto& c : conns) {
-      if (c) c->SendLastWords(note, reason.data(), 1.0);
-    }
+    SayLastWords(conns, reason);
     for (auto& c : conns) {
       if (c) c->Shutdown();  // unblocks a sender stuck writing to a peer that stopped reading
     }

@@ -1,4 +1,4 @@
-#include "p3/socket.h"
+#include "socket.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

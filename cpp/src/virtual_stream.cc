@@ -1,4 +1,4 @@
-#include "p3/virtual_stream.h"
+#include "virtual_stream.h"
 
 #include <utility>
 

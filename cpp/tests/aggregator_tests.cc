@@ -10,9 +10,9 @@
 #include <thread>
 #include <vector>
 
-#include "p3/admission.h"
-#include "p3/aggregator.h"
-#include "p3/buffer_pool.h"
+#include "admission.h"
+#include "aggregator.h"
+#include "buffer_pool.h"
 #include "p3/slice_optimizer.h"
 #include "check.h"
 

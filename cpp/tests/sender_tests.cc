@@ -12,10 +12,10 @@
 #include <utility>
 #include <vector>
 
-#include "p3/connection.h"
+#include "connection.h"
 #include "p3/counters.h"
-#include "p3/sender.h"
-#include "p3/socket.h"
+#include "sender.h"
+#include "socket.h"
 #include "p3/trace.h"
 #include "check.h"
 
@@ -245,7 +245,7 @@ void TestWriteErrorReportsOnceOthersContinue() {
   std::vector<uint64_t> got;
   reader = std::thread([&] { got = ReadFrames(alive.peer.get(), 20); });
   for (uint64_t k = 0; k < 20; ++k) {
-    sender.Enqueue(Frame(gone, k, 5, 65536, 0));  // may be refused once the failure is known
+    static_cast<void>(sender.Enqueue(Frame(gone, k, 5, 65536, 0)));  // may be refused once the failure is known
     CHECK(sender.Enqueue(Frame(alive, k, 0, 65536, 1)));
   }
   reader.join();

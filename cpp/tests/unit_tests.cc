@@ -12,12 +12,13 @@
 
 #include <sys/socket.h>
 
-#include "p3/codec.h"
+#include "codec.h"
+#include "frame_builder.h"
 #include "p3/dtype.h"
-#include "p3/handshake.h"
-#include "p3/priority_queue.h"
+#include "handshake.h"
+#include "priority_queue.h"
 #include "p3/slicer.h"
-#include "p3/virtual_stream.h"
+#include "virtual_stream.h"
 #include "check.h"
 
 namespace {
@@ -150,26 +151,26 @@ void TestCodecRejects() {
 void TestHelloDeclaresTheByteOrderAndAMismatchIsRefused() {
   uint8_t buf[p3::kHeaderBytes];
   Header d;
-  p3::EncodeHeader(p3::MakeHello(3), buf);
+  p3::EncodeHeader(p3::HelloFrame(3), buf);
   CHECK(p3::DecodeHeader(buf, 1 << 30, &d).ok());
   bool mismatch = true;
   CHECK(p3::CheckHello(d, &mismatch).ok() && !mismatch);
-  CHECK(d.sender == 3 && d.reserved8 == static_cast<uint8_t>(p3::HostByteOrder()));
+  CHECK(d.sender == 3 && d.byte_order == p3::HostByteOrder());
   const bool little = p3::HostByteOrder() == p3::ByteOrder::kLittleEndian;
-  d.reserved8 = static_cast<uint8_t>(little ? p3::ByteOrder::kBigEndian : p3::ByteOrder::kLittleEndian);
+  d.byte_order = little ? p3::ByteOrder::kBigEndian : p3::ByteOrder::kLittleEndian;
   p3::Status st = p3::CheckHello(d, &mismatch);
   CHECK(!st.ok() && mismatch);
   CHECK(st.message().find("worker 3 sends payloads in big-endian byte order") != std::string::npos || !little);
   CHECK(st.message().find("this server's host is little-endian") != std::string::npos || !little);
-  d.reserved8 = 0;  // a version-1 peer (refused by the version check before this)
+  d.byte_order = p3::ByteOrder::kUndeclared;  // a version-1 peer (refused by the version check before this)
   st = p3::CheckHello(d, &mismatch);
   CHECK(!st.ok() && mismatch && st.message().find("undeclared byte order") != std::string::npos);
-  Header h = p3::MakeHello(0);
+  Header h = p3::HelloFrame(0);
   h.version = 1;  // the protocol before HELLO declared the byte order
   p3::EncodeHeader(h, buf);
   st = p3::DecodeHeader(buf, 1 << 30, &d);
-  CHECK(!st.ok() && st.message().find("protocol version 1, expected 2") != std::string::npos);
-  h = p3::MakeHello(0);
+  CHECK(!st.ok() && st.message().find("protocol version 1, expected 3") != std::string::npos);
+  h = p3::HelloFrame(0);
   h.command = p3::Command::kPush;
   CHECK(!p3::CheckHello(h, &mismatch).ok() && !mismatch);
 }

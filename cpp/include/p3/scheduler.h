@@ -1,74 +1,34 @@
 // Public. The scheduler (rendezvous) role: admits exactly num_server servers and num_worker workers,
 // assigns ranks in registration order, sends every node the node table, runs worker barriers, watches
 // every node's connection, and ends the job: cleanly (SHUTDOWN to all) once every worker has finished, or
-// with NODE_FAILED naming the node whose connection dropped.
-// Run() is a poll loop on the calling thread; Stop() may be called from any thread. Handshakes run in the
-// gatekeeper's event loop (p3/gatekeeper.h), and the loop reads members' frames as bytes arrive, never
-// blocking on one peer: a silent or slow peer (authenticated or not) cannot stall the loop, and so the job.
-// Every frame must be complete within a deadline of its first byte, and an authenticated connection must
-// register within the same deadline; the log names a peer dropped for either.
+// with NODE_FAILED naming the node whose connection dropped. (Implementation: cpp/src/scheduler_node.h.)
 #pragma once
 
-#include <atomic>
+#include <cstdint>
 #include <memory>
-#include <mutex>
-#include <string>
-#include <thread>
-#include <utility>
-#include <vector>
 
-#include "p3/codec.h"
 #include "p3/config.h"
-#include "p3/connection.h"
 #include "p3/counters.h"
-#include "p3/gatekeeper.h"
-#include "p3/socket.h"
+#include "p3/status.h"
 
 namespace p3 {
 
 class Scheduler {
  public:
-  explicit Scheduler(NodeConfig config);
-  ~Scheduler();
+  static std::unique_ptr<Scheduler> Create(NodeConfig config);
+  virtual ~Scheduler() = default;
 
   // Binds root_uri:root_port. Fails at once if the port is in use or the address is not local.
-  Status Bind();
-  // Returns Ok when every worker finished and every server was told to shut down; an error naming the
-  // node otherwise (a node died, registration timed out, job sizes disagree).
-  Status Run(const InterruptCheck& interrupted = nullptr);
+  virtual Status Bind() = 0;
+  // Runs the job on the calling thread. Returns Ok when every worker finished and every server was told to
+  // shut down; an error naming the node otherwise (a node died, registration timed out, job sizes disagree);
+  // Interrupted when `interrupted` said so.
+  virtual Status Run(const InterruptCheck& interrupted = nullptr) = 0;
   // Any thread: makes Run() return Aborted soon.
-  void Stop();
-  uint16_t port() const { return listener_.LocalPort(); }
-  const Counters& counters() const { return counters_; }
-
- private:
-  struct Member;
-  Status Admit(Member* m, const std::string& payload);
-  Status SendTables();
-  Status HandleFrame(Member* m, const Header& h, std::string payload);
-  void Broadcast(Command c, const std::string& payload, bool servers, bool workers);
-  std::string Describe(const Member& m) const;
-  Status RunLoop(const InterruptCheck& interrupted);
-  // Gatekeeper thread: queues an authenticated connection for the loop.
-  Status OnAuthenticated(Socket* s, const std::string& peer);
-  void AdmitAuthenticated();  // loop thread: authenticated connections become members
-  // Loop thread: frames past their deadline, strangers that never registered. Returns a failure for a
-  // registered member; drops (and logs) unregistered ones.
-  Status EnforceDeadlines();
-
-  const NodeConfig config_;
-  Socket listener_;
-  int wake_pipe_[2] = {-1, -1};
-  int admit_pipe_[2] = {-1, -1};  // the gatekeeper's "connection authenticated" wake-up of the loop
-  std::mutex authenticated_mu_;
-  std::vector<std::pair<Socket, std::string>> authenticated_;  // guarded by authenticated_mu_
-  Counters counters_;
-  Gatekeeper gate_;  // after the listener it serves and the pipe it writes to
-  std::vector<std::unique_ptr<Member>> members_;
-  bool tables_sent_ = false;
-  int finished_workers_ = 0;
-  uint64_t barrier_seq_ = 0;
-  int barrier_waiting_ = 0;
+  virtual void Stop() = 0;
+  // Any thread, after Bind.
+  virtual uint16_t port() const = 0;
+  virtual const Counters& counters() const = 0;
 };
 
 }  // namespace p3

@@ -10,7 +10,7 @@ namespace p3 {
 
 class Status {
  public:
-  enum class Code { kOk, kInvalid, kIoError, kPeerLost, kTimeout, kRejected, kAborted };
+  enum class Code { kOk, kInvalid, kIoError, kPeerLost, kTimeout, kRejected, kAborted, kInterrupted };
 
   Status() = default;
   static Status Ok() { return Status(); }
@@ -20,6 +20,8 @@ class Status {
   static Status Timeout(std::string m) { return Status(Code::kTimeout, std::move(m)); }
   static Status Rejected(std::string m) { return Status(Code::kRejected, std::move(m)); }
   static Status Aborted(std::string m) { return Status(Code::kAborted, std::move(m)); }
+  // A blocking wait ended because its InterruptCheck said so (Ctrl-C): Python raises KeyboardInterrupt.
+  static Status Interrupted(std::string m) { return Status(Code::kInterrupted, std::move(m)); }
 
   bool ok() const { return code_ == Code::kOk; }
   Code code() const { return code_; }
@@ -36,7 +38,7 @@ class Status {
 };
 
 // Polled (about every 200 ms, with no lock held) by long blocking waits so that the caller can abort them,
-// e.g. on Ctrl-C in Python. Returning true ends the wait with Aborted.
+// e.g. on Ctrl-C in Python. Returning true ends the wait with Interrupted.
 using InterruptCheck = std::function<bool()>;
 
 }  // namespace p3

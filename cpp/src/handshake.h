@@ -13,7 +13,7 @@
 #include <cstddef>
 #include <string>
 
-#include "p3/socket.h"
+#include "socket.h"
 #include "p3/status.h"
 
 namespace p3 {

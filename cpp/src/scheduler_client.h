@@ -10,9 +10,9 @@
 #include <string>
 #include <thread>
 
-#include "p3/codec.h"
+#include "codec.h"
 #include "p3/config.h"
-#include "p3/connection.h"
+#include "connection.h"
 #include "p3/counters.h"
 
 namespace p3 {

@@ -19,7 +19,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "p3/connection.h"
+#include "connection.h"
 #include "p3/trace.h"
 
 namespace p3 {
@@ -46,8 +46,9 @@ class Sender {
 
   // Owner thread, once.
   void Start();
-  // Any thread. False if the sender is stopped, or the message's connection already failed.
-  bool Enqueue(OutMessage m);
+  // Any thread. False if the sender is stopped, or the message's connection already failed (its error went to
+  // on_error then): the frame will never be sent, and the caller must say what that means for its operation.
+  [[nodiscard]] bool Enqueue(OutMessage m);
   // Owner thread. Sends everything queued, then stops the thread (orderly shutdown).
   void Drain();
   // Owner thread. Drops everything queued (a partly written frame too) and stops the thread (failure path).

@@ -1,4 +1,4 @@
-// Public. A blocking priority queue for the consumer threads of P3: the most urgent item first, and FIFO
+// Internal. A blocking priority queue for the consumer threads of P3: the most urgent item first, and FIFO
 // among items of equal priority (a strict weak ordering on (priority, arrival sequence)).
 // Thread-safe: any thread may Push/Pop/Close. Closing is a separate signal, never an item in the queue,
 // so a close can neither overtake nor be overtaken by data.

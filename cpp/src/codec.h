@@ -1,4 +1,4 @@
-// Public. The only serializer: headers and control payloads to and from bytes. Every decoded field is
+// Internal. The only serializer: headers and control payloads to and from bytes. Every decoded field is
 // validated here, before anyone allocates or indexes with it.
 #pragma once
 
@@ -21,8 +21,10 @@ void EncodeHeader(const Header& h, uint8_t out[kHeaderBytes]);
 Status DecodeHeader(const uint8_t in[kHeaderBytes], uint64_t max_payload_bytes, Header* out,
                     const char* limit_name = "P3_MAX_MESSAGE_BYTES");
 
-// The first frame of a worker's data connection: its rank and its payload byte order.
-Header MakeHello(int32_t sender);
+// A p3kv header of another protocol version (DecodeHeader refuses it). Its sender is told why in a frame of
+// this version, which it refuses in turn naming both versions: each side then says what is wrong.
+bool IsOtherVersion(const uint8_t in[kHeaderBytes]);
+
 // Checks a worker's first frame: a HELLO without payload, declaring this host's byte order (the error names
 // both orders; *byte_order_mismatch tells that case apart, for the server to tell the worker).
 Status CheckHello(const Header& h, bool* byte_order_mismatch);

@@ -13,7 +13,7 @@
 
 #include "p3/counters.h"
 #include "p3/message.h"
-#include "p3/socket.h"
+#include "socket.h"
 #include "p3/status.h"
 
 namespace p3 {

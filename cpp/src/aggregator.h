@@ -29,8 +29,8 @@
 #include <utility>
 #include <vector>
 
-#include "p3/admission.h"
-#include "p3/buffer_pool.h"
+#include "admission.h"
+#include "buffer_pool.h"
 #include "p3/message.h"
 #include "p3/status.h"
 #include "p3/update.h"

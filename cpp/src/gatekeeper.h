@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "p3/counters.h"
-#include "p3/socket.h"
+#include "socket.h"
 #include "p3/status.h"
 
 namespace p3 {
