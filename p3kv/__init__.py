@@ -12,7 +12,7 @@ import importlib
 import os
 import sys
 
-from p3kv.errors import ConfigError, P3Error, P3TimeoutError
+from p3kv.core.errors import ConfigError, P3Error, P3TimeoutError
 from p3kv.mxnet import hook
 
 __version__ = "0.1.0"

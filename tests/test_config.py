@@ -9,8 +9,8 @@ import pytest
 
 from p3kv.core import config
 from p3kv.core.config import Role
+from p3kv.core.errors import ConfigError
 from p3kv.core.keys import key_id
-from p3kv.errors import ConfigError
 
 pytestmark = pytest.mark.unit
 

@@ -60,7 +60,7 @@ def run_here(code):
 
 def test_the_core_loads_no_mxnet():
     core = ", ".join(f"p3kv.core.{m}" for m in CORE_MODULES)
-    result = run_here(f"import sys, p3kv, p3kv.errors, {core}\nfrom p3kv import P3Server, P3Worker, _p3\n"
+    result = run_here(f"import sys, p3kv, p3kv.core.errors, {core}\nfrom p3kv import P3Server, P3Worker, _p3\n"
                       "assert P3Worker.__module__ == 'p3kv.core.worker' and P3Server.__module__ == 'p3kv.core.server'\n"
                       "loaded = sorted(m for m in sys.modules if m == 'mxnet' or m.startswith('mxnet.'))\n"
                       "print('mxnet modules:', loaded)\n"

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from harness import Node, launcher_argv, launcher_env, run_launcher
 
-from p3kv.errors import ConfigError
+from p3kv.core.errors import ConfigError
 from p3kv.launch import BASELINE_VARIABLE, Job, KVStore, launch, main, plan
 
 REPO = Path(__file__).resolve().parent.parent

@@ -22,8 +22,8 @@ import p3auth
 import pytest
 from harness import HOST, SECRET, STEP, Node, free_port, node_env
 
+from p3kv.core.errors import P3Error, P3TimeoutError
 from p3kv.core.worker import P3Worker
-from p3kv.errors import P3Error, P3TimeoutError
 
 pytestmark = pytest.mark.integration
 

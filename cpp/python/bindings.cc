@@ -32,7 +32,7 @@ namespace {
     case Status::Code::kInvalid: cls = "ConfigError"; break;
     default: break;
   }
-  py::object type = py::module_::import("p3kv.errors").attr(cls);
+  py::object type = py::module_::import("p3kv.core.errors").attr(cls);
   PyErr_SetString(type.ptr(), st.message().c_str());
   throw py::error_already_set();
 }

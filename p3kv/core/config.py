@@ -14,7 +14,7 @@ import socket
 import sys
 from typing import Mapping
 
-from p3kv.errors import ConfigError
+from p3kv.core.errors import ConfigError
 
 
 class Role(enum.Enum):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from p3kv.errors import ConfigError
+from p3kv.core.errors import ConfigError
 
 _STRING_BIT = 1 << 63
 _INT_LIMIT = 1 << 62

@@ -8,7 +8,7 @@ import sys
 from p3kv import _p3
 from p3kv.core import node
 from p3kv.core.config import Config, Role, load
-from p3kv.errors import P3Error
+from p3kv.core.errors import P3Error
 
 log = logging.getLogger("p3kv.scheduler")
 

@@ -21,8 +21,8 @@ import numpy as np
 from p3kv import _p3
 from p3kv.core import node
 from p3kv.core.config import Config, Role, load
+from p3kv.core.errors import ConfigError
 from p3kv.core.keys import key_id
-from p3kv.errors import ConfigError
 
 log = logging.getLogger("p3kv.worker")
 

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from p3kv.core import config
-from p3kv.errors import ConfigError
+from p3kv.core.errors import ConfigError
 from p3kv.launch.job import DEFAULT_GRACE, Job, KVStore
 from p3kv.launch.launcher import LOG, launch
 

@@ -8,7 +8,7 @@ import enum
 import math
 from collections.abc import Mapping
 
-from p3kv.errors import ConfigError
+from p3kv.core.errors import ConfigError
 
 BASELINE_VARIABLE = "P3_BASELINE"  # set for baseline workers: "dist_sync" or "mxnet-p3" (see p3kv.core.config)
 DEFAULT_GRACE = 30.0

@@ -32,7 +32,7 @@ from typing import TextIO
 
 from p3kv.core import config
 from p3kv.core.config import BULK_VARIABLE, Role
-from p3kv.errors import ConfigError
+from p3kv.core.errors import ConfigError
 from p3kv.launch import baselines
 from p3kv.launch.job import BASELINE_VARIABLE, Job, KVStore
 from p3kv.launch.supervisor import ProcessSpec, Supervisor

@@ -14,8 +14,8 @@ import mxnet as mx
 import numpy as np
 
 from p3kv.core import requests
+from p3kv.core.errors import ConfigError
 from p3kv.core.worker import P3Worker
-from p3kv.errors import ConfigError
 
 
 def collect(worker: P3Worker, keys: Iterable) -> tuple[dict, dict]:

@@ -113,7 +113,7 @@ def register() -> None:
 
 def _treat_p3_as_dist_sync(mxnet) -> None:
     """Patches the MXNet code paths that test `'dist' in kv.type` (see the module docstring)."""
-    from p3kv.errors import ConfigError
+    from p3kv.core.errors import ConfigError
     from p3kv.mxnet.kvstore import P3, SPARSE_ADVICE
 
     trainer = mxnet.gluon.Trainer

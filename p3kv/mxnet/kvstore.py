@@ -40,8 +40,8 @@ import numpy as np
 from p3kv import _p3
 from p3kv.core import config, requests
 from p3kv.core.config import BULK_VARIABLE, Role
+from p3kv.core.errors import ConfigError, P3Error
 from p3kv.core.worker import P3Worker
-from p3kv.errors import ConfigError, P3Error
 from p3kv.mxnet import checkpoint, hook, server_kernels
 from p3kv.mxnet.forward_order import ForwardOrder
 from p3kv.mxnet.shipped_optimizer import hyperparameters, server_copy

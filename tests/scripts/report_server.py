@@ -5,8 +5,8 @@ clean end it prints ``server rank=R rejected_frames=N`` (its counter of refused 
 import os
 import sys
 
+from p3kv.core.errors import P3Error
 from p3kv.core.server import P3Server
-from p3kv.errors import P3Error
 
 
 def main() -> int:

@@ -1,7 +1,7 @@
 """Exceptions raised by p3kv. Every message names the problem and what to do about it.
 
 Shared by every layer (core, mxnet, launch), and raised by the C++ core's bindings, which look these classes up
-by this module's name (cpp/python/bindings.cc): it stays at p3kv.errors."""
+by this module's name (cpp/python/bindings.cc)."""
 
 
 class P3Error(RuntimeError):
