@@ -10,6 +10,15 @@ server per host, the scheduler on host 0. Each system runs as its own job; with 
 every round. Rank 0's held-out test accuracy every --eval-every iterations against wall-clock time goes to --csv
 (one row per evaluation), a figure with the paper's numbers beside ours to --plot, a table to --summary.
 
+The emulated-cluster runner's machinery, not a copy of it: each round's order of systems is
+cluster_bench.interleave's (freshly shuffled per repeat, seeded by --order-seed, position recorded); the run guard
+(benchmarks/run_guard.py) refuses a dirty tree unless --allow-dirty and waits before every job for the 1-minute
+load to fall below --max-load (up to --load-wait seconds), then refuses unless --force, all recorded; and every
+job also becomes one row of the emulated runner's columns (benchmarks/bench_rows.py: optimizer, conditions,
+versions) in <csv stem>_runs.csv, its workers' timed iterations in <csv stem>_runs_iterations.csv. The table's
+seconds per iteration are the median and interquartile range over every iteration of every repeat
+(benchmarks/bench_stats.py), as the emulated runner's tables give them.
+
 p3kv and dist_sync compute the same updates (same data, seeds and optimizer; synchronous), so their curves per
 iteration are the same and only their speed differs; dist_async applies each worker's gradient alone on stale
 weights, so its curve per iteration differs.
@@ -23,7 +32,6 @@ import json
 import logging
 import os
 import pathlib
-import random
 import secrets
 import statistics
 import subprocess
@@ -33,9 +41,13 @@ import time
 from collections.abc import Sequence
 
 import bench_report
+import bench_rows
+import bench_stats
 import cluster_bench
 import emulated_cluster
 import proc_monitor
+import run_guard
+from cluster_job import Point
 
 LOG = logging.getLogger("accuracy")
 HERE = pathlib.Path(__file__).resolve().parent
@@ -51,8 +63,9 @@ COLUMNS = (
     "dataset", "model", "params", "batch_size", "optimizer", "lr", "momentum", "wd", "seed", "compute_s", "iters",
     "eval_every", "iteration", "time_s", "test_accuracy", "test_loss", "train_loss", "median_iter_s", "train_s",
     "wall_s", "load_1m_before", "load_1m_after", "git_commit", "git_dirty", "cpus", "python", "mxnet", "p3kv",
-    "scikit-learn",
+    "scikit-learn", "run_id", "order", "order_seed", "max_load", "forced", "allow_dirty",
 )
+MODEL = "accuracy-mlp"  # the run rows' model column (bench_rows): the digits MLP of accuracy_worker.py
 BASE_PORT = 9500
 
 
@@ -81,11 +94,19 @@ def _wait(procs: list[subprocess.Popen], timeout: float) -> int:
     return code or next((p.returncode for p in procs if p.returncode), 0)
 
 
+def runs_path(csv_path: pathlib.Path) -> pathlib.Path:
+    """Where the per-job rows in the emulated runner's columns go (bench_rows; its iterations beside it)."""
+    return csv_path.with_name(f"{csv_path.stem}_runs.csv")
+
+
 def run_system(cluster: emulated_cluster.EmulatedCluster, args: argparse.Namespace, system: str, repeat: int,
-               scratch: pathlib.Path, port: int) -> list[dict]:
-    """One job of `system` across the cluster; its CSV rows (one per evaluation, or one failed row)."""
+               scratch: pathlib.Path, port: int) -> tuple[list[dict], dict, dict[int, list[float]]]:
+    """One job of `system` across the cluster: its curve rows (one per evaluation, or one failed row), its run
+    row in bench_rows.RUN_COLUMNS (without the columns common to the invocation) and every rank's timed
+    iterations."""
     hosts = cluster.hosts
     name = f"{system}.{repeat}.{port}"
+    run_id = f"{time.strftime('%Y%m%dT%H%M%S')}.{name}"  # unique across invocations appending to one CSV
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), str(HERE), env.get("PYTHONPATH", "")) if p)
     env["P3_SECRET"] = secrets.token_hex(32)
@@ -115,23 +136,35 @@ def run_system(cluster: emulated_cluster.EmulatedCluster, args: argparse.Namespa
             "momentum": args.momentum, "wd": args.wd, "seed": args.seed, "compute_s": args.compute_s,
             "iters": args.iters, "eval_every": args.eval_every, "exit_code": exit_code,
             "wall_s": round(time.perf_counter() - start, 1), "load_1m_before": round(load_before, 2),
-            "load_1m_after": round(os.getloadavg()[0], 2)}
+            "load_1m_after": round(os.getloadavg()[0], 2), "run_id": run_id}
+    run = {"run_id": run_id, "tag": args.tag, "model": MODEL, "kvstore": system, "compute": "emulated",
+           "exit_code": exit_code, "hosts": hosts, "layout": "colocated", "workers": hosts, "servers": hosts,
+           "bandwidth": base["bandwidth"], "bandwidth_bps": base["bandwidth_bps"], "batch_size": args.batch_size,
+           "optimizer": f"sgd(lr={args.lr},momentum={args.momentum},wd={args.wd})", "update_on": "servers",
+           "warmup": 0, "iters": args.iters, "unit": "samples", "samples_per_batch": args.batch_size,
+           "compute_s": args.compute_s, "wall_s": base["wall_s"], "load_1m_before": base["load_1m_before"],
+           "load_1m_after": base["load_1m_after"]}
     results = [json.loads(p.read_text()) for p in sorted(scratch.glob(f"{name}.rank*.json"))]
     if exit_code != 0 or len(results) != hosts:
         tails = "\n".join(f"--- host {i} ---\n" + "\n".join(
             (scratch / f"{name}.host{i}.log").read_text(errors="replace").splitlines()[-15:]) for i in range(hosts))
         LOG.error("%s failed (exit code %s, %d of %d results); last output:\n%s", system, exit_code, len(results),
                   hosts, tails)
-        return [{**base, "status": f"failed({exit_code})"}]
+        return [{**base, "status": f"failed({exit_code})"}], {**run, "status": f"failed({exit_code})"}, {}
     first = next(r for r in results if r["rank"] == 0)
     base.update(status="ok", params=first["params"], median_iter_s=round(statistics.median(first["iter_s"]), 4),
                 train_s=round(first["train_s"], 2),
                 **{k: v for k, v in first["versions"].items() if k in COLUMNS and k != "python"})
     rows = [{**base, **e, "test_accuracy": round(e["test_accuracy"], 4), "test_loss": round(e["test_loss"], 4),
              "train_loss": round(e["train_loss"], 4)} for e in first["evals"]]
+    q1, median, q3 = bench_stats.quartiles(first["iter_s"])
+    throughput = sum(args.batch_size / statistics.median(r["iter_s"]) for r in results)
+    run.update(status="ok", median_s=round(median, 4), q1_s=round(q1, 4), q3_s=round(q3, 4),
+               iter_s=first["iter_s"], throughput=round(throughput, 2),
+               **{k: v for k, v in first["versions"].items() if k in bench_rows.RUN_COLUMNS and k != "python"})
     LOG.info("%s: final test accuracy %.4f after %d iterations, %.1f s (%.3f s/iter)", system,
              rows[-1]["test_accuracy"], args.iters, first["train_s"], base["median_iter_s"])
-    return rows
+    return rows, run, {r["rank"]: r["iter_s"] for r in results}
 
 
 def time_to(rows: Sequence[dict], target: float) -> float | None:
@@ -149,17 +182,28 @@ def runs_of(rows: Sequence[dict]) -> dict[tuple[str, int], list[dict]]:
     return runs
 
 
-def summary(rows: Sequence[dict], targets: Sequence[float]) -> str:
-    """Markdown table per system: final accuracy, time to each target (medians over repeats), s/iter."""
+def iteration_spread(jobs: Sequence[dict], system: str) -> bench_stats.Spread | None:
+    """Seconds per iteration of `system` over every timed iteration of every repeat (run rows, bench_rows)."""
+    times = [bench_rows.iteration_times(j) for j in jobs if j.get("kvstore") == system and j.get("status") == "ok"]
+    return bench_stats.spread(times) if any(times) else None
+
+
+def summary(rows: Sequence[dict], targets: Sequence[float], jobs: Sequence[dict] = ()) -> str:
+    """Markdown table per system: final accuracy, time to each target (medians over repeats), s/iter: median
+    and interquartile range over all iterations of all repeats from the run rows `jobs` (bench_stats), or, for
+    curves written before those rows existed, the median of each run's recorded median (no IQR)."""
     runs = runs_of(rows)
     systems = list(dict.fromkeys(system for system, _ in runs))
-    header = ["system", "runs", "final test accuracy", "median s/iter"] + [f"time to {t:.0%}" for t in targets]
+    header = (["system", "runs", "final test accuracy", "median s/iter"] + [f"time to {t:.0%}" for t in targets]
+              + ["s/iter IQR"])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     ttas: dict[str, dict[float, float | None]] = {}
     for system in systems:
         mine = [run for (s, _), run in runs.items() if s == system]
         final = statistics.median(float(run[-1]["test_accuracy"]) for run in mine)
-        per_iter = statistics.median(float(run[0]["median_iter_s"]) for run in mine)
+        spread = iteration_spread(jobs, system)
+        per_iter = spread.median_s if spread else statistics.median(float(run[0]["median_iter_s"]) for run in mine)
+        iqr = f"{spread.q1_s:.3f}–{spread.q3_s:.3f}" if spread else "-"
         ttas[system] = {}
         cells = []
         for t in targets:
@@ -169,7 +213,7 @@ def summary(rows: Sequence[dict], targets: Sequence[float]) -> str:
             ttas[system][t] = value
             cells.append(f"{value:.1f} s" if value is not None else f"not reached ({len(reached)}/{len(times)})")
         lines.append(f"| {LABELS.get(system, system)} | {len(mine)} | {100 * final:.1f}% | {per_iter:.3f} | "
-                     + " | ".join(cells) + " |")
+                     + " | ".join(cells) + f" | {iqr} |")
     notes = []
     for t in targets:
         asgd = ttas.get("dist_async", {}).get(t)
@@ -190,7 +234,9 @@ def summary(rows: Sequence[dict], targets: Sequence[float]) -> str:
                 f"{first.get('seed', '?')}; 1-minute load "
                 + (f"{min(loads):.1f}-{max(loads):.1f}" if loads else "?")
                 + f" on {first.get('cpus', '?')} cores; commit {str(first.get('git_commit', '?'))[:10]}"
-                + (" (uncommitted changes)" if str(first.get("git_dirty")) == "True" else "") + ".")
+                + (" (uncommitted changes)" if any(str(r.get("git_dirty")) == "True" for r in rows) else "")
+                + ("; some runs started above --max-load (--force)" if any(str(r.get("forced")) == "True"
+                                                                           for r in rows) else "") + ".")
     paper = (f"The paper (Fig. 15, {PAPER['setting']}): P3 {PAPER['final']['P3']:.0f}% vs ASGD "
              f"{PAPER['final']['ASGD']:.0f}% final top-1 accuracy; P3 reached 80% about {PAPER['to_80_speedup']:.0f}x "
              "as fast.")
@@ -263,6 +309,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--compute-s", type=float, default=0.3, help="emulated compute per iteration (seconds)")
     p.add_argument("--repeats", type=int, default=1, help="rounds over the systems, order shuffled each round")
+    p.add_argument("--order-seed", type=int, default=0, help="seeds the shuffled order of the systems (recorded; "
+                   "--seed seeds the training)")
+    cluster_bench.add_guard_arguments(p)
     p.add_argument("--targets", type=float, nargs="+", default=[0.8, 0.9], help="accuracies for time-to-accuracy")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds one job may take")
     p.add_argument("--csv", type=pathlib.Path, default=RESULTS / "accuracy.csv")
@@ -274,6 +323,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.hosts < 2:
         p.error("--hosts must be at least 2")
+    if args.repeats < 1:
+        p.error("--repeats must be at least 1")
     try:
         emulated_cluster.parse_rate(args.bandwidth)
     except ValueError as e:
@@ -281,24 +332,43 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
+def conditions(args: argparse.Namespace) -> cluster_bench.Conditions:
+    return cluster_bench.Conditions(max_load=args.max_load, load_wait=args.load_wait, force=args.force,
+                                    allow_dirty=args.allow_dirty, seed=args.order_seed)
+
+
+def order(args: argparse.Namespace) -> list[Point]:
+    """The jobs in the order they run: cluster_bench.interleave's fresh seeded shuffle every repeat (a Point per
+    system carries only the ordering here; its `kvstore` is the accuracy system)."""
+    base = [Point(model=MODEL, kvstore=system, hosts=args.hosts, bandwidth=args.bandwidth, compute="emulated",
+                  batch_size=args.batch_size, warmup=0, iters=args.iters, tag=args.tag, timeout=args.timeout)
+            for system in args.systems]
+    return cluster_bench.interleave(base, args.repeats, args.order_seed)
+
+
 def run(args: argparse.Namespace) -> list[dict]:
-    """Every system `args.repeats` times on one cluster; appends each job's rows to args.csv as it ends."""
-    common = cluster_bench.common_columns()
-    order = random.Random(args.seed)
+    """Every system `args.repeats` times on one cluster, in `order`; appends each job's curve rows to args.csv
+    and its run row to runs_path(args.csv) as it ends. Raises run_guard.Refused (dirty tree, busy machine)
+    before a job that may not start."""
+    cond = conditions(args)
+    commit, dirty = run_guard.check_tree(cond.allow_dirty)
     rows: list[dict] = []
     port = BASE_PORT
     with tempfile.TemporaryDirectory(prefix="accuracy.") as tmp, \
             emulated_cluster.EmulatedCluster(args.hosts, args.bandwidth) as cluster:
         scratch = args.keep_logs or pathlib.Path(tmp)
         scratch.mkdir(parents=True, exist_ok=True)
-        for repeat in range(args.repeats):
-            systems = list(args.systems)
-            order.shuffle(systems)
-            for system in systems:
-                new = [{**common, **r} for r in run_system(cluster, args, system, repeat, scratch, port)]
-                port += 1
-                bench_report.append_csv(args.csv, new, COLUMNS)
-                rows += new
+        for point in order(args):
+            _, forced = run_guard.wait_for_load(cond.max_load, cond.load_wait, cond.force)
+            common = cluster_bench.common_columns(cond, commit, dirty)
+            curve, job, iterations = run_system(cluster, args, point.kvstore, point.repeat, scratch, port)
+            port += 1
+            recorded = {"forced": forced, "order": point.order}
+            new = [{**common, **recorded, "order_seed": cond.seed, **r} for r in curve]
+            bench_report.append_csv(args.csv, new, COLUMNS)
+            bench_rows.write_run(runs_path(args.csv), {**common, **recorded, "repeats": point.repeats,
+                                                       "repeat": point.repeat, **job}, iterations)
+            rows += new
     return rows
 
 
@@ -313,8 +383,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if reason:
             LOG.error("cannot build the emulated cluster: %s", reason)
             return 2
-        rows = run(args)
-    table = summary(rows, args.targets)
+        try:
+            rows = run(args)
+        except run_guard.Refused as e:
+            LOG.error("%s", e)
+            return 3
+    ids = {r.get("run_id") for r in rows}
+    jobs = [j for j in bench_rows.read_runs(runs_path(args.csv)) if j.get("run_id") in ids]
+    table = summary(rows, args.targets, jobs)
     sys.stdout.write("\n" + table)
     if args.summary:
         args.summary.parent.mkdir(parents=True, exist_ok=True)

@@ -186,12 +186,17 @@ def add_condition_arguments(p: argparse.ArgumentParser) -> None:
     """The statistics and run-condition options (shared with sweeps.py)."""
     p.add_argument("--repeats", type=int, default=3, help="rounds over the systems, a fresh shuffled order each")
     p.add_argument("--seed", type=int, default=0, help="seeds the shuffled orders (recorded)")
+    add_guard_arguments(p)
+    p.add_argument("--smoke", action="store_true", help="mark the rows as a smoke run (never a result)")
+
+
+def add_guard_arguments(p: argparse.ArgumentParser) -> None:
+    """The run guard's options (run_guard.py), shared with accuracy.py."""
     p.add_argument("--max-load", type=float, default=run_guard.default_max_load(),
                    help="a run waits for the 1-minute load to fall below this (default max(1, CPUs/4))")
     p.add_argument("--load-wait", type=float, default=600.0, help="seconds a run waits for the load, then refuses")
     p.add_argument("--force", action="store_true", help="run above --max-load anyway (recorded in every row)")
     p.add_argument("--allow-dirty", action="store_true", help="run on uncommitted changes (recorded in every row)")
-    p.add_argument("--smoke", action="store_true", help="mark the rows as a smoke run (never a result)")
 
 
 def conditions_from_args(args: argparse.Namespace) -> Conditions:

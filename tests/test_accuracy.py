@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import accuracy  # noqa: E402
 import accuracy_worker  # noqa: E402
+import bench_rows  # noqa: E402
 import emulated_cluster  # noqa: E402
 
 
@@ -64,7 +65,8 @@ def test_two_host_run_sync_systems_match_and_async_runs(tmp_path):
         pytest.skip(reason)
     args = accuracy.parse_args(["--hosts", "2", "--bandwidth", "300mbit", "--iters", "10", "--eval-every", "1",
                                 "--hidden", "64", "--compute-s", "0.02", "--timeout", "240",
-                                "--csv", str(tmp_path / "accuracy.csv"), "--keep-logs", str(tmp_path / "logs")])
+                                "--csv", str(tmp_path / "accuracy.csv"), "--keep-logs", str(tmp_path / "logs"),
+                                "--order-seed", "3", "--force", "--allow-dirty"])
     rows = accuracy.run(args)
     assert all(r["status"] == "ok" for r in rows), [r for r in rows if r["status"] != "ok"]
     by_system = {s: sorted((r for r in rows if r["system"] == s), key=lambda r: r["iteration"])
@@ -84,3 +86,24 @@ def test_two_host_run_sync_systems_match_and_async_runs(tmp_path):
         written = list(csv.DictReader(f))
     assert len(written) == 30 and tuple(written[0]) == accuracy.COLUMNS
     assert {r["optimizer"] for r in written} == {"sgd momentum+wd on servers"}
+    assert {(r["allow_dirty"], r["order_seed"]) for r in written} == {("True", "3")}
+    # One row per job in the emulated runner's columns, in interleave's order, with every rank's iterations.
+    jobs = bench_rows.read_runs(accuracy.runs_path(tmp_path / "accuracy.csv"))
+    assert [(j["kvstore"], int(j["order"])) for j in jobs] == [(p.kvstore, p.order) for p in accuracy.order(args)]
+    for j in jobs:
+        assert j["optimizer"].startswith("sgd(") and j["update_on"] == "servers" and j["forced"] in ("True", "False")
+        assert len(bench_rows.iteration_times(j)) == 10 and float(j["q1_s"]) <= float(j["median_s"]) <= float(j["q3_s"])
+    with open(bench_rows.iterations_path(accuracy.runs_path(tmp_path / "accuracy.csv")), newline="") as f:
+        assert len(list(csv.DictReader(f))) == 3 * 2 * 10  # 3 jobs, 2 ranks, 10 iterations
+    assert "s/iter IQR" in accuracy.summary(rows, [0.5], jobs)
+
+
+@pytest.mark.unit
+def test_order_is_interleave_shuffled_per_repeat_and_seeded():
+    args = accuracy.parse_args(["--repeats", "4", "--order-seed", "7"])
+    runs = accuracy.order(args)
+    assert runs == accuracy.order(args)  # seeded: the same for the same seed
+    rounds = [[p.kvstore for p in runs if p.repeat == r] for r in range(4)]
+    assert all(sorted(r) == sorted(accuracy.SYSTEMS) for r in rounds)
+    assert len({tuple(r) for r in rounds}) > 1  # a fresh order per repeat, not one order reused
+    assert all([p.order for p in runs if p.repeat == r] == [0, 1, 2] for r in range(4))

@@ -10,6 +10,7 @@ Needs root (network namespaces, tc); skipped with the reason otherwise.
 import ctypes
 import io
 import os
+import pathlib
 import re
 import socket
 import subprocess
@@ -30,6 +31,7 @@ import deploy_train  # noqa: E402
 import emulated_cluster  # noqa: E402
 
 from deploy import DeployError, bandwidth, bench, compare, install, launch, logs, parse_hosts, status, stop  # noqa: E402
+from deploy.job import KVSTORES  # noqa: E402
 
 pytestmark = [pytest.mark.system,
               pytest.mark.skipif(emulated_cluster.why_unavailable() is not None,
@@ -340,13 +342,15 @@ def test_bench_collects_results(site, installed):
 
 def test_compare_runs_every_system_with_real_compute(site, installed):
     """`fab bench`'s comparison: each system trains the model on every host (CPU here: the hosts have no GPU) and
-    becomes a row with the emulated runner's columns, table and figure. Speeds are results, never asserted."""
+    becomes a row with the emulated runner's columns (bench_rows), iterations, conditions, table and figure, in
+    cluster_bench.interleave's order. Speeds are results, never asserted."""
+    import bench_rows
     import cluster_bench
 
     folder = os.path.join(site["folder"], "compare")
     result = compare(site["hosts"], site["connect"], folder, model="tiny-mlp", batch_size=16, warmup=1, iters=2,
                      repeats=1, bandwidth="1gbit", path=site["path"], state_dir=site["state"], timeout=120,
-                     out=io.StringIO())
+                     out=io.StringIO(), seed=5, allow_dirty=True, force=True)
     assert result.exit_code == 0, result.rows
     assert sorted(r["kvstore"] for r in result.rows) == ["dist_sync", "mxnet-p3", "p3"]
     for row in result.rows:
@@ -354,12 +358,20 @@ def test_compare_runs_every_system_with_real_compute(site, installed):
         assert (row["compute"], row["workers"], row["servers"], row["gpu"]) == ("real", 2, 2, "cpu")
         assert row["throughput"] > 0 and row["compute_s"] > 0 and row["bound_s"] >= row["compute_s"]
         assert row["comm_bound_s"] == 0  # hosts 1 and 2 are not one worker + one server: link not in the bound
+        assert row["optimizer"].startswith("sgd(") and row["update_on"] in ("servers", "workers")
+        assert len(row["iter_s"]) == 2 and row["q1_s"] <= row["median_s"] <= row["q3_s"]
+        assert (row["allow_dirty"], row["seed"], row["repeats"]) == (True, 5, 1) and row["forced"] in (True, False)
+    expected = cluster_bench.interleave([cluster_bench.Point(model="tiny-mlp", kvstore=kv) for kv in KVSTORES], 1, 5)
+    assert [(r["kvstore"], r["order"]) for r in result.rows] == [(p.kvstore, p.order) for p in expected]
     with open(os.path.join(folder, "cluster.csv")) as f:
         assert tuple(f.readline().strip().split(",")) == cluster_bench.COLUMNS
         assert len(f.readlines()) == 3
+    with open(bench_rows.iterations_path(pathlib.Path(folder, "cluster.csv"))) as f:
+        assert len(f.readlines()) == 1 + 3 * 2 * 2  # header; 3 jobs, 2 workers, 2 iterations
     with open(os.path.join(folder, "cluster.md")) as f:
         table = f.read()
-    assert all(f"| real | default | {kv} |" in table for kv in ("p3", "dist_sync", "mxnet-p3")), table
+    labels = ("p3kv", "dist_sync", "MXNet P3")
+    assert all(f"| tiny-mlp | 3 | 1gbit | sgd | {label} |" in table for label in labels), table
     assert os.path.getsize(os.path.join(folder, "cluster.png")) > 0
     assert_no_job_left(site)
 
@@ -429,9 +441,9 @@ def test_fab_command_line(site, installed, tmp_path):
     assert done.returncode == 0 and done.stdout.count("exited with code 0") == 3, done.stdout + done.stderr
     done = run("bench", "--hosts-file", str(hosts_file), "--path", site["path"], "--state-dir", state,
                "--systems", "p3", "--model", "tiny-mlp", "--warmup", "1", "--iters", "1", "--repeats", "1",
-               "--timeout", "90", "--dest", str(tmp_path / "bench"))
+               "--timeout", "90", "--dest", str(tmp_path / "bench"), "--allow-dirty", "--force")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "| tiny-mlp | 3 | unknown | real | default | p3 |" in done.stdout, done.stdout
+    assert "| tiny-mlp | 3 | unknown | sgd | p3kv |" in done.stdout, done.stdout
     assert (tmp_path / "bench" / "cluster.png").exists()
     done = run("stop", "--hosts-file", str(hosts_file), "--state-dir", str(tmp_path / "no-state"))
     assert done.returncode == 2 and "launch one first" in done.stderr, done.stderr
