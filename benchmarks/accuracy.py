@@ -44,8 +44,8 @@ import bench_report
 import bench_rows
 import bench_stats
 import cluster_bench
+import cluster_job
 import emulated_cluster
-import proc_monitor
 import run_guard
 from cluster_job import Point
 
@@ -74,24 +74,6 @@ def worker_argv(args: argparse.Namespace, system: str, out: pathlib.Path) -> lis
             "--eval-every", str(args.eval_every), "--batch-size", str(args.batch_size), "--hidden", str(args.hidden),
             "--layers", str(args.layers), "--lr", str(args.lr), "--momentum", str(args.momentum), "--wd",
             str(args.wd), "--seed", str(args.seed), "--compute-s", str(args.compute_s), "--out", str(out)]
-
-
-def _wait(procs: list[subprocess.Popen], timeout: float) -> int:
-    """Waits for every host's launcher; the first failure or the timeout stops the others. The job's exit code."""
-    deadline = time.monotonic() + timeout
-    code = 0
-    while any(p.poll() is None for p in procs):
-        failed = [p for p in procs if p.returncode not in (None, 0)]
-        if failed or time.monotonic() > deadline:
-            code = failed[0].returncode if failed else 124
-            for p in procs:
-                if p.poll() is None:
-                    proc_monitor.stop_tree(p, set(proc_monitor.descendants(p.pid)))
-            break
-        time.sleep(0.2)
-    for p in procs:
-        p.wait()
-    return code or next((p.returncode for p in procs if p.returncode), 0)
 
 
 def runs_path(csv_path: pathlib.Path) -> pathlib.Path:
@@ -126,7 +108,7 @@ def run_system(cluster: emulated_cluster.EmulatedCluster, args: argparse.Namespa
         logs.append(log)
         procs.append(cluster.popen(i, argv, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                    start_new_session=True))
-    exit_code = _wait(procs, args.timeout + 60)
+    exit_code = cluster_job.wait_all(procs, args.timeout + 60)
     for log in logs:
         log.close()
     base = {"tag": args.tag, "system": system, "kvstore": SYSTEMS[system], "repeat": repeat, "hosts": hosts,

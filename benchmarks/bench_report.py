@@ -41,8 +41,8 @@ def append_csv(path: pathlib.Path, rows: Iterable[dict], columns: Sequence[str] 
         with path.open(newline="") as f:
             header = next(csv.reader(f), [])
         if tuple(header) != tuple(columns):
-            raise SystemExit(f"{path} has different columns than this version of the benchmark writes; move it "
-                             "aside (e.g. rename it) and run again")
+            raise SystemExit(f"{path} has other columns than this version of the benchmark writes; move it aside "
+                             "(e.g. rename it) and run again")
     with path.open("a", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
         if new:

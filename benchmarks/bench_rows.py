@@ -12,7 +12,9 @@ from __future__ import annotations
 import csv
 import json
 import pathlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
+
+import bench_report
 
 # Settings, measurements, then the conditions of the run (load, CPU per host, tree state) and the versions.
 RUN_COLUMNS = (
@@ -37,22 +39,6 @@ def iterations_path(csv_path: pathlib.Path) -> pathlib.Path:
     return csv_path.with_name(f"{csv_path.stem}_iterations.csv")
 
 
-def _append(path: pathlib.Path, rows: Iterable[dict], columns: Sequence[str]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    new = not path.exists() or path.stat().st_size == 0
-    if not new:
-        with path.open(newline="") as f:
-            header = next(csv.reader(f), [])
-        if tuple(header) != tuple(columns):
-            raise SystemExit(f"{path} has other columns than this version of the benchmark writes; move it aside "
-                             "(e.g. rename it) and run again")
-    with path.open("a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
-        if new:
-            writer.writeheader()
-        writer.writerows(rows)
-
-
 def write_run(csv_path: pathlib.Path, row: dict, iterations: dict[int, Sequence[float]] | None = None) -> None:
     """Appends one run's row to `csv_path` and its iterations ({rank: [seconds, ...]}) to the file beside it.
     A column the row lacks is written empty; a key not in RUN_COLUMNS is an error (a typo would be lost)."""
@@ -62,12 +48,12 @@ def write_run(csv_path: pathlib.Path, row: dict, iterations: dict[int, Sequence[
     row = dict(row)
     if isinstance(row.get("iter_s"), (list, tuple)):
         row["iter_s"] = json.dumps([round(t, 6) for t in row["iter_s"]])
-    _append(csv_path, [row], RUN_COLUMNS)
+    bench_report.append_csv(csv_path, [row], RUN_COLUMNS)
     if iterations:
         keys = {k: row.get(k, "") for k in ITERATION_COLUMNS if k not in ("rank", "iteration", "time_s")}
-        _append(iterations_path(csv_path), [{**keys, "rank": rank, "iteration": i, "time_s": round(t, 6)}
-                                            for rank, times in sorted(iterations.items())
-                                            for i, t in enumerate(times)], ITERATION_COLUMNS)
+        rows = [{**keys, "rank": rank, "iteration": i, "time_s": round(t, 6)}
+                for rank, times in sorted(iterations.items()) for i, t in enumerate(times)]
+        bench_report.append_csv(iterations_path(csv_path), rows, ITERATION_COLUMNS)
 
 
 def read_runs(path: pathlib.Path, ok_only: bool = True) -> list[dict]:

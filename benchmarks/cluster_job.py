@@ -221,7 +221,7 @@ def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: 
     def results_complete() -> bool:
         return len(list(scratch.glob(f"{name}.rank*.json"))) == point.workers
 
-    exit_code = _wait_all(procs, point.timeout + 60, results_complete)
+    exit_code = wait_all(procs, point.timeout + 60, results_complete)
     cpu_pct = cpu.stop()
     if rendezvous is not None:
         _stop(rendezvous)
@@ -289,7 +289,7 @@ def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: 
 SHUTDOWN_GRACE = 60.0  # seconds the hosts get to end the job once every worker has reported
 
 
-def _wait_all(procs: list[subprocess.Popen], timeout: float, results_complete) -> int:
+def wait_all(procs: list[subprocess.Popen], timeout: float, results_complete=lambda: False) -> int:
     """Waits for every host's launcher; the first failure stops the others, and so does a job that has not
     ended SHUTDOWN_GRACE seconds after every worker reported. Returns the job's exit code."""
     deadline = time.monotonic() + timeout
