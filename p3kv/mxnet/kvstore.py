@@ -204,16 +204,17 @@ class P3(mx.kvstore.KVStoreBase):
                           f"dense parameters only; {SPARSE_ADVICE}")
 
     def _pushpull_one(self, info: _Key, values: list, outs: list, priority: int) -> None:
-        # Every device's array, not only those that reach the worker: the staged path below copies them.
-        self._worker.check_arrays(info.index, values, outs)
         direct = len(values) == 1 and values[0].context.device_type == "cpu" and \
             all(o.context.device_type == "cpu" for o in outs) and len(outs) <= 1
         if direct:
-            # One CPU array: the engine op reads the gradient and writes the result straight into `out`.
+            # One CPU array: the engine op reads the gradient and writes the result straight into `out`
+            # (push_engine checks both).
             target = outs[0] if outs else self._staging(info)
             self._worker.push_engine(info.index, values[0], target, self._bridge, priority)
             info.latest = target
             return
+        # Every device's array, not only the staging buffer that reaches the worker: they are copied below.
+        self._worker.check_arrays(info.index, values, outs)
         staging = self._staging(info)
         if len(values) == 1:
             values[0].copyto(staging)
