@@ -387,3 +387,19 @@ def test_plan_gives_each_p3_worker_its_own_joined_file():
     assert "P3_JOINED_FILE" not in specs["server 0"].env and specs["server 0"].joined_file is None
     baseline = Job(command=("train",), num_workers=1, num_servers=1, kvstore=KVStore.DIST_SYNC)
     assert plan(baseline, "127.0.0.1", 9000, {}, "/tmp/j")[-1].joined_file is None  # MXNet's workers never join
+
+
+@pytest.mark.integration
+def test_a_peer_killed_by_a_signal_is_blamed_even_when_another_exit_is_seen_first():
+    # The scheduler exits with an error as soon as a killed server's connection drops, and its exit can reach the
+    # launcher first: the launcher names the process killed by the signal, the cause.
+    from p3kv.launch.supervisor import ProcessSpec, Supervisor
+
+    def spec(name, script):
+        return ProcessSpec(name=name, argv=("sh", "-c", script), env=dict(os.environ), log_name=name, primary=True)
+
+    out = io.StringIO()
+    outcome = Supervisor([spec("scheduler", "sleep 0.3; exit 1"), spec("server 0", "sleep 0.45; kill -9 $$")],
+                         out=out, timeout=30).run()
+    assert outcome.message == "server 0 was killed by SIGKILL; stopped all other processes", outcome
+    assert outcome.exit_code == 1

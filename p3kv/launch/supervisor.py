@@ -29,6 +29,7 @@ TIMEOUT_EXIT_CODE = 124  # what coreutils' timeout(1) returns
 _HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _KILL_WAIT = 10.0  # seconds to wait for SIGKILLed children (only a process stuck in the kernel takes longer)
 _READER_WAIT = 5.0  # seconds to wait for output after all children are gone
+ROOT_CAUSE_WINDOW = 0.5  # seconds a failure waits for a peer's exit that explains it (a node killed by a signal)
 _MAX_LINE = 1 << 16  # longer lines are forwarded in pieces
 
 
@@ -270,6 +271,8 @@ class Supervisor:
             child = self._children[index]
             child.returncode = value
             if value != 0:
+                child = self._root_cause(child)
+                value = child.returncode
                 return Outcome(value if value > 0 else 1, f"{child.spec.name} {describe_exit(value)}; "
                                                           "stopped all other processes")
             joined = child.spec.joined_file
@@ -279,6 +282,24 @@ class Supervisor:
                                   "stopped all other processes")
             LOG.info("%s exited with code 0", child.spec.name)
             primaries.discard(index)
+
+    def _root_cause(self, failed: _Child) -> _Child:
+        """The child to blame for a failure first seen in `failed`. A node killed by a signal makes its peers
+        exit with an error within moments (the scheduler sees the connection drop), and their exit may be
+        reported first: exits arriving within ROOT_CAUSE_WINDOW are taken, and one killed by a signal wins."""
+        deadline = time.monotonic() + ROOT_CAUSE_WINDOW
+        while failed.returncode >= 0:
+            try:
+                kind, index, value = self._events.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if kind == "signal":
+                self._events.put((kind, index, value))  # handled by the caller's next wait
+                break
+            self._children[index].returncode = value
+            if value < 0:
+                return self._children[index]
+        return failed
 
     def _await_exits(self, children: list[_Child], timeout: float) -> None:
         """Take exit events until none of `children` runs or `timeout` passes; a signal cuts the wait short."""
