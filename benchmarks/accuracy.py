@@ -63,7 +63,8 @@ COLUMNS = (
     "dataset", "model", "params", "batch_size", "optimizer", "lr", "momentum", "wd", "seed", "compute_s", "iters",
     "eval_every", "iteration", "time_s", "test_accuracy", "test_loss", "train_loss", "median_iter_s", "train_s",
     "wall_s", "load_1m_before", "load_1m_after", "git_commit", "git_dirty", "cpus", "python", "mxnet", "p3kv",
-    "scikit-learn", "run_id", "order", "order_seed", "max_load", "forced", "allow_dirty",
+    "scikit-learn", "run_id", "order", "order_seed", "max_load", "busy_pct_before", "max_busy_pct", "forced",
+    "allow_dirty",
 )
 MODEL = "accuracy-mlp"  # the run rows' model column (bench_rows): the digits MLP of accuracy_worker.py
 BASE_PORT = 9500
@@ -217,7 +218,7 @@ def summary(rows: Sequence[dict], targets: Sequence[float], jobs: Sequence[dict]
                 + (f"{min(loads):.1f}-{max(loads):.1f}" if loads else "?")
                 + f" on {first.get('cpus', '?')} cores; commit {str(first.get('git_commit', '?'))[:10]}"
                 + (" (uncommitted changes)" if any(str(r.get("git_dirty")) == "True" for r in rows) else "")
-                + ("; some runs started above --max-load (--force)" if any(str(r.get("forced")) == "True"
+                + ("; some runs started on a busy machine (--force)" if any(str(r.get("forced")) == "True"
                                                                            for r in rows) else "") + ".")
     paper = (f"The paper (Fig. 15, {PAPER['setting']}): P3 {PAPER['final']['P3']:.0f}% vs ASGD "
              f"{PAPER['final']['ASGD']:.0f}% final top-1 accuracy; P3 reached 80% about {PAPER['to_80_speedup']:.0f}x "
@@ -315,7 +316,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def conditions(args: argparse.Namespace) -> cluster_bench.Conditions:
-    return cluster_bench.Conditions(max_load=args.max_load, load_wait=args.load_wait, force=args.force,
+    return cluster_bench.Conditions(max_busy=args.max_busy, max_load=args.max_load, load_wait=args.load_wait,
+                                    force=args.force,
                                     allow_dirty=args.allow_dirty, seed=args.order_seed)
 
 
@@ -341,11 +343,11 @@ def run(args: argparse.Namespace) -> list[dict]:
         scratch = args.keep_logs or pathlib.Path(tmp)
         scratch.mkdir(parents=True, exist_ok=True)
         for point in order(args):
-            _, forced = run_guard.wait_for_load(cond.max_load, cond.load_wait, cond.force)
+            start = run_guard.wait_for_idle(cond.max_busy, cond.max_load, cond.load_wait, cond.force)
             common = cluster_bench.common_columns(cond, commit, dirty)
             curve, job, iterations = run_system(cluster, args, point.kvstore, point.repeat, scratch, port)
             port += 1
-            recorded = {"forced": forced, "order": point.order}
+            recorded = {"forced": start.forced, "busy_pct_before": round(start.busy_pct, 1), "order": point.order}
             new = [{**common, **recorded, "order_seed": cond.seed, **r} for r in curve]
             bench_report.append_csv(args.csv, new, COLUMNS)
             bench_rows.write_run(runs_path(args.csv), {**common, **recorded, "repeats": point.repeats,

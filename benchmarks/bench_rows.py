@@ -25,7 +25,8 @@ RUN_COLUMNS = (
     "unit", "samples_per_batch", "median_s", "q1_s", "q3_s", "iter_s", "throughput", "compute_s",
     "payload_bound_s", "comm_bound_s", "bound_s", "bound_throughput", "pct_of_bound", "model_bytes",
     "wire_bytes", "messages", "wall_s",
-    "load_1m_before", "load_1m_after", "max_load", "forced", "cpu_host_pct", "cpu_total_pct",
+    "load_1m_before", "load_1m_after", "max_load", "busy_pct_before", "max_busy_pct", "forced",
+    "cpu_host_pct", "cpu_total_pct",
     "git_commit", "git_dirty", "allow_dirty", "cpus", "python", "mxnet", "p3kv", "horovod", "gluoncv", "sockeye",
 )
 ITERATION_COLUMNS = ("run_id", "tag", "model", "kvstore", "hosts", "bandwidth", "gpu_scale", "repeat", "rank",

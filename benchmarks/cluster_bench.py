@@ -67,7 +67,8 @@ BASE_PORT = 9300
 class Conditions:
     """How runs may start (run_guard) and what every row records about it."""
 
-    max_load: float = dataclasses.field(default_factory=run_guard.default_max_load)
+    max_busy: float = run_guard.DEFAULT_MAX_BUSY
+    max_load: float | None = None
     load_wait: float = 600.0
     force: bool = False
     allow_dirty: bool = False
@@ -105,7 +106,8 @@ def interleave(points: Sequence[Point], repeats: int, seed: int) -> list[Point]:
 
 def common_columns(conditions: Conditions, commit: str, dirty: bool) -> dict:
     return {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "git_commit": commit, "git_dirty": dirty,
-            "allow_dirty": conditions.allow_dirty, "max_load": conditions.max_load, "seed": conditions.seed,
+            "allow_dirty": conditions.allow_dirty, "max_load": conditions.max_load,
+            "max_busy_pct": conditions.max_busy, "seed": conditions.seed,
             "smoke": conditions.smoke, "cpus": os.cpu_count(), "python": platform.python_version()}
 
 
@@ -123,7 +125,8 @@ def run_points(points: Sequence[Point], csv_path: pathlib.Path, conditions: Cond
         cluster = None
         try:
             for n, point in enumerate(points):
-                _, forced = run_guard.wait_for_load(conditions.max_load, conditions.load_wait, conditions.force)
+                start = run_guard.wait_for_idle(conditions.max_busy, conditions.max_load, conditions.load_wait,
+                                                conditions.force)
                 if cluster is None or cluster.hosts != point.hosts:
                     if cluster is not None:
                         cluster.close()
@@ -135,7 +138,8 @@ def run_points(points: Sequence[Point], csv_path: pathlib.Path, conditions: Cond
                     cluster.start_sampler(str(utilisation_dir / f"{point.model}.{point.kvstore}.{point.hosts}h."
                                               f"{point.bandwidth}.r{point.repeat}.csv"))
                 row, iterations = run_point(cluster, point, scratch, BASE_PORT + n)
-                row = {**common_columns(conditions, commit, dirty), "forced": forced, **row}
+                row = {**common_columns(conditions, commit, dirty), "forced": start.forced,
+                       "busy_pct_before": round(start.busy_pct, 1), **row}
                 if utilisation_dir is not None:
                     cluster.stop_sampler()
                 rows.append(row)
@@ -192,15 +196,19 @@ def add_condition_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_guard_arguments(p: argparse.ArgumentParser) -> None:
     """The run guard's options (run_guard.py), shared with accuracy.py."""
-    p.add_argument("--max-load", type=float, default=run_guard.default_max_load(),
-                   help="a run waits for the 1-minute load to fall below this (default max(1, CPUs/4))")
-    p.add_argument("--load-wait", type=float, default=600.0, help="seconds a run waits for the load, then refuses")
-    p.add_argument("--force", action="store_true", help="run above --max-load anyway (recorded in every row)")
+    p.add_argument("--max-busy", type=float, default=run_guard.DEFAULT_MAX_BUSY,
+                   help="a run waits until the CPUs were at most this busy (percent of all cores) over a 5-second "
+                   f"sample (default {run_guard.DEFAULT_MAX_BUSY:g})")
+    p.add_argument("--max-load", type=float, default=None,
+                   help="also wait for the 1-minute load average to fall below this (default: not checked)")
+    p.add_argument("--load-wait", type=float, default=600.0, help="seconds a run waits for an idle machine, then "
+                   "refuses")
+    p.add_argument("--force", action="store_true", help="run on a busy machine anyway (recorded in every row)")
     p.add_argument("--allow-dirty", action="store_true", help="run on uncommitted changes (recorded in every row)")
 
 
 def conditions_from_args(args: argparse.Namespace) -> Conditions:
-    return Conditions(max_load=args.max_load, load_wait=args.load_wait, force=args.force,
+    return Conditions(max_busy=args.max_busy, max_load=args.max_load, load_wait=args.load_wait, force=args.force,
                       allow_dirty=args.allow_dirty, seed=args.seed, smoke=args.smoke)
 
 

@@ -1,12 +1,14 @@
 """When a benchmark may start: a clean git tree (or an override that is recorded) and an idle machine.
 
 A 2-core machine shared with builds and tests gives numbers that measure the neighbours: a run waits up to
-`wait_s` for the 1-minute load average to fall to `max_load`, then refuses, unless forced (recorded in every
-row). Uncommitted changes make a row impossible to reproduce from its commit: refused unless allowed (recorded).
+`wait_s` for the CPUs to be idle over a 5-second sample (and, if asked, for the 1-minute load average to fall),
+then refuses, unless forced (recorded in every row). Uncommitted changes make a row impossible to reproduce
+from its commit: refused unless allowed (recorded).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import pathlib
@@ -25,8 +27,24 @@ class Refused(RuntimeError):
     """The benchmark must not start (dirty tree, busy machine); the message says why and how to override."""
 
 
-def default_max_load() -> float:
-    return max(1.0, (os.cpu_count() or 1) / 4)
+DEFAULT_MAX_BUSY = 10.0  # percent of all cores: what a shell, an editor and the kernel take on an idle machine
+
+
+def cpu_times(path: str = "/proc/stat") -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs since boot; idle and iowait count as not busy."""
+    with open(path) as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return sum(fields) - idle, sum(fields)
+
+
+def busy_percent(window_s: float = 5.0, *, times: Callable[[], tuple[int, int]] = cpu_times,
+                 sleep: Callable[[float], None] = time.sleep) -> float:
+    """Percent of the machine's CPU time (all cores) spent busy over the next `window_s` seconds."""
+    busy0, total0 = times()
+    sleep(window_s)
+    busy1, total1 = times()
+    return 100.0 * (busy1 - busy0) / max(1, total1 - total0)
 
 
 def git_state(root: pathlib.Path = ROOT) -> tuple[str, bool]:
@@ -50,30 +68,49 @@ def check_tree(allow_dirty: bool, root: pathlib.Path = ROOT) -> tuple[str, bool]
     return commit, dirty
 
 
-def wait_for_load(max_load: float, wait_s: float, force: bool, *,
+@dataclasses.dataclass(frozen=True)
+class Start:
+    """What the machine looked like when a run was let start (recorded in its row)."""
+
+    busy_pct: float  # CPU busy over the last sample window, percent of all cores
+    load_1m: float
+    forced: bool
+
+
+def wait_for_idle(max_busy: float, max_load: float | None, wait_s: float, force: bool, *,
+                  busy: Callable[[], float] | None = None,
                   getloadavg: Callable[[], tuple[float, float, float]] | None = None,
-                  sleep: Callable[[float], None] | None = None, poll_s: float = 10.0) -> tuple[float, bool]:
-    """Returns (1-minute load when the run starts, whether it started above `max_load` because of `force`).
-    Waits up to `wait_s` seconds for the load to fall; raises Refused if it does not. With `force` it starts at
-    once (recorded)."""
+                  sleep: Callable[[float], None] | None = None, poll_s: float = 5.0) -> Start:
+    """Waits up to `wait_s` seconds until the machine is idle: CPU busy over a short sample at most `max_busy`
+    percent and, when `max_load` is set, the 1-minute load average at most `max_load`. Raises Refused if it never
+    is; with `force` it starts at once (recorded). The sample, not the load average, is the default gate: the
+    average still carries the previous run for a minute or two after its processes have exited."""
+    busy = busy or busy_percent
     getloadavg = getloadavg or os.getloadavg  # looked up now, so tests can patch os.getloadavg
     sleep = sleep or time.sleep
-    load = getloadavg()[0]
-    if force and load > max_load:
-        wait_s = 0.0
+
+    def sample() -> tuple[float, float, str]:
+        pct, load = busy(), getloadavg()[0]
+        why = []
+        if pct > max_busy:
+            why.append(f"CPU busy {pct:.0f}% is above --max-busy {max_busy:g}%")
+        if max_load is not None and load > max_load:
+            why.append(f"1-minute load {load:.2f} is above --max-load {max_load:.2f}")
+        return pct, load, " and ".join(why)
+
+    pct, load, why = sample()
     waited = 0.0
-    while load > max_load and waited < wait_s:
-        if waited == 0:
-            LOG.info("1-minute load %.2f is above --max-load %.2f: waiting up to %.0f s", load, max_load, wait_s)
+    if why and not force:
+        LOG.info("%s: waiting up to %.0f s", why, wait_s)
+    while why and not force and waited < wait_s:
         step = min(poll_s, wait_s - waited)
         sleep(step)
         waited += step
-        load = getloadavg()[0]
-    if load <= max_load:
-        return load, False
+        pct, load, why = sample()
+    if not why:
+        return Start(pct, load, False)
     if force:
-        LOG.warning("1-minute load %.2f is above --max-load %.2f; starting anyway (--force, recorded)", load, max_load)
-        return load, True
-    raise Refused(f"the 1-minute load average is {load:.2f}, above --max-load {max_load:.2f}, after waiting "
-                  f"{waited:.0f} s: the numbers would measure the other work. Wait, raise --load-wait, or pass "
-                  "--force (recorded in every row).")
+        LOG.warning("%s; starting anyway (--force, recorded)", why)
+        return Start(pct, load, True)
+    raise Refused(f"{why} after waiting {waited:.0f} s: the numbers would measure the other work. Stop it, raise "
+                  "--load-wait, or pass --force (recorded in every row).")

@@ -5,8 +5,9 @@ when the host has one, else CPU: benchmarks/device_worker.py, which is cluster_w
 job per system and repeat, launched with deploy.launch and collected with deploy.logs. The emulated runner's
 machinery, reused: the order is cluster_bench.interleave's (freshly shuffled every repeat, seeded, position
 recorded); the run guard (benchmarks/run_guard.py) refuses a dirty tree unless `allow_dirty` and, before every
-job, waits up to `load_wait` seconds for the 1-minute load of this machine (the one driving the hosts) to fall
-below `max_load`, then refuses unless `force`, all recorded; each job's result becomes one row written by
+job, waits up to `load_wait` seconds for this machine (the one driving the hosts) to be idle (CPU busy over a
+5-second sample at most `max_busy` percent; the 1-minute load at most `max_load` if given), then refuses unless
+`force`, all recorded; each job's result becomes one row written by
 benchmarks/bench_rows.py (the emulated runner's columns: optimizer, conditions, versions; dest/cluster.csv) with
 every rank's timed iterations beside it (dest/cluster_iterations.csv), and dest/cluster.md and dest/cluster.png
 are that runner's table (median and IQR over every iteration of every repeat) and figure, so the emulated and the
@@ -110,12 +111,12 @@ def compare(hosts: Sequence[Host], connect: ConnectionFactory, dest: str, *, sys
             model: str = "resnet50_v1", batch_size: int = 32, warmup: int = 3, iters: int = 20, repeats: int = 3,
             bandwidth: str | None = None, seed: int = 0, tag: str = "fab bench", out: TextIO | None = None,
             workers: int = 1, servers: int = 1, port: int = 9000, allow_dirty: bool = False,
-            max_load: float | None = None, load_wait: float = 600.0, force: bool = False,
+            max_busy: float | None = None, max_load: float | None = None, load_wait: float = 600.0, force: bool = False,
             **launch_options) -> CompareResult:
     """Runs every system `repeats` times (cluster_bench.interleave's order: shuffled afresh each repeat, from
     `seed`) across `hosts`; writes and returns the rows. Raises run_guard.Refused before a job that may not
-    start (a dirty tree without `allow_dirty`; this machine's 1-minute load above `max_load`, default
-    run_guard.default_max_load(), for `load_wait` seconds without `force`). `launch_options` (path, timeout, env,
+    start (a dirty tree without `allow_dirty`; this machine busy, see run_guard.wait_for_idle, for `load_wait`
+    seconds without `force`). `launch_options` (path, timeout, env,
     state_dir, grace) go to deploy.launch."""
     unknown = [s for s in systems if s not in KVSTORES]
     if unknown or not systems:
@@ -126,7 +127,7 @@ def compare(hosts: Sequence[Host], connect: ConnectionFactory, dest: str, *, sys
     if bandwidth:
         cb.parse_rate(bandwidth)  # a ValueError names the accepted forms
     conditions = cb.Conditions(load_wait=load_wait, force=force, allow_dirty=allow_dirty, seed=seed,
-                               **({} if max_load is None else {"max_load": max_load}))
+                               max_load=max_load, **({} if max_busy is None else {"max_busy": max_busy}))
     commit, dirty = cb.run_guard.check_tree(conditions.allow_dirty)
     shares = _shares(hosts, workers, servers)
     total_workers, total_servers = sum(s[1] for s in shares), sum(s[2] for s in shares)
@@ -141,8 +142,8 @@ def compare(hosts: Sequence[Host], connect: ConnectionFactory, dest: str, *, sys
                      else "deployed") for system in systems]
     rows, exit_code = [], 0
     for job, point in enumerate(cb.interleave(base, repeats, seed)):
-        _, forced = cb.run_guard.wait_for_load(conditions.max_load, conditions.load_wait, conditions.force)
-        load_before = os.getloadavg()[0]
+        start_state = cb.run_guard.wait_for_idle(conditions.max_busy, conditions.max_load, conditions.load_wait,
+                                                 conditions.force)
         start = time.perf_counter()
         result = launch(hosts, connect, command, kvstore=point.kvstore, workers=workers, servers=servers,
                         port=port + job, out=out, **launch_options)
@@ -151,8 +152,9 @@ def compare(hosts: Sequence[Host], connect: ConnectionFactory, dest: str, *, sys
         found = sorted(glob.glob(os.path.join(folder, "*", "result.*.rank*.json")))
         results = [json.loads(pathlib.Path(p).read_text()) for p in found]
         devices = {os.path.basename(p).split(".")[1] for p in found}
-        row = {**cb.common_columns(conditions, commit, dirty), "forced": forced,
-               "load_1m_before": round(load_before, 2), "load_1m_after": round(os.getloadavg()[0], 2),
+        row = {**cb.common_columns(conditions, commit, dirty), "forced": start_state.forced,
+               "busy_pct_before": round(start_state.busy_pct, 1), "load_1m_before": round(start_state.load_1m, 2),
+               "load_1m_after": round(os.getloadavg()[0], 2),
                **_row(cb, results, point=point, workers=total_workers, servers=total_servers, colocated=colocated,
                       exit_code=result.exit_code, wall=time.perf_counter() - start, devices=devices,
                       run_id=f"{result.job.job_id}.{point.kvstore}.r{point.repeat}")}

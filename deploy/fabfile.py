@@ -115,14 +115,15 @@ def launch(ctx, command, hosts_file="hosts", path=DEFAULT_PATH, kvstore="p3", wo
             "shuffled order (default 3)", "bandwidth": "the hosts' link rate (e.g. 10gbit, the cap of fab bandwidth)"
             ": adds the link to the physical bound", "seed": "seed of the shuffled orders (default 0)",
             "allow_dirty": "run from a git tree with uncommitted changes (recorded in every row)",
-            "max_load": "before each job, wait for this machine's 1-minute load to fall below this (default "
-            "max(1, CPUs/4))", "load_wait": "seconds to wait for the load, then refuse (default 600)",
-            "force": "start above --max-load anyway (recorded in every row)",
+            "max_busy": "before each job, wait until this machine's CPUs were at most this busy (percent of all "
+            "cores) over a 5-second sample (default 10)", "max_load": "also wait for this machine's 1-minute load "
+            "to fall below this (default: not checked)", "load_wait": "seconds to wait for an idle machine, then "
+            "refuse (default 600)", "force": "start on a busy machine anyway (recorded in every row)",
             **{k: v for k, v in _LAUNCH_HELP.items() if k not in ("detach", "kvstore")}})
 def bench(ctx, hosts_file="hosts", path=DEFAULT_PATH, systems="p3,dist_sync,mxnet-p3", model="resnet50_v1",
           batch_size=32, warmup=3, iters=20, repeats=3, bandwidth=None, seed=0, dest=None, workers=1, servers=1,
-          port=DEFAULT_PORT, timeout=None, env=None, state_dir=DEFAULT_STATE_DIR, allow_dirty=False, max_load=None,
-          load_wait=600, force=False):
+          port=DEFAULT_PORT, timeout=None, env=None, state_dir=DEFAULT_STATE_DIR, allow_dirty=False, max_busy=None,
+          max_load=None, load_wait=600, force=False):
     """Compare p3kv, MXNet dist_sync and MXNet's P3 training a real model on the hosts (GPU when present).
     Horovod is not supported here yet (deploy.launch does not start Horovod's ranks and rendezvous)."""
     hosts, connect = _setup(ctx, hosts_file)
@@ -134,6 +135,7 @@ def bench(ctx, hosts_file="hosts", path=DEFAULT_PATH, systems="p3,dist_sync,mxne
         result = _call(deploy.compare, hosts, connect, folder, systems=[s for s in systems.split(",") if s],
                        model=model, batch_size=int(batch_size), warmup=int(warmup), iters=int(iters),
                        repeats=int(repeats), bandwidth=bandwidth, seed=int(seed), allow_dirty=allow_dirty,
+                       max_busy=None if max_busy is None else float(max_busy),
                        max_load=None if max_load is None else float(max_load), load_wait=float(load_wait),
                        force=force, **options)
     except refused() as e:

@@ -29,7 +29,8 @@ import wire_bound  # noqa: E402
 
 def test_run_columns_record_optimizer_statistics_and_conditions():
     for column in ("optimizer", "update_on", "repeat", "repeats", "order", "seed", "iter_s", "q1_s", "q3_s",
-                   "load_1m_before", "load_1m_after", "max_load", "forced", "cpu_host_pct", "cpu_total_pct",
+                   "load_1m_before", "load_1m_after", "max_load", "busy_pct_before", "max_busy_pct", "forced",
+                   "cpu_host_pct", "cpu_total_pct",
                    "git_dirty", "allow_dirty", "smoke", "efficiency", "p100_equiv_gbps", "wire_bytes", "horovod"):
         assert column in bench_rows.RUN_COLUMNS, column
     assert cluster_bench.COLUMNS == bench_rows.RUN_COLUMNS
@@ -116,26 +117,39 @@ def test_dirty_tree_is_refused_unless_allowed_and_recorded(tmp_path):
     assert row["git_dirty"] is True and row["allow_dirty"] is True and row["seed"] == 5
 
 
-def test_load_gate_waits_then_refuses_or_records_force(monkeypatch):
-    loads = iter([3.0, 2.5, 0.5])
-    monkeypatch.setattr(os, "getloadavg", lambda: (next(loads), 0.0, 0.0))
+def test_idle_gate_waits_for_the_cpus_then_refuses_or_records_force(monkeypatch):
+    busy = iter([80.0, 40.0, 4.0])
+    monkeypatch.setattr(os, "getloadavg", lambda: (3.0, 0.0, 0.0))
     slept = []
-    assert run_guard.wait_for_load(1.0, 60, False, sleep=slept.append, poll_s=10) == (0.5, False)
-    assert slept == [10, 10]  # waited for the load to fall
-    monkeypatch.setattr(os, "getloadavg", lambda: (4.0, 0.0, 0.0))
+    start = run_guard.wait_for_idle(10.0, None, 60, False, busy=lambda: next(busy), sleep=slept.append, poll_s=5)
+    assert start == run_guard.Start(busy_pct=4.0, load_1m=3.0, forced=False)
+    assert slept == [5, 5]  # waited for the CPUs; the load average (3.0) is not checked by default
     slept.clear()
-    with pytest.raises(run_guard.Refused, match="above --max-load 1.00"):
-        run_guard.wait_for_load(1.0, 25, False, sleep=slept.append, poll_s=10)
-    assert sum(slept) == 25
-    assert run_guard.wait_for_load(1.0, 25, True, sleep=slept.append) == (4.0, True)
-    assert run_guard.wait_for_load(5.0, 0, False) == (4.0, False)
-    assert run_guard.default_max_load() == max(1.0, (os.cpu_count() or 1) / 4)
+    with pytest.raises(run_guard.Refused, match=r"CPU busy 50% is above --max-busy 10%"):
+        run_guard.wait_for_idle(10.0, None, 12, False, busy=lambda: 50.0, sleep=slept.append, poll_s=5)
+    assert slept == [5, 5, 2]
+    with pytest.raises(run_guard.Refused, match=r"1-minute load 3.00 is above --max-load 1.00"):
+        run_guard.wait_for_idle(10.0, 1.0, 0, False, busy=lambda: 1.0)
+    forced = run_guard.wait_for_idle(10.0, 1.0, 25, True, busy=lambda: 50.0, sleep=slept.append)
+    assert forced == run_guard.Start(50.0, 3.0, True) and slept == [5, 5, 2]  # force starts at once
+    assert run_guard.wait_for_idle(10.0, 5.0, 0, False, busy=lambda: 9.0).forced is False
+
+
+def test_busy_percent_counts_every_core_and_not_idle_or_iowait(tmp_path):
+    stat = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal
+    stat.write_text("cpu  100 0 50 800 50 0 0 0\ncpu0 1 1 1 1\n")
+    assert run_guard.cpu_times(str(stat)) == (150, 1000)
+    samples = iter([(150, 1000), (250, 1400)])  # 100 of 400 jiffies busy: one core of four, or half of two
+    assert run_guard.busy_percent(1.0, times=lambda: next(samples), sleep=lambda s: None) == 25.0
+    before = run_guard.cpu_times()
+    assert 0 <= before[0] <= before[1]  # the real /proc/stat parses
 
 
 def test_busy_machine_refuses_before_any_run(monkeypatch, tmp_path):
-    monkeypatch.setattr(os, "getloadavg", lambda: (9.0, 0.0, 0.0))
-    conditions = cluster_bench.Conditions(max_load=1.0, load_wait=0, allow_dirty=True)
-    with pytest.raises(run_guard.Refused):
+    monkeypatch.setattr(run_guard, "busy_percent", lambda: 90.0)
+    conditions = cluster_bench.Conditions(load_wait=0, allow_dirty=True)
+    with pytest.raises(run_guard.Refused, match="--max-busy"):
         cluster_bench.run_points([cluster_bench.Point(model="resnet50_v1", kvstore="p3")], tmp_path / "x.csv",
                                  conditions)
     assert not (tmp_path / "x.csv").exists()
