@@ -208,7 +208,7 @@ def start_launcher(nodes: list, name: str, args: Sequence[str], worker: Sequence
 
 ROLE_COMMANDS = {
     "scheduler": [sys.executable, "-m", "p3kv.core.scheduler"],
-    "server": [sys.executable, "-m", "p3kv.core.server"],
+    "server": [sys.executable, "-m", "p3kv.mxnet.server"],
     "worker": [sys.executable, "-c", "from p3kv import P3Worker; P3Worker()"],
 }
 

@@ -87,7 +87,7 @@ def test_scheduler_port_in_use_fails_at_once():
 # The role's start (P3Server() / P3Worker(), which join the job), timed inside the process: the interpreter's
 # start-up, which takes seconds on a loaded machine, is not part of what a connect timeout bounds.
 TIMED_JOIN = {
-    "server": "from p3kv.core.server import main",
+    "server": "from p3kv.mxnet.server import main",
     "worker": "from p3kv import P3Worker\ndef main():\n    P3Worker()",
 }
 TIMED = "import sys, time\n{start}\nt = time.monotonic()\ntry:\n    code = main()\nfinally:\n" \

@@ -1,7 +1,9 @@
 """`import p3kv` from a folder whose C++ core is not built (the README's `pip install .`, then its examples run
 from the checkout: the source folder shadows the installed package) fails with a message that says what to do."""
 
+import ast
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -78,3 +80,30 @@ def test_kvstore_p3_is_registered_whichever_is_imported_first(first):
                       "print('registered:', mx.kvstore.KVStoreBase.kv_registry.get('p3') is P3)")
     assert result.returncode == 0, result.stderr
     assert "registered: True" in result.stdout, result.stdout
+
+
+def test_the_core_imports_nothing_from_the_layers_above_it():
+    # Every import statement, function-level ones too: a lazy import of p3kv.mxnet from the core is still a
+    # dependency on the MXNet layer (the default server used to reach up for the optimizer host this way).
+    above = []
+    for path in sorted(pathlib.Path(ROOT, "p3kv", "core").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            above += [f"{path.name}:{node.lineno} {n}" for n in names
+                      if n.split(".")[0] == "mxnet" or n.startswith(("p3kv.mxnet", "p3kv.launch"))]
+    assert above == []
+
+
+def test_the_launchers_server_runs_the_mxnet_optimizer_and_the_core_server_aggregates_only():
+    result = run_here("from p3kv.core.config import load, Role\n"
+                      "from p3kv.core.server import P3Server\n"
+                      "from p3kv.mxnet.server import OptimizerServer\n"
+                      "config = load(role=Role.SERVER, root_uri='127.0.0.1', root_port=9, num_worker=1, num_server=1)\n"
+                      "plain, mx_server = P3Server(config), OptimizerServer(config)\n"
+                      "print('plain host:', hasattr(plain, 'optimizer_host'))\n"
+                      "print('optimizer host:', type(mx_server.optimizer_host).__name__)\n"
+                      "import sys; print('mxnet loaded:', 'mxnet' in sys.modules)")
+    assert result.returncode == 0, result.stderr
+    assert "plain host: False" in result.stdout and "optimizer host: OptimizerHost" in result.stdout, result.stdout
+    assert "mxnet loaded: False" in result.stdout, result.stdout  # imported only when an optimizer arrives

@@ -97,7 +97,7 @@ def test_plan_p3_gives_each_role_its_variables():
         assert "DMLC_ROLE" not in spec.env and BASELINE_VARIABLE not in spec.env
         assert spec.primary == (role == "worker")
     assert specs["scheduler"].argv == (sys.executable, "-m", "p3kv.core.scheduler")
-    assert specs["server 1"].argv == (sys.executable, "-m", "p3kv.core.server")
+    assert specs["server 1"].argv == (sys.executable, "-m", "p3kv.mxnet.server")
     assert specs["worker 1"].argv == ("train",) and specs["worker 1"].log_name == "worker1"
 
 

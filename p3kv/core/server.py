@@ -1,11 +1,13 @@
-"""P3Server: the server side of P3, and `python -m p3kv.core.server` to run one from the P3_* environment.
+"""P3Server: the server side of P3, and `python -m p3kv.core.server` to run an aggregate-only one from the P3_*
+environment.
 
-The update function is pluggable. By default the server runs the MXNet optimizer that worker 0 sends
-(p3kv.mxnet.optimizer_host), and until one arrives it broadcasts the summed gradient ("aggregate only"). A
-custom update function is called once per slice and iteration, on the server's consumer thread, as
-`updater(key_id, slice, offset, iteration, aggregated, value)`: `aggregated` is a read-only view of the sum
-over workers, `value` a writable view of the stored slice (initially worker 0's init value) to update in
-place; the new `value` is then broadcast. An exception in it reaches every worker waiting on the key.
+The update function is pluggable. Without one the server broadcasts the summed gradient ("aggregate only");
+p3kv.mxnet.server.OptimizerServer, the server the launcher starts, plugs in the MXNet optimizer that worker 0 sends
+(this module knows nothing of MXNet). A custom update function is called once per slice and iteration, on the
+server's consumer thread, as `updater(key_id, slice, offset, iteration, aggregated, value)`: `aggregated` is a
+read-only view of the sum over workers, `value` a writable view of the stored slice (initially worker 0's init
+value) to update in place; the new `value` is then broadcast. An exception in it reaches every worker waiting on the
+key.
 """
 
 from __future__ import annotations
@@ -30,20 +32,10 @@ class P3Server:
     def __init__(self, config: Config | None = None, updater: Updater | None = None,
                  on_request: Callable[[int, bytes], bytes] | None = None, **overrides):
         """`on_request(type, body) -> reply` answers workers' control requests (see p3kv.core.requests) on the
-        consumer thread; without `updater` and `on_request` the server runs MXNet optimizers that worker 0
-        sends (p3kv.mxnet.optimizer_host), and broadcasts summed gradients until one arrives."""
+        consumer thread; without it a request is refused with an error the worker raises. Without `updater` the
+        server broadcasts summed gradients."""
         self.config = config if config is not None else load(role=Role.SERVER, **overrides)
         node.configure_logging(self.config)
-        self.optimizer_host = None
-        if updater is None and on_request is None:
-            # The default plug-in: the slices' MXNet optimizer, in C++ (aggregate only until worker 0 sends an
-            # optimizer). Imported here, not at the top, so that the core loads nothing of the MXNet layer unless
-            # it runs it; the host itself imports mxnet only when an optimizer arrives.
-            from p3kv.mxnet.optimizer_host import OptimizerHost
-
-            native = _p3.SliceOptimizer()
-            self.optimizer_host = OptimizerHost(native)
-            updater, on_request = native, self.optimizer_host.on_request
         self._core = _p3.Server(node.node_config(self.config), updater, on_request)
         self._started = False
 
@@ -86,15 +78,21 @@ class P3Server:
         return self._core.trace()
 
 
-def main(updater: Updater | None = None) -> int:
-    """Runs one server from the environment; returns the process exit code."""
+def serve(create: Callable[[], P3Server]) -> int:
+    """Runs the server `create()` builds from the environment until the job ends; returns the exit code."""
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     try:
-        P3Server(updater=updater).run()
+        create().run()
     except P3Error as e:
         log.error("server failed: %s", e)
         return 1
     return 0
+
+
+def main(updater: Updater | None = None) -> int:
+    """Runs one server from the environment with `updater` (aggregate only without one); returns the exit code.
+    The launcher's servers run p3kv.mxnet.server instead, which adds the MXNet optimizer."""
+    return serve(lambda: P3Server(updater=updater))
 
 
 if __name__ == "__main__":

@@ -86,8 +86,9 @@ def check_port(address: str, port: int) -> None:
 
 
 def _default_command(kvstore: KVStore, role: Role) -> tuple[str, ...]:
-    if kvstore is KVStore.P3:
-        return (sys.executable, "-m", f"p3kv.core.{role.value}")
+    if kvstore is KVStore.P3:  # servers run the MXNet optimizer workers send (aggregate only until one arrives)
+        module = "p3kv.mxnet.server" if role is Role.SERVER else f"p3kv.core.{role.value}"
+        return (sys.executable, "-m", module)
     return baselines.command(role)
 
 

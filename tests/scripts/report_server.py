@@ -1,17 +1,17 @@
 """A p3kv server that prints ``server rank=R pid=P port=N`` once it has joined the job, then serves as
-``python -m p3kv.core.server`` does (same exit codes). Tests use the port to reach it and the pid to kill it. After a
+``python -m p3kv.mxnet.server`` does (same exit codes). Tests use the port to reach it and the pid to kill it. After a
 clean end it prints ``server rank=R rejected_frames=N`` (its counter of refused frames and connections)."""
 
 import os
 import sys
 
 from p3kv.core.errors import P3Error
-from p3kv.core.server import P3Server
+from p3kv.mxnet.server import OptimizerServer
 
 
 def main() -> int:
     try:
-        server = P3Server()
+        server = OptimizerServer()
         server.start()
         print(f"server rank={server.rank} pid={os.getpid()} port={server.port}", flush=True)
         server.run()
