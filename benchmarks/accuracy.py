@@ -12,8 +12,9 @@ every round. Rank 0's held-out test accuracy every --eval-every iterations again
 
 The emulated-cluster runner's machinery, not a copy of it: each round's order of systems is
 cluster_bench.interleave's (freshly shuffled per repeat, seeded by --order-seed, position recorded); the run guard
-(benchmarks/run_guard.py) refuses a dirty tree unless --allow-dirty and waits before every job for the 1-minute
-load to fall below --max-load (up to --load-wait seconds), then refuses unless --force, all recorded; and every
+(benchmarks/run_guard.py) refuses a dirty tree unless --allow-dirty and waits before every job for an idle
+machine (--max-busy over a 5-second sample, --max-load if given; up to --load-wait seconds), then refuses unless
+--force, all recorded; and every
 job also becomes one row of the emulated runner's columns (benchmarks/bench_rows.py: optimizer, conditions,
 versions) in <csv stem>_runs.csv, its workers' timed iterations in <csv stem>_runs_iterations.csv. The table's
 seconds per iteration are the median and interquartile range over every iteration of every repeat
@@ -294,7 +295,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=1, help="rounds over the systems, order shuffled each round")
     p.add_argument("--order-seed", type=int, default=0, help="seeds the shuffled order of the systems (recorded; "
                    "--seed seeds the training)")
-    cluster_bench.add_guard_arguments(p)
+    run_guard.add_arguments(p)
     p.add_argument("--targets", type=float, nargs="+", default=[0.8, 0.9], help="accuracies for time-to-accuracy")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds one job may take")
     p.add_argument("--csv", type=pathlib.Path, default=RESULTS / "accuracy.csv")

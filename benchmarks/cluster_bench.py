@@ -190,21 +190,8 @@ def add_condition_arguments(p: argparse.ArgumentParser) -> None:
     """The statistics and run-condition options (shared with sweeps.py)."""
     p.add_argument("--repeats", type=int, default=3, help="rounds over the systems, a fresh shuffled order each")
     p.add_argument("--seed", type=int, default=0, help="seeds the shuffled orders (recorded)")
-    add_guard_arguments(p)
+    run_guard.add_arguments(p)
     p.add_argument("--smoke", action="store_true", help="mark the rows as a smoke run (never a result)")
-
-
-def add_guard_arguments(p: argparse.ArgumentParser) -> None:
-    """The run guard's options (run_guard.py), shared with accuracy.py."""
-    p.add_argument("--max-busy", type=float, default=run_guard.DEFAULT_MAX_BUSY,
-                   help="a run waits until the CPUs were at most this busy (percent of all cores) over a 5-second "
-                   f"sample (default {run_guard.DEFAULT_MAX_BUSY:g})")
-    p.add_argument("--max-load", type=float, default=None,
-                   help="also wait for the 1-minute load average to fall below this (default: not checked)")
-    p.add_argument("--load-wait", type=float, default=600.0, help="seconds a run waits for an idle machine, then "
-                   "refuses")
-    p.add_argument("--force", action="store_true", help="run on a busy machine anyway (recorded in every row)")
-    p.add_argument("--allow-dirty", action="store_true", help="run on uncommitted changes (recorded in every row)")
 
 
 def conditions_from_args(args: argparse.Namespace) -> Conditions:

@@ -39,6 +39,7 @@ import time
 
 import kvstore_worker
 import proc_monitor
+import run_guard
 
 LOG = logging.getLogger("kvstore_bench")
 HERE = pathlib.Path(__file__).resolve().parent
@@ -53,21 +54,13 @@ OPTIMIZER_TARGET = 1.20  # p3kv with SGD within 20% of p3kv without
 ITERATION_COLUMNS = (
     "timestamp", "git_commit", "git_dirty", "repeat", "position", "model", "system", "status", "exit_code",
     "iteration", "time_s", "workers", "servers", "warmup", "iters", "arrays", "params", "bytes", "optimizer",
-    "update_on", "wall_s", "total_peak_rss_mib", "load_1m_before", "load_1m_after", "max_load", "forced",
-    "cpus", "python", "numpy", "mxnet", "p3kv", "p3kv_path", "horovod", "env",
+    "update_on", "wall_s", "total_peak_rss_mib", "load_1m_before", "load_1m_after", "max_load", "busy_pct_before",
+    "max_busy_pct", "forced", "allow_dirty", "cpus", "python", "numpy", "mxnet", "p3kv", "p3kv_path", "horovod", "env",
 )
 SUMMARY_COLUMNS = (
     "model", "system", "label", "runs_ok", "runs_failed", "iterations", "median_s", "q1_s", "q3_s", "iqr_s",
     "run_median_min_s", "run_median_max_s", "vs_dist_sync", "vs_horovod", "vs_p3_noopt", "load_1m_max",
 )
-
-
-def git_state() -> tuple[str, bool]:
-    def git(*args: str) -> str:
-        done = subprocess.run(["git", *args], check=False, cwd=ROOT, capture_output=True, text=True, timeout=30)
-        return done.stdout.strip() if done.returncode == 0 else ""
-
-    return git("rev-parse", "HEAD") or "none", bool(git("status", "--porcelain", "--untracked-files=no"))
 
 
 def horovod_problem() -> str | None:
@@ -250,10 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seeds the run order and the gradients")
     parser.add_argument("--max-keys", type=int, default=None, help="only the first N arrays of each model (tests)")
     parser.add_argument("--shapes-dir", type=pathlib.Path, default=HERE / "shapes")
-    parser.add_argument("--max-load", type=float, default=max(1.0, 0.25 * (os.cpu_count() or 1)),
-                        help="refuse to start when the 1-minute load average is above this (default: "
-                             "max(1, CPUs/4))")
-    parser.add_argument("--force", action="store_true", help="start anyway above --max-load (recorded)")
+    run_guard.add_arguments(parser)
     parser.add_argument("--require-horovod", action="store_true",
                         help="fail when Horovod cannot run here (default: skip it with a message, also in the table)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds one job may take")
@@ -267,10 +257,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--iters and --repeats must be >= 1, --warmup >= 0")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
-    load = os.getloadavg()[0]
-    if load > args.max_load and not args.force:
-        LOG.error("the 1-minute load average is %.2f, above --max-load %.2f: the machine is busy and the numbers "
-                  "would be too. Wait, or pass --force (recorded in the results).", load, args.max_load)
+    try:
+        commit, dirty = run_guard.check_tree(args.allow_dirty)
+    except run_guard.Refused as e:
+        LOG.error("%s", e)
         return 2
     systems = list(dict.fromkeys(args.systems))
     skipped: dict[str, str] = {}
@@ -283,10 +273,9 @@ def main(argv: list[str] | None = None) -> int:
             LOG.warning("skipping horovod: %s", problem)
             skipped["horovod"] = problem
             systems.remove("horovod")
-    commit, dirty = git_state()
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    common = {"timestamp": stamp, "git_commit": commit, "git_dirty": dirty, "cpus": os.cpu_count(),
-              "max_load": args.max_load, "forced": load > args.max_load}
+    common = {"timestamp": stamp, "git_commit": commit, "git_dirty": dirty, "allow_dirty": args.allow_dirty,
+              "cpus": os.cpu_count(), "max_load": args.max_load, "max_busy_pct": args.max_busy}
     shuffler = random.Random(args.seed)
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="kvstore_bench.") as tmp:
@@ -300,8 +289,14 @@ def main(argv: list[str] | None = None) -> int:
                 shuffler.shuffle(order)
                 LOG.info("repeat %d, %s: order %s", repeat, model, ", ".join(order))
                 for position, system in enumerate(order):
+                    try:
+                        start = run_guard.wait_for_idle(args.max_busy, args.max_load, args.load_wait, args.force)
+                    except run_guard.Refused as e:
+                        LOG.error("%s", e)
+                        return 2
+                    started = {"forced": start.forced, "busy_pct_before": round(start.busy_pct, 1)}
                     for row in run_one(args, model, system, repeat, scratch):
-                        rows.append({**common, "position": position, **row})
+                        rows.append({**common, **started, "position": position, **row})
     summary = summarize(rows, systems, args.models)
     write_csv(args.results_dir / "kvstore_bench.csv", rows, ITERATION_COLUMNS)
     write_csv(args.results_dir / "kvstore_bench_summary.csv", summary, SUMMARY_COLUMNS)
@@ -309,9 +304,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"{args.servers} servers (Horovod: none) on loopback, {args.warmup} warm-up + {args.iters} timed "
                 f"iterations, {args.repeats} repeats in shuffled order (seed {args.seed})"
                 f"{f', first {args.max_keys} arrays only' if args.max_keys else ''}, {os.cpu_count()} CPUs, "
-                f"Python {platform.python_version()}. 1-minute load at start {load:.2f}"
-                f"{' (above --max-load, --force)' if common['forced'] else ''}; each job's load before/after is "
-                "in kvstore_bench.csv. Optimizer everywhere but p3-noopt: SGD momentum 0.9, wd 1e-4, "
+                f"Python {platform.python_version()}. Each job started once a 5-second sample showed the CPUs "
+                f"at most {args.max_busy:g}% busy (highest: {max((r['busy_pct_before'] for r in rows), default=0):.0f}%"
+                f"{'; some jobs forced on a busy machine' if any(r['forced'] for r in rows) else ''}); each job's "
+                "CPU sample and load before/after are in kvstore_bench.csv. Optimizer everywhere but p3-noopt: SGD "
+                "momentum 0.9, wd 1e-4, "
                 "rescale_grad 1/W.")
     table = markdown(summary, settings, skipped)
     (args.results_dir / "kvstore_bench.md").write_text(table)

@@ -28,6 +28,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 SWEEPS_DIR = RESULTS / "sweeps"  # rows that satisfy the reviewed schema (optimizer, repeats, load, headers)
 README = HERE.parent / "README.md"
+# The models each --models sweep covers (sweeps.py runs these by default): a block names those without rows yet.
+SWEEP_MODELS = {"bandwidth": ("resnet50_v1", "inceptionv3", "sockeye", "vgg19")}
 LABEL = {"p3": "p3kv", "dist_sync": "dist_sync", "mxnet-p3": "MXNet P3", "horovod": "Horovod",
          "p3-slicing-only": "p3kv slicing only", "p3-priority-split": "p3kv priority only (big arrays split)",
          "p3-priority-only": "p3kv priority only (unsplit)"}
@@ -79,6 +81,8 @@ def aggregate(rows: Sequence[dict], include_smoke: bool = False) -> list[dict]:
             "pct_of_bound": 100 * value / bound if bound else None, "cpu_total_pct": max(cpu) if cpu else None,
             "cpu_host_max_pct": max(cpu_host) if cpu_host else None, "legacy": first.get("legacy") == "True",
             "load_max": max(max(_float(r.get("load_1m_before")), _float(r.get("load_1m_after"))) for r in runs),
+            "busy_max": max((_float(r["busy_pct_before"]) for r in runs if r.get("busy_pct_before") not in (None, "")),
+                            default=None),
             "dirty": any(str(r.get("git_dirty")) == "True" for r in runs),
             "forced": any(str(r.get("forced")) == "True" for r in runs),
         })
@@ -199,13 +203,20 @@ def reviewed_block(name: str, results: pathlib.Path) -> str:
     if any(p["dirty"] for p in points):
         flags.append("some rows ran on a dirty tree (--allow-dirty)")
     if any(p["forced"] for p in points):
-        flags.append("some rows started above --max-load (--force)")
+        flags.append("some rows started on a busy machine (--force)")
     load = max(p["load_max"] for p in points)
-    head = (f"From `benchmarks/results/sweeps/{name}.csv` ({sum(p['n'] for p in points)} runs; highest 1-minute "
-            f"load before/after a run {load:.2f}{'; ' + '; '.join(flags) if flags else ''}). Throughput: median over "
+    busy = [p["busy_max"] for p in points if p["busy_max"] is not None]
+    idle = f"; CPUs busy before a run at most {max(busy):.0f}% (5-second sample)" if busy else ""
+    head = (f"From `benchmarks/results/sweeps/{name}.csv` ({sum(p['n'] for p in points)} runs{idle}; highest "
+            f"1-minute load before/after a run {load:.2f}, the runs' own included"
+            f"{'; ' + '; '.join(flags) if flags else ''}). Throughput: median over "
             "every timed iteration of every repeat; IQR: its 25–75% range; repeat medians: the range of the "
             "per-repeat medians; bound: headers included.")
     extra = []
+    missing = [m for m in SWEEP_MODELS.get(name, ()) if m not in {p["model"] for p in points}]
+    if missing:
+        extra.append(f"- Not measured yet: {', '.join(missing)} (`sudo .venv/bin/python benchmarks/sweeps.py {name} "
+                     f"--models {' '.join(missing)}` appends them).")
     if name == "dilation":
         rows = [r for r in _rows(path) if str(r.get("smoke")) != "True"]
         extra = dilation_sentences(points, int(_float(rows[0].get("cpus"), 2)))

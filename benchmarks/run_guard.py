@@ -8,6 +8,7 @@ from its commit: refused unless allowed (recorded).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import logging
 import os
@@ -114,3 +115,16 @@ def wait_for_idle(max_busy: float, max_load: float | None, wait_s: float, force:
         return Start(pct, load, True)
     raise Refused(f"{why} after waiting {waited:.0f} s: the numbers would measure the other work. Stop it, raise "
                   "--load-wait, or pass --force (recorded in every row).")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The guard's options, shared by every benchmark runner."""
+    p.add_argument("--max-busy", type=float, default=DEFAULT_MAX_BUSY,
+                   help="a run waits until the CPUs were at most this busy (percent of all cores) over a 5-second "
+                   f"sample (default {DEFAULT_MAX_BUSY:g})")
+    p.add_argument("--max-load", type=float, default=None,
+                   help="also wait for the 1-minute load average to fall below this (default: not checked)")
+    p.add_argument("--load-wait", type=float, default=600.0, help="seconds a run waits for an idle machine, then "
+                   "refuses")
+    p.add_argument("--force", action="store_true", help="run on a busy machine anyway (recorded in every row)")
+    p.add_argument("--allow-dirty", action="store_true", help="run on uncommitted changes (recorded in every row)")

@@ -44,7 +44,7 @@ import wire_bound
 LOG = logging.getLogger("sweeps")
 RESULTS = cluster_bench.RESULTS / "sweeps"
 SYSTEMS = list(cluster_bench.SYSTEMS)
-MODELS = ["resnet50_v1", "inceptionv3", "sockeye", "vgg19"]
+MODELS = list(report.SWEEP_MODELS["bandwidth"])
 LINK_MAX_GBPS = 2.0  # the fastest emulated link; faster P100-equivalents are reached by dilation
 # P100-equivalent Gbps per model: >= 6 points over 1-30, ResNet-50 at 4 (the paper's headline) and VGG-19 at 15.
 EQUIVALENTS = {"resnet50_v1": [1, 2, 4, 10, 20, 30], "inceptionv3": [1, 2, 4, 10, 20, 30],
@@ -131,23 +131,33 @@ SWEEPS = {"bandwidth": sweep_bandwidth, "slice": sweep_slice, "ablation": sweep_
 ALL = ("demo", "bandwidth", "slice", "ablation", "scale", "sensitivity", "dilation", "utilisation")
 
 
-def legacy_factors(results: pathlib.Path = cluster_bench.RESULTS) -> tuple[float, float]:
-    """(seconds per job outside the timed iterations, measured s/iter over the payload bound) from the older
-    rows of results/sweep_*.csv: what `estimate` scales the bound by."""
-    rows = [r for path in sorted(results.glob("sweep_*.csv")) for r in bench_rows.read_runs(path)
-            if r.get("compute") == "emulated" and r.get("median_s") and r.get("bound_s")]
+GATE_S = 5.0  # the run guard's idle sample before every run
+
+
+def measured_factors(results: pathlib.Path = cluster_bench.RESULTS) -> tuple[float, float, str]:
+    """(seconds per job outside the timed iterations, measured s/iter over the bound, where they come from):
+    what `estimate` scales the bound by. From the reviewed rows (results/sweeps/*.csv) once there are any, else
+    from the older rows of results/sweep_*.csv."""
+    def timed(paths):
+        return [r for path in paths if not path.stem.endswith("_iterations") for r in bench_rows.read_runs(path)
+                if r.get("compute") == "emulated" and r.get("median_s") and r.get("bound_s") and r.get("wall_s")]
+
+    source, rows = "the reviewed rows", timed(sorted((results / "sweeps").glob("*.csv")))
     if not rows:
-        return 30.0, 1.15
+        source, rows = "the older rows", timed(sorted(results.glob("sweep_*.csv")))
+    if not rows:
+        return 30.0, 1.15, "defaults"
     overhead = statistics.median(float(r["wall_s"]) - (int(r["warmup"]) + int(r["iters"])) * float(r["median_s"])
                                  for r in rows)
     slowdown = statistics.median(float(r["median_s"]) / float(r["bound_s"]) for r in rows)
-    return max(overhead, 0.0), slowdown
+    return max(overhead, 0.0) + GATE_S, slowdown, f"{source}, {len(rows)} runs"
 
 
-def estimate_seconds(points: Sequence[cluster_bench.Point], repeats: int, factors: tuple[float, float]) -> float:
-    """Run time of the points: (warm-up + timed iterations) x the header-inclusive bound x the slowdown older
-    rows showed over their bound, plus each job's start-up and shutdown."""
-    overhead, slowdown = factors
+def estimate_seconds(points: Sequence[cluster_bench.Point], repeats: int,
+                     factors: tuple[float, float, str]) -> float:
+    """Run time of the points: (warm-up + timed iterations) x the header-inclusive bound x the slowdown measured
+    rows showed over their bound, plus each job's start-up, shutdown and idle sample."""
+    overhead, slowdown, _ = factors
     total = 0.0
     for p in points:
         sizes, nbytes = cluster_bench.model_arrays(p.model)
@@ -255,14 +265,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.models = [cluster_bench.MODEL_ALIASES.get(m, m) for m in args.models]
     args.equivalents = EQUIVALENTS
     if args.sweep == "estimate":
-        factors = legacy_factors()
+        factors = measured_factors()
         total = 0.0
         for name in ALL:
             seconds = estimate_seconds(SWEEPS[name](args), args.repeats, factors)
             total += seconds
             sys.stdout.write(f"{name:12s} {seconds / 3600:5.1f} h\n")
-        sys.stdout.write(f"{'all':12s} {total / 3600:5.1f} h (start-up {factors[0]:.0f} s per job, s/iter = "
-                         f"{factors[1]:.2f} x the bound, from the older rows)\n")
+        sys.stdout.write(f"{'all':12s} {total / 3600:5.1f} h (start-up, shutdown and idle sample {factors[0]:.0f} s "
+                         f"per job, s/iter = {factors[1]:.2f} x the bound, from {factors[2]})\n")
         return 0
     name = args.name if args.sweep == "plot" else args.sweep
     if name not in SWEEPS:

@@ -250,6 +250,21 @@ def test_report_rewrites_a_block(tmp_path):
     assert report.main(["--readme", str(readme), "--results-dir", str(results), "--check"]) == 0
 
 
+def test_a_partly_run_sweep_names_what_is_missing_and_how_idle_the_machine_was(tmp_path):
+    base = {"status": "ok", "tag": "bandwidth", "model": "resnet50_v1", "hosts": "4", "workers": "4",
+            "samples_per_batch": "32", "bandwidth": "2gbit", "bandwidth_bps": "2e9", "gpu_scale": "1",
+            "optimizer": "sgd(momentum=0.9)", "unit": "images", "bound_throughput": "200", "iter_s": "[1.0, 1.0]",
+            "load_1m_before": "0.4", "load_1m_after": "3.5", "smoke": "False", "git_dirty": "False"}
+    for repeat, (kv, busy) in enumerate([("p3", "2.5"), ("dist_sync", "7.9")]):
+        bench_rows.write_run(tmp_path / "sweeps" / "bandwidth.csv",
+                             {**base, "kvstore": kv, "repeat": repeat, "busy_pct_before": busy})
+    block = report.reviewed_block("bandwidth", tmp_path)
+    assert "(2 runs; CPUs busy before a run at most 8% (5-second sample); highest 1-minute load before/after a " \
+           "run 3.50, the runs' own included)" in block, block
+    assert "- Not measured yet: inceptionv3, sockeye, vgg19 (`sudo .venv/bin/python benchmarks/sweeps.py " \
+           "bandwidth --models inceptionv3 sockeye vgg19` appends them)." in block, block
+
+
 def _args(**overrides):
     import sweeps
 
@@ -293,4 +308,4 @@ def test_sweep_definitions_cover_the_papers_evaluation():
     assert link_s > 2 * compute
     assert {p.efficiency_factor for p in sweeps.sweep_sensitivity(args)} == {0.5, 1.0, 2.0}
     assert sweeps.least_dilation(1) == 1.0 and sweeps.least_dilation(20) == pytest.approx(0.1)
-    assert sweeps.estimate_seconds(sweeps.sweep_demo(args), 3, (10.0, 1.0)) > 3 * 4 * 22 * 0.1
+    assert sweeps.estimate_seconds(sweeps.sweep_demo(args), 3, (10.0, 1.0, "test")) > 3 * 4 * 22 * 0.1

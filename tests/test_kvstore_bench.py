@@ -54,7 +54,7 @@ def test_same_work_same_weights(tmp_path):
     results = tmp_path / "results"
     done = run_bench(tmp_path, "--models", "tiny", "--shapes-dir", str(shapes), "--systems", *systems,
                      "--repeats", "1", "--warmup", "1", "--iters", "2", "--results-dir", str(results),
-                     "--save-weights", str(tmp_path / "weights"), "--force", "--timeout", "120")
+                     "--save-weights", str(tmp_path / "weights"), "--force", "--allow-dirty", "--timeout", "120")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
 
     with open(results / "kvstore_bench.csv", newline="") as f:
@@ -63,7 +63,8 @@ def test_same_work_same_weights(tmp_path):
         mine = [r for r in rows if r["system"] == system]
         assert [int(r["iteration"]) for r in mine] == [0, 1], system
         assert all(r["status"] == "ok" and 0 < float(r["time_s"]) < 60 for r in mine), mine
-        assert all(r["arrays"] == "4" and r["git_commit"] and r["load_1m_before"] for r in mine), mine
+        assert all(r["arrays"] == "4" and r["git_commit"] and r["load_1m_before"] and r["busy_pct_before"]
+                   and r["forced"] in ("True", "False") for r in mine), mine
     assert "| tiny |" in (results / "kvstore_bench.md").read_text()
 
     initial = [kvstore_worker.initial_weight(0, k, p["shape"], p["dtype"]) for k, p in enumerate(TINY["params"])]
@@ -79,9 +80,10 @@ def test_same_work_same_weights(tmp_path):
 
 @pytest.mark.unit
 def test_refuses_a_busy_machine_without_force(tmp_path):
-    done = run_bench(tmp_path, "--max-load", "-1", "--results-dir", str(tmp_path), timeout=60)
+    done = run_bench(tmp_path, "--max-load", "-1", "--load-wait", "0", "--allow-dirty", "--results-dir", str(tmp_path),
+                     timeout=60)
     assert done.returncode == 2
-    assert "--force" in done.stderr
+    assert "above --max-load -1.00" in done.stderr and "--force" in done.stderr, done.stderr
     assert not (tmp_path / "kvstore_bench.csv").exists()
 
 
