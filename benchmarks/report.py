@@ -124,12 +124,25 @@ def _link(p: dict) -> str:
     return f"{p['bandwidth']} ({eq:g} Gbps)" if eq else p["bandwidth"]
 
 
+def setting(p: dict) -> str:
+    """What a point changes from the defaults (slice size, calibrated efficiency), or ""."""
+    parts = []
+    if p.get("slice_size") not in (None, "", "default"):
+        parts.append(f"slice {int(_float(p['slice_size'])):,}")
+    factor = _float(p.get("efficiency_factor"), 1.0)
+    if factor != 1.0:
+        parts.append(f"efficiency ×{factor:g}")
+    return ", ".join(parts)
+
+
 def point_table(points: Sequence[dict]) -> str:
     lines = ["| model | hosts | link (P100-equiv.) | optimizer | system | throughput (median) | IQR | "
              "repeat medians | n | % of bound | vs dist_sync | vs Horovod | CPU % (all hosts) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in points:
         system = LABEL.get(p["kvstore"], p["kvstore"])
+        if setting(p):
+            system += f" ({setting(p)})"
         iqr = "-" if p["legacy"] else f"{_num(p['low'])}–{_num(p['high'])}"
         runs = "-" if p["n"] == 1 else f"{_num(p['run_min'])}–{_num(p['run_max'])}"
         lines.append(f"| {p['model']} | {p['hosts']} | {_link(p)} | {p['optimizer']} | {system} "
@@ -160,10 +173,27 @@ def verdicts(points: Sequence[dict]) -> list[str]:
             parts.append(f"{word} {LABEL.get(other['kvstore'], other['kvstore'])} ({ratio:.2f}×"
                          f"{', IQRs overlap' if overlap else ''})")
         if parts:
-            sentences.append(f"- {mine['model']}, {mine['hosts']} hosts, {_link(mine)}, optimizer {mine['optimizer']}: "
+            variant = f", {setting(mine)}" if setting(mine) else ""
+            sentences.append(f"- {mine['model']}, {mine['hosts']} hosts, {_link(mine)}{variant}, optimizer "
+                             f"{mine['optimizer']}: "
                              f"p3kv {_num(mine['throughput'])} {mine['unit']}/s, {_num(mine['pct_of_bound'], 0)}% of "
                              f"the bound, " + ", ".join(parts) + ".")
     return sentences
+
+
+def slice_sentences(points: Sequence[dict]) -> list[str]:
+    """The fastest slice size by median, and the sizes whose IQR overlaps its (not told apart from it)."""
+    sized = [p for p in points if p.get("slice_size") not in (None, "", "default")]
+    if not sized:
+        return []
+    best = max(sized, key=lambda p: p["throughput"])
+    ties = [p for p in sized if p is not best and p["low"] <= best["high"] and best["low"] <= p["high"]]
+    line = (f"- Fastest slice size by median: {int(_float(best['slice_size'])):,} ({_num(best['throughput'])} "
+            f"{best['unit']}/s)")
+    if ties:
+        line += "; IQRs overlap with " + ", ".join(f"{int(_float(p['slice_size'])):,} ({_num(p['throughput'])})"
+                                                   for p in sorted(ties, key=lambda p: int(_float(p["slice_size"]))))
+    return [line + "."]
 
 
 SATURATED = 0.9  # of the machine's cores: above it, a point measures CPU contention, not the links
@@ -217,6 +247,8 @@ def reviewed_block(name: str, results: pathlib.Path) -> str:
     if missing:
         extra.append(f"- Not measured yet: {', '.join(missing)} (`sudo .venv/bin/python benchmarks/sweeps.py {name} "
                      f"--models {' '.join(missing)}` appends them).")
+    if name == "slice":
+        extra += slice_sentences(points)
     if name == "dilation":
         rows = [r for r in _rows(path) if str(r.get("smoke")) != "True"]
         extra = dilation_sentences(points, int(_float(rows[0].get("cpus"), 2)))
