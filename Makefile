@@ -60,9 +60,11 @@ demo: setup
 # 20 timed iterations, all four systems), then the README's tables: an estimated 11.3 hours on an idle 2-core
 # machine (`make sweeps-estimate`: bandwidth 6.2 h, scale 2.1, sensitivity 1.6, dilation 0.6, ablation 0.4,
 # slice 0.2, demo and utilisation 0.1 each). Each sweep is also its own command (benchmarks/sweeps.py NAME);
-# SWEEP_FLAGS passes options to every one (e.g. --force, --repeats 5).
+# SWEEP_FLAGS passes options to every one (e.g. --force, --repeats 5). With --resume (the default here) a sweep
+# runs only what its CSV in benchmarks/results/sweeps/ lacks, so an interrupted `make sweeps` continues where it
+# stopped; to measure everything again, move benchmarks/results/sweeps/ aside first.
 SWEEPS := demo bandwidth slice ablation scale sensitivity dilation utilisation
-SWEEP_FLAGS ?=
+SWEEP_FLAGS ?= --resume
 sweeps: bench-setup
 	for s in $(SWEEPS); do $(SUDO) $(PY) benchmarks/sweeps.py $$s $(SWEEP_FLAGS) || exit 1; done
 	$(PY) benchmarks/report.py

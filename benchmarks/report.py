@@ -234,6 +234,9 @@ def reviewed_block(name: str, results: pathlib.Path) -> str:
         flags.append("some rows ran on a dirty tree (--allow-dirty)")
     if any(p["forced"] for p in points):
         flags.append("some rows started on a busy machine (--force)")
+    commits = sorted({str(r.get("git_commit"))[:7] for r in _rows(path) if str(r.get("smoke")) != "True"})
+    if len(commits) > 1:
+        flags.append(f"rows from {len(commits)} commits ({', '.join(commits)})")
     load = max(p["load_max"] for p in points)
     busy = [p["busy_max"] for p in points if p["busy_max"] is not None]
     idle = f"; CPUs busy before a run at most {max(busy):.0f}% (5-second sample)" if busy else ""

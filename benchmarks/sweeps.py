@@ -14,7 +14,7 @@
 Every run trains with SGD (momentum 0.9, wd 1e-4: on the servers for p3kv and dist_sync, on the workers for
 MXNet's P3 and Horovod), 3 repeats in a freshly shuffled order, 2 warm-up + 20 timed iterations, under the run
 guard (clean tree, idle machine; see cluster_bench.py). Each sweep appends to results/sweeps/<name>.csv (and
-<name>_iterations.csv; delete them to start over) and draws results/sweeps/fig_<name>.png with the IQR as error
+<name>_iterations.csv; delete them to start over; --resume runs only the runs they lack) and draws results/sweeps/fig_<name>.png with the IQR as error
 bars; `python benchmarks/report.py` then rewrites the README's tables. Compute is emulated with each model's
 calibrated P100 efficiency (benchmarks/shapes/*.json) and time dilated by --gpu-scale: a P100 at scale s on
 links of rate b has the compute/network ratio of real P100s on links of rate b/s ("P100-equivalent"), which is
@@ -27,6 +27,7 @@ utilisation of every host, so a point where the CPUs, not the links, were the li
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import pathlib
 import statistics
@@ -172,6 +173,25 @@ def estimate_seconds(points: Sequence[cluster_bench.Point], repeats: int,
     return total * repeats
 
 
+def _signature(settings: dict) -> tuple:
+    """A run's identity for --resume, from a Point's fields or a CSV row's columns alike."""
+    def number(value) -> float | None:
+        return None if value in (None, "") else float(value)
+
+    return (str(settings["tag"]), str(settings["model"]), str(settings["kvstore"]), int(settings["hosts"]),
+            str(settings["layout"]), str(settings["bandwidth"]), str(settings["compute"]),
+            int(settings["batch_size"]), number(settings["gpu_scale"]), number(settings["efficiency_factor"]),
+            number(settings["slice_size"]), report.optimizer_label(str(settings["optimizer"])),
+            int(settings["warmup"]), int(settings["iters"]), int(settings["repeat"]))
+
+
+def not_yet_run(points: Sequence[cluster_bench.Point], csv_path: pathlib.Path) -> list[cluster_bench.Point]:
+    """The points without an ok, non-smoke row of the same settings, system and repeat in csv_path: what is left
+    of an interrupted sweep (--resume)."""
+    done = {_signature(r) for r in bench_rows.read_runs(csv_path) if str(r.get("smoke")) != "True"}
+    return [p for p in points if _signature(dataclasses.asdict(p)) not in done]
+
+
 def plot(name: str, rows: Sequence[dict], path: pathlib.Path, include_smoke: bool = False) -> None:
     """The sweep's figure: medians with the IQR as error bars, the header-inclusive bound dashed (smoke rows
     only for a smoke run's own figure)."""
@@ -259,6 +279,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--results-dir", type=pathlib.Path, default=RESULTS)
+    parser.add_argument("--resume", action="store_true", help="skip the runs the sweep's CSV already holds (same "
+                        "settings, system and repeat, status ok): continue an interrupted sweep")
     cluster_bench.add_condition_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -288,6 +310,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     points, skipped = cluster_bench.drop_unavailable(cluster_bench.interleave(SWEEPS[name](args), args.repeats,
                                                                               args.seed))
+    if args.resume:
+        left = not_yet_run(points, csv_path)
+        LOG.info("--resume: %d of %d runs are already in %s; %d to go", len(points) - len(left), len(points),
+                 csv_path, len(left))
+        points = left
     try:
         rows = cluster_bench.run_points(points, csv_path, cluster_bench.conditions_from_args(args),
                                         utilisation_dir=args.results_dir / "utilisation"

@@ -265,6 +265,27 @@ def test_a_partly_run_sweep_names_what_is_missing_and_how_idle_the_machine_was(t
            "bandwidth --models inceptionv3 sockeye vgg19` appends them)." in block, block
 
 
+def test_resume_skips_the_runs_already_in_the_csv(tmp_path):
+    import sweeps
+
+    points = cluster_bench.interleave([cluster_bench.Point(model="resnet50_v1", kvstore=kv, tag="slice", slice_size=s,
+                                                           bandwidth="2gbit", warmup=2, iters=20)
+                                       for s in (5_000, 50_000) for kv in ("p3",)], 2, seed=0)
+    csv_path = tmp_path / "slice.csv"
+    assert sweeps.not_yet_run(points, csv_path) == points  # no CSV yet
+    first = points[0]
+    row = {"tag": "slice", "model": "resnet50_v1", "kvstore": "p3", "hosts": 4, "layout": "colocated",
+           "bandwidth": "2gbit", "compute": "emulated", "batch_size": 32, "gpu_scale": "1.0",
+           "efficiency_factor": "1.0", "slice_size": first.slice_size, "warmup": 2, "iters": 20,
+           "optimizer": "sgd(lr=0.01,momentum=0.9,wd=0.0001,rescale_grad=1/4)", "repeat": first.repeat,
+           "status": "ok", "smoke": False}
+    bench_rows.write_run(csv_path, row)
+    bench_rows.write_run(csv_path, {**row, "repeat": 1, "status": "failed(1)"})  # a failed run is run again
+    bench_rows.write_run(csv_path, {**row, "repeat": 1, "smoke": True})  # and a smoke run does not count
+    left = sweeps.not_yet_run(points, csv_path)
+    assert left == points[1:] and first.repeat == 0 and first.slice_size == 5_000
+
+
 def _args(**overrides):
     import sweeps
 
