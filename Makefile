@@ -1,7 +1,7 @@
 # The two commands of the README:
 #   make demo   set up, then run the P3-vs-baseline comparison (p3kv vs MXNet dist_sync vs MXNet's P3 vs Horovod
 #               when installed) on an emulated 4-host cluster with 2 Gbit links (network namespaces: needs root,
-#               uses sudo otherwise), 3 shuffled repeats, SGD on; about 30 minutes
+#               uses sudo otherwise), 3 shuffled repeats, SGD on; 12 runs of about 40 s each plus set-up
 #   make test   set up, then lint and run the test suite (what CI runs)
 # and the fast tier of the tests alone (pure Python and the C++ unit tests, no jobs):
 #   make test-unit
@@ -11,6 +11,7 @@
 #                        (results/kvstore_bench.{md,csv}); runs bench-setup first (Horovod)
 #   make bench-server    the server's CPU per slice (aggregate + update) against a memcpy floor, no network
 #                        (results/server_slice.{md,csv})
+# On the emulated cluster (root): make sweeps (the paper's evaluation), make bench-accuracy (its accuracy claim).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.p3kv-installed
@@ -19,7 +20,7 @@ CORE := $(shell find cpp -name '*.cc' -o -name '*.h') setup.py pyproject.toml
 # Network namespaces need root: run the cluster benchmarks through sudo unless we are root already.
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo -E)
 
-.PHONY: setup system-deps test test-unit demo bench bench-setup bench-kvstore bench-transport bench-server sweeps \
+.PHONY: setup system-deps test test-unit demo bench bench-setup bench-kvstore bench-accuracy bench-transport bench-server sweeps \
 	sweeps-estimate bench-report sim lint clean
 
 setup: system-deps $(STAMP)
@@ -69,6 +70,15 @@ sweeps: bench-setup
 	for s in $(SWEEPS); do $(SUDO) $(PY) benchmarks/sweeps.py $$s $(SWEEP_FLAGS) || exit 1; done
 	$(PY) benchmarks/report.py
 
+# The paper's accuracy claim in miniature (p3kv vs dist_sync vs dist_async on scikit-learn's digits, 4 emulated
+# hosts on 100 Mbit links, 3 shuffled repeats; about 30 minutes): results/accuracy/accuracy.{csv,md,png}.
+ACCURACY := benchmarks/results/accuracy
+bench-accuracy: setup
+	$(SUDO) $(PY) benchmarks/accuracy.py --hosts 4 --bandwidth 100mbit --iters 150 --compute-s 0.3 --repeats 3 \
+		--targets 0.8 0.9 0.95 --csv $(ACCURACY)/accuracy.csv --plot $(ACCURACY)/accuracy.png \
+		--summary $(ACCURACY)/accuracy.md
+	$(PY) benchmarks/report.py
+
 sweeps-estimate: setup
 	$(PY) benchmarks/sweeps.py estimate
 
@@ -99,6 +109,7 @@ bench-setup: setup
 # SGD (2 workers + 2 servers, Horovod 2 workers). Refuses to start on a busy machine (see --max-load, --force).
 bench-kvstore: bench-setup
 	$(PY) benchmarks/kvstore_bench.py --models resnet50_v1 vgg19 --repeats 3 --warmup 3 --iters 20
+	$(PY) benchmarks/report.py
 
 # Transport only, on loopback (no namespaces, no root): p3kv's raw numpy P3Worker (no MXNet engine, no optimizer)
 # against MXNet's kvstores through the engine; not like-for-like, see bench-kvstore for that.

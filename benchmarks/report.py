@@ -290,9 +290,29 @@ def status_block(results: pathlib.Path) -> str:
     return "\n".join(lines)
 
 
+def summary_block(path: pathlib.Path, command: str) -> str:
+    """A runner's own summary (its markdown file, title line dropped), or how to produce it."""
+    if not path.exists():
+        where = path.relative_to(HERE.parent) if path.is_relative_to(HERE.parent) else path
+        return f"Not measured yet: `{command}` writes `{where}`."
+    lines = path.read_text().strip().splitlines()
+    if lines and lines[0].startswith("# "):
+        lines = lines[1:]
+    return "\n".join(lines).strip()
+
+
+# The runners whose own summaries the README shows: block name -> (summary file, command that writes it).
+SUMMARIES = {
+    "kvstore": ("kvstore_bench.md", "make bench-kvstore"),
+    "accuracy": ("accuracy/accuracy.md", "make bench-accuracy"),
+}
+
+
 def blocks(results: pathlib.Path = RESULTS) -> dict[str, Callable[[], str]]:
     named: dict[str, Callable[[], str]] = {"status": lambda: status_block(results),
                                            "legacy": lambda: legacy_block(results)}
+    for name, (file, command) in SUMMARIES.items():
+        named[name] = (lambda f=file, c=command: summary_block(results / f, c))
     for name in ("demo", "bandwidth", "sensitivity", "dilation", "ablation", "slice", "scale"):
         named[name] = (lambda n=name: reviewed_block(n, results))
     return named
