@@ -534,6 +534,19 @@ def test_server_optimizer_error_surfaces_as_mxnet_error(jobs):
     assert job.seconds < JOB_TIMEOUT / 2, job.seconds
 
 
+@pytest.mark.mxnet
+def test_servers_without_an_optimizer_host_are_named_with_the_fix(tmp_path):
+    # Servers started as the core's aggregate-only P3Server (not the launcher's p3kv.mxnet.server): the optimizer
+    # worker 0 ships is refused, and the error says which server command runs one.
+    started = time.monotonic()
+    result = run_job(1, 1, [GLUON, "p3", str(tmp_path), "--steps", "2"], timeout=90,
+                     launcher_args=["--server-command", f"{sys.executable} -m p3kv.core.server", "--timeout", "60"])
+    assert result.returncode not in (0, 124), result.stdout[-4000:]
+    assert "this server takes no requests" in result.stdout, result.stdout[-4000:]
+    assert "start them with `python -m p3kv.mxnet.server`" in result.stdout, result.stdout[-4000:]
+    assert time.monotonic() - started < 60, result.stdout[-4000:]
+
+
 # ---- 8. Bad input ----
 
 @pytest.mark.mxnet

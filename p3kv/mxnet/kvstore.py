@@ -46,6 +46,8 @@ from p3kv.mxnet import checkpoint, hook, server_kernels
 from p3kv.mxnet.forward_order import ForwardOrder
 from p3kv.mxnet.shipped_optimizer import hyperparameters, server_copy
 
+# The C++ server's reply to a control request when it has no request handler (cpp/src/server.cc).
+NO_REQUEST_HANDLER = "this server takes no requests"
 log = logging.getLogger("p3kv.kvstore")
 
 P3_TYPE = "p3"
@@ -285,7 +287,15 @@ class P3(mx.kvstore.KVStoreBase):
         if self.rank == 0:
             body = pickle.dumps(server_copy(optimizer), protocol=4)
             for s in range(self._worker.num_servers):
-                self._worker.request(s, requests.SET_OPTIMIZER, body)
+                try:
+                    self._worker.request(s, requests.SET_OPTIMIZER, body)
+                except P3Error as e:
+                    if NO_REQUEST_HANDLER not in str(e):
+                        raise
+                    raise P3Error(f"{e}. Its servers run without an optimizer host (p3kv.core.server or a custom "
+                                  "P3Server): start them with `python -m p3kv.mxnet.server`, which python -m "
+                                  "p3kv.launch runs by default, or train with update_on_kvstore=False (the workers "
+                                  "update)") from None
 
     def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
         """Collects every slice's optimizer state from the servers and writes them per key, in the format of
