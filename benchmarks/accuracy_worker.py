@@ -25,12 +25,12 @@ Each rank writes <out>.rank<r>.json.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import logging
-import platform
 import sys
 import time
+
+import worker_results
 
 LOG = logging.getLogger("accuracy_worker")
 SYSTEMS = ("p3", "dist_sync", "dist_async")
@@ -108,16 +108,6 @@ class EmulatedCompute:
     def done(self):
         """An array that is ready when the last queued forward op is."""
         return self._acts[-1]
-
-
-def versions() -> dict:
-    found = {"python": platform.python_version()}
-    for name in ("mxnet", "p3kv", "scikit-learn", "numpy"):
-        try:
-            found[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            found[name] = None
-    return found
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -212,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
               "params": int(sum(p.data().size for p in net.collect_params().values())),
               "train_s": train_s, "losses": losses, "iter_s": iter_s,
               "evals": evals, "weight_checksum": float(sum(np.abs(p.data().asnumpy()).sum() for p in params)),
-              "versions": versions()}
+              "versions": worker_results.versions("mxnet", "p3kv", "scikit-learn", "numpy")}
     with open(f"{args.out}.rank{rank}.json", "w") as f:
         json.dump(result, f)
     LOG.info("rank %d: %d iterations in %.1f s", rank, args.iters, result["train_s"])

@@ -17,17 +17,16 @@ gradient array too, so gradients are refilled first.)
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import logging
 import os
 import pathlib
-import platform
 import statistics
 import sys
 import time
 
 import numpy as np
+import worker_results
 
 LOG = logging.getLogger("bench_worker")
 SHAPES_DIR = pathlib.Path(__file__).resolve().parent / "shapes"
@@ -140,17 +139,6 @@ def _p3kv_default_slice() -> int:
     return int(config.get("P3_SLICE_SIZE"))
 
 
-def versions() -> dict:
-    """Installed versions, read from package metadata so that a p3kv worker never imports mxnet."""
-    found = {"python": platform.python_version(), "numpy": np.__version__}
-    for name in ("mxnet", "p3kv"):
-        try:
-            found[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            found[name] = None
-    return found
-
-
 def check(runner, shapes: list[dict]) -> None:
     """Every element of every array must be the sum over workers of rank + 1."""
     expected = runner.num_workers * (runner.num_workers + 1) / 2
@@ -191,7 +179,8 @@ def run(args: argparse.Namespace) -> dict | None:
         # bytes pushed plus bytes received by one worker per second, in Gbit/s
         "goodput": 2 * n_bytes * 8 / median / 1e9,
         "slice_size": runner.slice_size, "env": {k: os.environ.get(k) for k in MXNET_KNOBS},
-        "versions": versions(), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "versions": worker_results.versions("numpy", "mxnet", "p3kv"),
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     LOG.info("rank %d: median %.4f s/iter, mean %.4f, goodput %.2f Gbit/s", runner.rank, median, mean,
              row["goodput"])
@@ -216,9 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     row = run(args)
     if row is not None and args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        with args.out.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+        worker_results.append_line(args.out, row)
         LOG.info("wrote %s", args.out)
     return 0
 

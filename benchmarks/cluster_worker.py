@@ -28,15 +28,15 @@ consecutive forward completions. Each rank writes <out>.rank<r>.json with its it
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import logging
 import math
 import os
-import platform
 import statistics
 import sys
 import time
+
+import worker_results
 
 LOG = logging.getLogger("cluster_worker")
 MODES = ("p3kv", "dist_sync", "mxnet-p3", "horovod")
@@ -58,16 +58,6 @@ def mode_from_env(system: str | None = None) -> str:
     if mode == "mxnet-p3" and os.environ.get("DMLC_PS_VAN_TYPE") != "p3":
         raise SystemExit("mode mxnet-p3 needs DMLC_PS_VAN_TYPE=p3 (the launcher's --kvstore mxnet-p3 sets it)")
     return mode
-
-
-def versions() -> dict:
-    found = {"python": platform.python_version()}
-    for name in ("mxnet", "p3kv", "gluoncv", "sockeye", "numpy", "horovod"):
-        try:
-            found[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            found[name] = None
-    return found
 
 
 def create_kvstore(mode: str):
@@ -286,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
               "optimizer": optimizer_label(args.optimizer, num_workers), "update_on": training.update_on,
               "compute": args.compute, "batch_size": args.batch_size, "samples_per_batch": training.samples,
               "unit": training.unit, "compute_s": training.compute_s, "iter_s": times,
-              "median_s": statistics.median(times) if times else None, "versions": versions()}
+              "median_s": statistics.median(times) if times else None,
+              "versions": worker_results.versions("mxnet", "p3kv", "gluoncv", "sockeye", "numpy", "horovod")}
     with open(f"{args.out}.rank{rank}.json", "w") as f:
         json.dump(result, f)
     LOG.info("rank %d: median %.4f s/iter, %.1f %s/s", rank, result["median_s"] or 0,

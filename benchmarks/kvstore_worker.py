@@ -27,17 +27,15 @@ to --out.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
-import importlib.util
 import json
 import logging
 import os
 import pathlib
-import platform
 import sys
 import time
 
 import numpy as np
+import worker_results
 
 LOG = logging.getLogger("kvstore_worker")
 SHAPES_DIR = pathlib.Path(__file__).resolve().parent / "shapes"
@@ -160,18 +158,6 @@ class HorovodSystem:
         self.hvd.shutdown()
 
 
-def versions() -> dict:
-    found = {"python": platform.python_version(), "numpy": np.__version__}
-    for name in ("mxnet", "p3kv", "horovod"):
-        try:
-            found[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            found[name] = None
-    spec = importlib.util.find_spec("p3kv")  # which checkout runs (an editable install may point elsewhere)
-    found["p3kv_path"] = str(pathlib.Path(spec.origin).parent) if spec and spec.origin else None
-    return found
-
-
 def run(args: argparse.Namespace) -> dict | None:
     import mxnet as mx
 
@@ -217,7 +203,8 @@ def run(args: argparse.Namespace) -> dict | None:
         "optimizer": "none" if args.system == "p3-noopt" else
         f"sgd(lr={LEARNING_RATE},momentum={MOMENTUM},wd={WEIGHT_DECAY},rescale_grad=1/{system.num_workers})",
         "update_on": "none" if args.system == "p3-noopt" else ("servers" if args.system in SERVER_SIDE else "workers"),
-        "times_s": times, "env": {k: os.environ.get(k) for k in KNOBS}, "versions": versions(),
+        "times_s": times, "env": {k: os.environ.get(k) for k in KNOBS},
+        "versions": worker_results.versions("numpy", "mxnet", "p3kv", "horovod", p3kv_path=True),
     }
     system.close()
     return row if rank == 0 else None
@@ -242,9 +229,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     row = run(args)
     if row is not None and args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        with args.out.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+        worker_results.append_line(args.out, row)
     return 0
 
 
