@@ -308,9 +308,16 @@ SUMMARIES = {
 }
 
 
+def _estimate_block(results: pathlib.Path) -> str:
+    import sweeps  # imports this module: loaded only when the block is written
+
+    return sweeps.estimate_block(results / "sweeps")
+
+
 def blocks(results: pathlib.Path = RESULTS) -> dict[str, Callable[[], str]]:
     named: dict[str, Callable[[], str]] = {"status": lambda: status_block(results),
                                            "legacy": lambda: legacy_block(results)}
+    named["estimate"] = lambda: _estimate_block(results)
     for name, (file, command) in SUMMARIES.items():
         named[name] = (lambda f=file, c=command: summary_block(results / f, c))
     for name in ("demo", "bandwidth", "sensitivity", "dilation", "ablation", "slice", "scale"):

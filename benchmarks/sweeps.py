@@ -264,7 +264,30 @@ def plot(name: str, rows: Sequence[dict], path: pathlib.Path, include_smoke: boo
     LOG.info("wrote %s", path)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def estimates(args: argparse.Namespace, results_dir: pathlib.Path) -> tuple[list[tuple[str, float, float]], str]:
+    """Per sweep: (name, seconds for all its runs, seconds for the runs its CSV in `results_dir` lacks), and
+    where the factors the bound is scaled by come from (see measured_factors)."""
+    factors = measured_factors(results_dir.parent)
+    rows = []
+    for name in ALL:
+        points = cluster_bench.interleave(SWEEPS[name](args), args.repeats, args.seed)
+        left = not_yet_run(points, results_dir / f"{name}.csv")
+        rows.append((name, estimate_seconds(points, 1, factors), estimate_seconds(left, 1, factors)))
+    source = (f"start-up, shutdown and idle sample {factors[0]:.0f} s per job, s/iter = {factors[1]:.2f} x the "
+              f"header-inclusive bound, from {factors[2]}")
+    return rows, source
+
+
+def estimate_block(results_dir: pathlib.Path = RESULTS) -> str:
+    """The README's table of run times: each sweep in full, and what `make sweeps` (--resume) would still run."""
+    rows, source = estimates(parse_args(["estimate"]), results_dir)
+    lines = ["| sweep | all runs | not yet in `results/sweeps/` |", "|---|---|---|"]
+    lines += [f"| {name} | {full / 3600:.1f} h | {left / 3600:.1f} h |" for name, full, left in rows]
+    lines.append(f"| all | {sum(r[1] for r in rows) / 3600:.1f} h | {sum(r[2] for r in rows) / 3600:.1f} h |")
+    return "\n".join([*lines, "", f"Estimated by `sweeps.py estimate` ({source}), on an idle 2-core machine."])
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sweep", choices=[*SWEEPS, "estimate", "plot"])
     parser.add_argument("name", nargs="?", help="with plot: which sweep's figure to redraw")
@@ -284,22 +307,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "settings, system and repeat, status ok): continue an interrupted sweep")
     cluster_bench.add_condition_arguments(parser)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     args.models = [cluster_bench.MODEL_ALIASES.get(m, m) for m in args.models]
     args.equivalents = EQUIVALENTS
+    if args.sweep == "plot" and args.name not in SWEEPS:
+        parser.error(f"plot what? one of {', '.join(SWEEPS)}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.sweep == "estimate":
-        factors = measured_factors()
-        total = 0.0
-        for name in ALL:
-            seconds = estimate_seconds(SWEEPS[name](args), args.repeats, factors)
-            total += seconds
-            sys.stdout.write(f"{name:12s} {seconds / 3600:5.1f} h\n")
-        sys.stdout.write(f"{'all':12s} {total / 3600:5.1f} h (start-up, shutdown and idle sample {factors[0]:.0f} s "
-                         f"per job, s/iter = {factors[1]:.2f} x the bound, from {factors[2]})\n")
+        rows, source = estimates(args, args.results_dir)
+        for name, full, left in rows:
+            sys.stdout.write(f"{name:12s} {full / 3600:5.1f} h   not yet run: {left / 3600:5.1f} h\n")
+        sys.stdout.write(f"{'all':12s} {sum(r[1] for r in rows) / 3600:5.1f} h   not yet run: "
+                         f"{sum(r[2] for r in rows) / 3600:5.1f} h\n({source})\n")
         return 0
     name = args.name if args.sweep == "plot" else args.sweep
-    if name not in SWEEPS:
-        parser.error(f"plot what? one of {', '.join(SWEEPS)}")
     csv_path = args.results_dir / f"{name}.csv"
     figure = args.results_dir / f"fig_{name}.png"
     if args.sweep == "plot":

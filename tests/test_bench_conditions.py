@@ -286,6 +286,17 @@ def test_resume_skips_the_runs_already_in_the_csv(tmp_path):
     assert left == points[1:] and first.repeat == 0 and first.slice_size == 5_000
 
 
+def test_estimate_counts_every_sweep_in_full_and_what_is_left(tmp_path):
+    import sweeps
+
+    rows, source = sweeps.estimates(sweeps.parse_args(["estimate"]), tmp_path / "sweeps")
+    assert [name for name, _, _ in rows] == list(sweeps.ALL)
+    assert all(full > 0 and left == full for _, full, left in rows)  # nothing measured in an empty folder
+    assert source.endswith("from defaults")
+    block = sweeps.estimate_block(tmp_path / "sweeps")
+    assert block.count("\n| ") == len(sweeps.ALL) + 1 and "| all |" in block  # a row per sweep, and the total
+
+
 def _args(**overrides):
     import sweeps
 
