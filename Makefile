@@ -70,7 +70,7 @@ sweeps: bench-setup
 	$(PY) benchmarks/report.py
 
 # The paper's accuracy claim in miniature (p3kv vs dist_sync vs dist_async on scikit-learn's digits, 4 emulated
-# hosts on 100 Mbit links, 3 shuffled repeats; about 30 minutes): results/accuracy/accuracy.{csv,md,png}.
+# hosts on 100 Mbit links, 3 shuffled repeats; 25 minutes here): results/accuracy/accuracy.{csv,md,png}.
 ACCURACY := benchmarks/results/accuracy
 bench-accuracy: setup
 	$(SUDO) $(PY) benchmarks/accuracy.py --hosts 4 --bandwidth 100mbit --iters 150 --compute-s 0.3 --repeats 3 \
