@@ -43,7 +43,8 @@ $(STAMP): $(CORE) | system-deps
 lint: setup
 	$(VENV)/bin/ruff check p3kv tests benchmarks examples deploy
 
-test: lint
+# bench-setup first: Horovod (the allreduce baseline) is in the launcher's and the benchmarks' tests.
+test: lint bench-setup
 	$(PY) -m pytest -q tests
 
 # One tier of tests/ (`pytest -m unit`; the tiers are in pyproject.toml and the README's Tests section).
@@ -53,7 +54,7 @@ test-unit: setup
 # ResNet-50, P100 compute at its published speed slowed 5x on 2 Gbit links: P100s on 10 Gbit links. The run refuses
 # a busy machine or a dirty tree: DEMO_FLAGS=--force / --allow-dirty override (recorded in every row).
 DEMO_FLAGS ?=
-demo: setup
+demo: bench-setup
 	$(SUDO) $(PY) benchmarks/sweeps.py demo $(DEMO_FLAGS)
 	$(PY) benchmarks/report.py
 

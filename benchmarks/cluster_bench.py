@@ -6,8 +6,8 @@
 Builds N hosts as network namespaces on a bridge with every link capped at --bandwidth
 (benchmarks/emulated_cluster.py) and runs, for every --kvstore, the paper's layout: one server and one worker
 per host, the scheduler on host 0, each host's processes started by its own `python -m p3kv.launch` inside its
-namespace. Horovod has no servers: one rank per host, started here with Horovod's Gloo environment and a
-rendezvous on host 0 (benchmarks/horovod_rendezvous.py), ring allreduce over the same capped links. Workers
+namespace. Horovod has no servers: the same launcher (`--kvstore horovod`) starts one rank per host with Horovod's
+Gloo environment and its rendezvous on host 0, ring allreduce over the same capped links. Workers
 run benchmarks/cluster_worker.py (see there for the compute modes and where each system runs the optimizer:
 SGD with momentum and weight decay by default, --optimizer none for the transport-only comparison).
 

@@ -2,8 +2,10 @@
 
 A parameter-server system (p3kv, dist_sync, MXNet's P3, p3kv's ablations) runs the paper's layout: on every host
 `python -m p3kv.launch` starts that host's worker and server inside its namespace, the scheduler on host 0.
-Horovod runs one rank per host (no launcher, no servers) with the environment Horovod's Gloo launcher would
-give it and a rendezvous on host 0 (benchmarks/horovod_rendezvous.py). Every host's output goes to a log, host
+Horovod runs through the same launcher (`--kvstore horovod`): one rank per host, no servers, Horovod's rendezvous
+on host 0; each host's launcher runs in a UTS namespace of its own named by its address, because Gloo finds a
+rank's address from its hostname and the namespaces would otherwise share this machine's. Every host's output
+goes to a log, host
 0's also to the terminal; the CPU each host's processes use is sampled while the job runs (host_cpu.py). The
 row carries the measurement, the bound with headers (wire_bound.py) and the conditions; cluster_bench.py adds
 the columns common to a whole invocation and writes it through bench_rows.py.
@@ -30,17 +32,16 @@ import emulated_compute
 import host_cpu
 import proc_monitor
 import wire_bound
-from horovod_rendezvous import rank_environment
 
 LOG = logging.getLogger("cluster_job")
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
-# What --kvstore names: (the launcher's --kvstore or None for Horovod, extra environment, extra worker flags).
+# What --kvstore names: (the launcher's --kvstore, extra environment, extra worker flags).
 KVSTORES = {
     "p3": ("p3", {}, []),
     "dist_sync": ("dist_sync", {}, []),
     "mxnet-p3": ("mxnet-p3", {}, []),
-    "horovod": (None, {}, ["--system", "horovod"]),
+    "horovod": ("horovod", {}, ["--system", "horovod"]),
     "p3-slicing-only": ("p3", {"P3_PRIORITY": "none"}, []),
     "p3-priority-split": ("p3", {"P3_SLICE_SIZE": str(1 << 30)}, ["--split-big-arrays", "SERVERS"]),
     "p3-priority-only": ("p3", {"P3_SLICE_SIZE": str(1 << 30)}, []),
@@ -82,6 +83,8 @@ class Point:
 
     def roles(self, host: int) -> tuple[int, int]:
         """(workers, servers) on `host`."""
+        if self.kvstore == "horovod":
+            return 1, 0
         if self.layout == "colocated":
             return 1, 1
         return (1, 0) if host < self.workers else (0, 1)
@@ -155,22 +158,6 @@ def _forward(stream, prefix: str, sink, log_file) -> None:
             sink.flush()
 
 
-def _start_rendezvous(cluster: emulated_cluster.EmulatedCluster, env: dict) -> tuple[subprocess.Popen, int]:
-    hosts = [cluster.address(i) for i in range(cluster.hosts)]
-    proc = cluster.popen(0, [sys.executable, str(HERE / "horovod_rendezvous.py"), "--hosts", *hosts], env=env,
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
-    line = proc.stdout.readline().strip()
-    if not line.isdigit():
-        proc.kill()
-        raise RuntimeError(f"Horovod's rendezvous did not start (printed {line!r})")
-    return proc, int(line)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc_monitor.stop_tree(proc, set(proc_monitor.descendants(proc.pid)))
-
-
 def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: pathlib.Path, port: int,
               live=sys.stdout) -> tuple[dict, dict[int, list[float]]]:
     """Runs one job across the cluster's hosts; returns its row (without the common columns) and every rank's
@@ -186,27 +173,20 @@ def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: 
     load_before = os.getloadavg()[0]
     start = time.perf_counter()
     procs, threads, logs = [], [], []
-    rendezvous = None
-    if launcher_kvstore is None:
-        rendezvous, rendezvous_port = _start_rendezvous(cluster, env)
     for i in range(hosts):
-        if launcher_kvstore is None:  # Horovod: rank i on host i, no launcher
-            # Horovod's process-set Gloo context finds its address from the hostname, not HOROVOD_GLOO_IFACE: each
-            # rank gets its own UTS namespace whose hostname is its host's address.
-            argv = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', cluster.address(i),
-                    *_worker_argv(point, out)]
-            host_env = {**env, **rank_environment(i, [cluster.address(h) for h in range(hosts)], cluster.address(0),
-                                                  rendezvous_port, "eth0")}
-        else:
-            local_workers, local_servers = point.roles(i)
-            argv = [sys.executable, "-m", "p3kv.launch", "-n", str(point.workers), "-s", str(point.servers),
-                    "--kvstore", launcher_kvstore, "--host", cluster.address(i), "--port", str(port),
-                    "--local-workers", str(local_workers), "--local-servers", str(local_servers),
-                    "--timeout", str(point.timeout)]
-            if i:
-                argv += ["--no-scheduler", "--root", cluster.address(0)]
-            argv += ["--", *_worker_argv(point, out)]
-            host_env = env
+        local_workers, local_servers = point.roles(i)
+        argv = [sys.executable, "-m", "p3kv.launch", "-n", str(point.workers), "-s", str(point.servers),
+                "--kvstore", launcher_kvstore, "--host", cluster.address(i), "--port", str(port),
+                "--local-workers", str(local_workers), "--local-servers", str(local_servers),
+                "--timeout", str(point.timeout)]
+        if i:
+            argv += ["--no-scheduler", "--root", cluster.address(0)]
+        if launcher_kvstore == "horovod":
+            argv += ["--slots", ",".join(f"{cluster.address(h)}:1" for h in range(hosts))]
+            # Gloo finds a rank's address from its hostname (not HOROVOD_GLOO_IFACE): a name of its own per host.
+            argv = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', cluster.address(i), *argv]
+        argv += ["--", *_worker_argv(point, out)]
+        host_env = env
         log = open(scratch / f"{name}.host{i}.log", "w")
         logs.append(log)
         proc = cluster.popen(i, argv, env=host_env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -223,8 +203,6 @@ def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: 
 
     exit_code = wait_all(procs, point.timeout + 60, results_complete)
     cpu_pct = cpu.stop()
-    if rendezvous is not None:
-        _stop(rendezvous)
     for thread in threads:
         thread.join(timeout=10)
     for log in logs:

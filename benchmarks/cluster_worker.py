@@ -13,8 +13,10 @@ it in practice: on the servers for p3kv and dist_sync (kv.set_optimizer: update_
 MXNet's P3 (it refuses server-side updates) and Horovod (allreduce, then the updater). --optimizer none: the
 servers only sum (the pulled sum becomes the weight), the transport-only comparison.
 
---system horovod (started by cluster_bench.py with Horovod's Gloo environment, no launcher, no servers):
-horovod.mxnet's allreduce_ (ring allreduce with tensor fusion) of every gradient, priority as for the others.
+--system horovod (Horovod's Gloo environment from cluster_bench.py, or from `p3kv.launch --kvstore horovod` as
+`fab bench` runs it; no servers): horovod.mxnet's allreduce_ (ring allreduce with tensor fusion) sums every
+gradient, priority as for the others, then every worker runs the same SGD (real compute: a Gluon Trainer
+without a kvstore).
 --split-big-arrays N cuts every array above 10^6 elements into N parts (own keys, consecutive, so p3kv's
 round-robin puts them on different servers): with unsliced p3kv, the priority-only ablation that still
 spreads big arrays over the servers as MXNet's dist_sync does.
@@ -50,7 +52,7 @@ def mode_from_env(system: str | None = None) -> str:
     if system == "horovod":
         if "HOROVOD_RANK" not in os.environ:
             raise SystemExit("--system horovod needs Horovod's Gloo environment (HOROVOD_RANK, ...): "
-                             "cluster_bench.py sets it")
+                             "cluster_bench.py and `python -m p3kv.launch --kvstore horovod` set it")
         return "horovod"
     mode = os.environ.get("P3_BASELINE", "") or "p3kv"
     if mode not in MODES:
@@ -185,21 +187,30 @@ class RealTraining:
         self.samples = self.model.samples_per_batch
         self.unit = "tokens" if args.model == "sockeye" else "images"
         self.compute_s = self._compute_only_seconds()
-        kvstore = "p3" if mode == "p3kv" else "dist_sync"
-        if mode == "p3kv":
-            import p3kv  # noqa: F401
-        if mode == "horovod":
-            raise SystemExit("--compute real with --system horovod is not supported by this runner (emulated or "
-                             "none compute only)")
         if args.optimizer == "none":
             raise SystemExit("--compute real trains with SGD; --optimizer none applies to emulated compute only")
-        # MXNet's P3 port needs the update on the workers (DESIGN.md); the others update on the servers.
-        self.trainer = gluon.Trainer(self.model.net.collect_params(), "sgd",
-                                     {"learning_rate": LEARNING_RATE, "momentum": MOMENTUM, "wd": WEIGHT_DECAY},
-                                     kvstore=kvstore, update_on_kvstore=mode != "mxnet-p3")
-        self.update_on = "workers" if mode == "mxnet-p3" else "servers"
-        self.batch_size = args.batch_size
+        sgd = {"learning_rate": LEARNING_RATE, "momentum": MOMENTUM, "wd": WEIGHT_DECAY}
+        params = self.model.net.collect_params()
+        self.hvd = None
         self.rank = self.num_workers = -1
+        if mode == "horovod":
+            import horovod.mxnet as hvd
+
+            hvd.init()
+            hvd.broadcast_parameters(params, root_rank=0)
+            self.hvd, self.rank, self.num_workers = hvd, hvd.rank(), hvd.size()
+            # Gradients summed by allreduce (not averaged), then the same SGD on every worker: the arithmetic of
+            # the servers' update, so every system does the same work. Forward order: first layers first.
+            self.grads = [p for p in params.values() if p.grad_req != "null"]
+            self.trainer = gluon.Trainer(params, "sgd", sgd, kvstore=None)
+        else:
+            kvstore = "p3" if mode == "p3kv" else "dist_sync"
+            if mode == "p3kv":
+                import p3kv  # noqa: F401
+            # MXNet's P3 port needs the update on the workers (DESIGN.md); the others update on the servers.
+            self.trainer = gluon.Trainer(params, "sgd", sgd, kvstore=kvstore, update_on_kvstore=mode != "mxnet-p3")
+        self.update_on = "servers" if mode in ("p3kv", "dist_sync") else "workers"
+        self.batch_size = args.batch_size
 
     def _compute_only_seconds(self) -> float:
         """Forward + backward without communication (second of two runs), the compute part of the bound."""
@@ -217,13 +228,18 @@ class RealTraining:
         with self.autograd.record():
             loss = self.model.loss(*self.batch)
         loss.backward()
+        if self.hvd is not None:
+            for i, param in enumerate(self.grads):
+                self.hvd.allreduce_(param.grad(), average=False, name=param.name, priority=-i)
         self.trainer.step(self.batch_size)
         if self.rank < 0:  # Gluon's Trainer creates its kvstore in the first step
             self.rank, self.num_workers = self.trainer._kvstore.rank, self.trainer._kvstore.num_workers
         return loss
 
     def close(self) -> None:
-        pass
+        if self.hvd is not None:
+            self.hvd.allreduce(self.mx.nd.zeros(1), name="barrier").wait_to_read()
+            self.hvd.shutdown()
 
 
 def main(argv: list[str] | None = None) -> int:

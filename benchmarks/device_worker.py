@@ -4,10 +4,10 @@
 
 The same training loop, timing and result file as benchmarks/cluster_worker.py (imported, not copied), with two
 differences: the model and its batch live on the first GPU the worker sees when the host has one (the launcher gives
-workers no local rank: run one worker per GPU host, or pick the GPU with the hosts file's gpus=, which sets
-CUDA_VISIBLE_DEVICES), else on the CPU; and --model also takes `tiny-mlp`
-(a 3-layer perceptron on synthetic data, for smoke tests of the deployment). The result file's prefix gains the
-device (PREFIX.<device>.rank<r>.json), which the collector reads back.
+parameter-server workers no local rank: run one worker per GPU host, or pick the GPU with the hosts file's gpus=,
+which sets CUDA_VISIBLE_DEVICES; Horovod ranks take the GPU of their local rank), else on the CPU; and --model
+also takes `tiny-mlp` (a 3-layer perceptron on synthetic data, for smoke tests of the deployment). The result
+file's prefix gains the device (PREFIX.<device>.rank<r>.json), which the collector reads back.
 
 cluster_worker builds its real models on mx.cpu(); this wrapper substitutes its own `real_models.build` for the
 one cluster_worker calls, so a --device option there would make this file unnecessary.
@@ -15,6 +15,7 @@ one cluster_worker calls, so a --device option there would make this file unnece
 
 from __future__ import annotations
 
+import os
 import sys
 
 import cluster_worker
@@ -26,8 +27,11 @@ TINY = "tiny-mlp"
 
 
 def device() -> mx.Context:
-    """The first visible GPU when the host has any, else the CPU."""
-    return mx.gpu(0) if mx.context.num_gpus() > 0 else mx.cpu()
+    """A visible GPU when the host has any (Horovod ranks: the one of their local rank), else the CPU."""
+    gpus = mx.context.num_gpus()
+    if not gpus:
+        return mx.cpu()
+    return mx.gpu(int(os.environ.get("HOROVOD_LOCAL_RANK", "0")) % gpus)
 
 
 def tiny_mlp(batch_size: int, ctx: mx.Context) -> real_models.RealModel:

@@ -1,6 +1,6 @@
 """`fab bench`: the comparison of the emulated-cluster benchmark, run on a real cluster with real compute.
 
-Every system (p3kv, MXNet dist_sync, MXNet's P3) trains the same real model on every host's accelerator (GPU
+Every system (p3kv, MXNet dist_sync, MXNet's P3, Horovod) trains the same real model on every host's accelerator (GPU
 when the host has one, else CPU: benchmarks/device_worker.py, which is cluster_worker.py's real-compute loop), one
 job per system and repeat, launched with deploy.launch and collected with deploy.logs. The emulated runner's
 machinery, reused: the order is cluster_bench.interleave's (freshly shuffled every repeat, seeded, position
@@ -12,9 +12,12 @@ benchmarks/bench_rows.py (the emulated runner's columns: optimizer, conditions, 
 every rank's timed iterations beside it (dest/cluster_iterations.csv), and dest/cluster.md and dest/cluster.png
 are that runner's table (median and IQR over every iteration of every repeat) and figure, so the emulated and the
 real cluster's results read the same way. The physical bound counts the link only when `bandwidth` (the hosts'
-link rate, e.g. the cap set with `fab bandwidth`) is given and every host runs one worker and one server.
-Horovod is not among the systems: the emulated runner starts its ranks itself (horovod_rendezvous.py, one UTS
-namespace per rank), which deploy.launch (p3kv.launch on every host) does not do yet.
+link rate, e.g. the cap set with `fab bandwidth`) is given and every host runs one worker and one server (Horovod:
+one worker; its ring moves the same bytes per link as colocated servers do).
+Horovod runs through the same launcher (`p3kv.launch --kvstore horovod`: its rendezvous on the first host with
+workers, one rank per worker, no servers), summing gradients with allreduce and running the same SGD on every
+worker. Gloo connects ranks by the address each host's hostname resolves to, so the hosts' names must resolve to
+their addresses on the job's network (true of most clusters; the tests give each emulated host its own name).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import json
+import logging
 import os
 import pathlib
 import statistics
@@ -32,8 +36,15 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from deploy.hosts import Host
+from deploy.install import DEFAULT_PATH, deployed_python
 from deploy.job import JOB_DIR_PLACEHOLDER, KVSTORES, _shares, launch, logs
-from deploy.remote import ConnectionFactory
+from deploy.remote import ConnectionFactory, DeployError, Session, remote_command
+
+LOG = logging.getLogger("p3kv.deploy")
+HOROVOD_CHECK = "import horovod.mxnet as h; assert h.gloo_built(), 'Horovod was built without Gloo'"
+HOROVOD_INSTALL = ("install it into the deployment's virtualenv on every host (HOROVOD_WITH_MXNET=1 "
+                   "HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 pip install --no-build-isolation horovod==0.28.1, "
+                   "with CMake 3), or leave it out: --systems p3,dist_sync,mxnet-p3")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHMARKS = os.path.join(ROOT, "benchmarks")
@@ -44,6 +55,22 @@ class CompareResult:
     exit_code: int  # 0 when every job succeeded, else the first failure's code
     rows: list[dict]  # one per job, bench_rows.RUN_COLUMNS
     folder: str  # cluster.csv, cluster.md, cluster.png and each job's collected logs (<repeat>-<system>/<host>/)
+    skipped: dict[str, str] = dataclasses.field(default_factory=dict)  # system: why it could not run
+
+
+def horovod_problem(hosts: Sequence[Host], connect: ConnectionFactory, path: str) -> str | None:
+    """Why Horovod cannot run on `hosts` (the deployment at `path` lacks horovod.mxnet with Gloo), or None."""
+    with Session(list(hosts), connect) as session:
+        def check(host: Host) -> None:
+            target = session.resolve(host, path)
+            python = deployed_python(session, host, target)
+            session.run(host, remote_command([python, "-c", HOROVOD_CHECK], cwd=target), "importing horovod.mxnet")
+
+        try:
+            session.each(check, "checking Horovod")
+        except DeployError as e:
+            return "; ".join(e.failures.values()) + f"; {HOROVOD_INSTALL}"
+    return None
 
 
 def _benchmarks() -> types.SimpleNamespace:
@@ -126,26 +153,40 @@ def compare(hosts: Sequence[Host], connect: ConnectionFactory, dest: str, *, sys
     cb = _benchmarks()
     if bandwidth:
         cb.parse_rate(bandwidth)  # a ValueError names the accepted forms
+    skipped = {}
+    if "horovod" in systems:  # optional, as in the emulated runner: left out, with the reason, where missing
+        problem = horovod_problem([h for h, _, _ in _shares(hosts, workers, servers, "horovod")], connect,
+                                  launch_options.get("path", DEFAULT_PATH))
+        if problem:
+            LOG.warning("skipping horovod: %s", problem)
+            skipped["horovod"] = problem
+            systems = [s for s in systems if s != "horovod"]
+            if not systems:
+                raise ValueError(f"--systems horovod: Horovod cannot run here: {problem}")
     conditions = cb.Conditions(load_wait=load_wait, force=force, allow_dirty=allow_dirty, seed=seed,
                                max_load=max_load, **({} if max_busy is None else {"max_busy": max_busy}))
     commit, dirty = cb.run_guard.check_tree(conditions.allow_dirty)
-    shares = _shares(hosts, workers, servers)
-    total_workers, total_servers = sum(s[1] for s in shares), sum(s[2] for s in shares)
-    colocated = all(w == 1 and s == 1 for _, w, s in shares)
+    shares = {system: _shares(hosts, workers, servers, system) for system in systems}
+    # One comparison (cluster_bench.interleave's group): the hosts that run something in a parameter-server job.
+    ps_shares = _shares(hosts, workers, servers)
+    used_hosts = len(ps_shares)
+    # Link in the bound when every host runs one worker and one server (then Horovod runs one rank on each).
+    colocated = all(w == 1 and s == 1 for _, w, s in ps_shares)
     command = ["python", "benchmarks/device_worker.py", "--model", model, "--compute", "real", "--batch-size",
                str(batch_size), "--warmup", str(warmup), "--iters", str(iters), "--optimizer", "sgd",
                "--log-interval", str(max(1, min(5, iters))), "--out", f"{JOB_DIR_PLACEHOLDER}/result"]
     os.makedirs(dest, exist_ok=True)
     csv_path = pathlib.Path(dest, "cluster.csv")
-    base = [cb.Point(model=model, kvstore=system, hosts=len(shares), bandwidth=bandwidth, compute="real",
-                     batch_size=batch_size, warmup=warmup, iters=iters, tag=tag, layout="colocated" if colocated
-                     else "deployed") for system in systems]
+    base = [cb.Point(model=model, kvstore=system, hosts=used_hosts, bandwidth=bandwidth, compute="real",
+                     batch_size=batch_size, warmup=warmup, iters=iters, tag=tag,
+                     layout="colocated" if colocated else "deployed") for system in systems]
     rows, exit_code = [], 0
     for job, point in enumerate(cb.interleave(base, repeats, seed)):
         start_state = cb.run_guard.wait_for_idle(conditions.max_busy, conditions.max_load, conditions.load_wait,
                                                  conditions.force)
         start = time.perf_counter()
-        result = launch(hosts, connect, command, kvstore=point.kvstore, workers=workers, servers=servers,
+        argv = command + (["--system", "horovod"] if point.kvstore == "horovod" else [])
+        result = launch(hosts, connect, argv, kvstore=point.kvstore, workers=workers, servers=servers,
                         port=port + job, out=out, **launch_options)
         folder = os.path.join(dest, f"{point.repeat}-{point.kvstore}")
         logs(hosts, connect, result.job, folder)
@@ -155,7 +196,8 @@ def compare(hosts: Sequence[Host], connect: ConnectionFactory, dest: str, *, sys
         row = {**cb.common_columns(conditions, commit, dirty), "forced": start_state.forced,
                "busy_pct_before": round(start_state.busy_pct, 1), "load_1m_before": round(start_state.load_1m, 2),
                "load_1m_after": round(os.getloadavg()[0], 2),
-               **_row(cb, results, point=point, workers=total_workers, servers=total_servers, colocated=colocated,
+               **_row(cb, results, point=point, workers=sum(s[1] for s in shares[point.kvstore]),
+                      servers=sum(s[2] for s in shares[point.kvstore]), colocated=colocated,
                       exit_code=result.exit_code, wall=time.perf_counter() - start, devices=devices,
                       run_id=f"{result.job.job_id}.{point.kvstore}.r{point.repeat}")}
         exit_code = exit_code or result.exit_code or (0 if row["status"] == "ok" else 1)
@@ -165,6 +207,6 @@ def compare(hosts: Sequence[Host], connect: ConnectionFactory, dest: str, *, sys
         f.write(cb.summary(rows))
     devices = ",".join(sorted({r["gpu"] for r in rows if r.get("gpu")})) or "?"
     cb.plot_comparison(rows, pathlib.Path(dest, "cluster.png"),
-                       f"{model}: {len(shares)} hosts, {bandwidth or 'link rate not given'}, real compute ({devices}), "
+                       f"{model}: {used_hosts} hosts, {bandwidth or 'link rate not given'}, real compute ({devices}), "
                        f"{repeats} repeats")
-    return CompareResult(exit_code, rows, dest)
+    return CompareResult(exit_code, rows, dest, skipped)

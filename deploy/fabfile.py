@@ -3,7 +3,7 @@
     fab -r deploy install --hosts-file hosts          # (or: cd deploy && fab install ...)
     fab -r deploy launch --command "python train.py --kvstore p3"
     fab -r deploy bandwidth --rate 10gbit
-    fab -r deploy bench --model resnet50_v1 --repeats 3   # p3kv vs dist_sync vs MXNet's P3, real compute
+    fab -r deploy bench --model resnet50_v1 --repeats 3   # p3kv vs dist_sync vs MXNet's P3 vs Horovod, real compute
     fab -r deploy status | logs | stop | transport
 
 Fabric's own options apply to every connection, e.g. ``fab -i ~/.ssh/cluster_key -t 5 ...`` (key, connect
@@ -76,7 +76,8 @@ def install(ctx, hosts_file="hosts", path=DEFAULT_PATH, venv=None, python="pytho
 
 
 _LAUNCH_HELP = {"hosts_file": HOSTS_HELP, "path": PATH_HELP,
-                "kvstore": "p3 (default), dist_sync or mxnet-p3 (MXNet's parameter servers as baselines)",
+                "kvstore": "p3 (default), dist_sync or mxnet-p3 (MXNet's parameter servers as baselines), horovod "
+                "(Horovod's allreduce over Gloo; the hosts need it installed)",
                 "workers": "workers per host (default 1; workers= in the hosts file wins)",
                 "servers": "servers per host (default 1; servers= in the hosts file wins)",
                 "port": f"the scheduler's port on the first host (default {DEFAULT_PORT})",
@@ -110,7 +111,7 @@ def launch(ctx, command, hosts_file="hosts", path=DEFAULT_PATH, kvstore="p3", wo
 
 @task(help={"dest": "local folder for the results (default bench-<model>)", "model": "resnet50_v1 (default), "
             "vgg19, inceptionv3, sockeye, or tiny-mlp (a smoke test)", "systems": "comma-separated, default "
-            "p3,dist_sync,mxnet-p3", "batch_size": "per worker (default 32)", "warmup": "untimed iterations "
+            "p3,dist_sync,mxnet-p3,horovod", "batch_size": "per worker (default 32)", "warmup": "untimed iterations "
             "(default 3)", "iters": "timed iterations (default 20)", "repeats": "rounds over the systems, each in a "
             "shuffled order (default 3)", "bandwidth": "the hosts' link rate (e.g. 10gbit, the cap of fab bandwidth)"
             ": adds the link to the physical bound", "seed": "seed of the shuffled orders (default 0)",
@@ -120,12 +121,13 @@ def launch(ctx, command, hosts_file="hosts", path=DEFAULT_PATH, kvstore="p3", wo
             "to fall below this (default: not checked)", "load_wait": "seconds to wait for an idle machine, then "
             "refuse (default 600)", "force": "start on a busy machine anyway (recorded in every row)",
             **{k: v for k, v in _LAUNCH_HELP.items() if k not in ("detach", "kvstore")}})
-def bench(ctx, hosts_file="hosts", path=DEFAULT_PATH, systems="p3,dist_sync,mxnet-p3", model="resnet50_v1",
+def bench(ctx, hosts_file="hosts", path=DEFAULT_PATH, systems="p3,dist_sync,mxnet-p3,horovod", model="resnet50_v1",
           batch_size=32, warmup=3, iters=20, repeats=3, bandwidth=None, seed=0, dest=None, workers=1, servers=1,
           port=DEFAULT_PORT, timeout=None, env=None, state_dir=DEFAULT_STATE_DIR, allow_dirty=False, max_busy=None,
           max_load=None, load_wait=600, force=False):
-    """Compare p3kv, MXNet dist_sync and MXNet's P3 training a real model on the hosts (GPU when present).
-    Horovod is not supported here yet (deploy.launch does not start Horovod's ranks and rendezvous)."""
+    """Compare p3kv, MXNet dist_sync, MXNet's P3 and Horovod training a real model on the hosts (GPU when
+    present). Horovod needs horovod.mxnet with Gloo on every host (or leave it out: --systems
+    p3,dist_sync,mxnet-p3)."""
     hosts, connect = _setup(ctx, hosts_file)
     options = _launch_options(path, "p3", workers, servers, port, timeout, env, False, state_dir)
     for key in ("kvstore", "follow"):
@@ -140,6 +142,8 @@ def bench(ctx, hosts_file="hosts", path=DEFAULT_PATH, systems="p3,dist_sync,mxne
                        force=force, **options)
     except refused() as e:
         raise Exit(str(e), code=3) from None
+    for system, why in result.skipped.items():
+        print(f"skipped {system}: {why}")
     with open(os.path.join(result.folder, "cluster.md")) as f:
         print(f.read(), end="")
     print(f"rows in {result.folder}/cluster.csv, figure {result.folder}/cluster.png, logs in {result.folder}/")

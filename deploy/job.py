@@ -36,7 +36,7 @@ from deploy.state import DEFAULT_STATE_DIR, HostJob, JobState
 
 LOG = logging.getLogger("p3kv.deploy")
 DEFAULT_PORT = 9000
-KVSTORES = ("p3", "dist_sync", "mxnet-p3")
+KVSTORES = ("p3", "dist_sync", "mxnet-p3", "horovod")
 JOB_DIR_PLACEHOLDER = "{job_dir}"  # in a training command: the job's folder on each host
 _NOT_COLLECTED = {"secret"}
 
@@ -59,10 +59,16 @@ def _hosts_of(job: JobState, hosts: Sequence[Host]) -> list[tuple[Host, HostJob]
     return [(by_label[part.label], part) for part in job.hosts]
 
 
-def _shares(hosts: Sequence[Host], workers: int, servers: int) -> list[tuple[Host, int, int]]:
-    """(host, workers, servers) of every host that runs something; the first host always runs the scheduler."""
+def _shares(hosts: Sequence[Host], workers: int, servers: int, kvstore: str = "p3") -> list[tuple[Host, int, int]]:
+    """(host, workers, servers) of every host that runs something; the first host always runs the scheduler.
+    Horovod has no servers: its hosts are those with workers, the first of them runs the rendezvous."""
     shares = [(h, workers if h.workers is None else h.workers, servers if h.servers is None else h.servers)
               for h in hosts]
+    if kvstore == "horovod":
+        shares = [(h, w, 0) for h, w, _ in shares if w]
+        if not shares:
+            raise ValueError("the job needs at least one worker: check workers= in the hosts file and --workers")
+        return shares
     shares = [s for i, s in enumerate(shares) if i == 0 or s[1] or s[2]]
     if not sum(s[1] for s in shares) or not sum(s[2] for s in shares):
         raise ValueError("the job needs at least one worker and one server: check workers=/servers= in the hosts "
@@ -204,7 +210,7 @@ def launch(hosts: Sequence[Host], connect: ConnectionFactory, command: Sequence[
         raise ValueError(f"--kvstore {kvstore!r}: use one of {', '.join(KVSTORES)}")
     if not command:
         raise ValueError("give the training command, e.g. --command 'python train.py --kvstore p3'")
-    shares = _shares(hosts, workers, servers)
+    shares = _shares(hosts, workers, servers, kvstore)
     total_workers, total_servers = sum(s[1] for s in shares), sum(s[2] for s in shares)
     job_id = time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
     secret = secrets.token_hex(32)
@@ -216,6 +222,8 @@ def launch(hosts: Sequence[Host], connect: ConnectionFactory, command: Sequence[
 
         found = session.each(prepare, "preparing the launch")
         root = found[used[0].label][2]
+        # Horovod's slot plan: every host's address and worker count, in rank order, the same on every host.
+        slots = ",".join(f"{found[h.label][2]}:{w}" for h, w, _ in shares)
         started: dict[str, HostJob] = {}
 
         share_of = {share[0].label: share for share in shares}
@@ -231,6 +239,8 @@ def launch(hosts: Sequence[Host], connect: ConnectionFactory, command: Sequence[
                     "--log-dir", f"{job_dir}/processes"]
             if host.label != used[0].label:
                 argv += ["--no-scheduler", "--root", root]
+            if kvstore == "horovod":
+                argv += ["--slots", slots]
             if timeout is not None:
                 argv += ["--timeout", str(timeout)]
             for key, value in (env or {}).items():
@@ -327,6 +337,9 @@ def bench(hosts: Sequence[Host], connect: ConnectionFactory, dest: str, *, kvsto
           model: str = "resnet50_v1", warmup: int = 1, iters: int = 5, **launch_options) -> BenchResult:
     """Runs benchmarks/bench_worker.py (push and broadcast every array of `model`) as the job's workers, collects
     the logs and results into `dest` and writes dest/bench.csv. `launch_options` go to `launch`."""
+    if kvstore == "horovod":
+        raise ValueError("the transport benchmark pushes to parameter servers; Horovod has none: compare it with "
+                         "`fab bench` (deploy.compare), which trains the model with every system")
     command = ["python", "benchmarks/bench_worker.py", "--model", model, "--warmup", str(warmup), "--iters",
                str(iters), "--out", f"{JOB_DIR_PLACEHOLDER}/bench.jsonl"]
     result = launch(hosts, connect, command, kvstore=kvstore, **launch_options)

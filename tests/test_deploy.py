@@ -99,7 +99,9 @@ def connector(netns: str, key: str, timeout: int = 5):
 
 
 class Sshd:
-    """sshd in one emulated host, listening on its address only; stderr kept (drained by a thread)."""
+    """sshd in one emulated host, listening on its address only; stderr kept (drained by a thread). Each host has
+    its own UTS namespace whose hostname is its address, as real hosts have their own names: Horovod's Gloo finds
+    a rank's address from its host's name."""
 
     def __init__(self, cluster, i: int, folder: str):
         config = os.path.join(folder, f"sshd{i}.conf")
@@ -118,7 +120,8 @@ Subsystem sftp internal-sftp
 """)
         self.lines: list[str] = []
         self.ready = threading.Event()
-        self.proc = cluster.popen(i, [SSHD, "-D", "-e", "-f", config], stdin=subprocess.DEVNULL,
+        named = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', cluster.address(i)]
+        self.proc = cluster.popen(i, [*named, SSHD, "-D", "-e", "-f", config], stdin=subprocess.DEVNULL,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         threading.Thread(target=self._drain, daemon=True).start()
 
@@ -343,7 +346,8 @@ def test_bench_collects_results(site, installed):
 def test_compare_runs_every_system_with_real_compute(site, installed):
     """`fab bench`'s comparison: each system trains the model on every host (CPU here: the hosts have no GPU) and
     becomes a row with the emulated runner's columns (bench_rows), iterations, conditions, table and figure, in
-    cluster_bench.interleave's order. Speeds are results, never asserted."""
+    cluster_bench.interleave's order. Horovod runs through the same launcher: its rendezvous on the first host,
+    one rank on each host with a worker (hosts 1 and 2), no servers. Speeds are results, never asserted."""
     import bench_rows
     import cluster_bench
 
@@ -352,25 +356,27 @@ def test_compare_runs_every_system_with_real_compute(site, installed):
                      repeats=1, bandwidth="1gbit", path=site["path"], state_dir=site["state"], timeout=120,
                      out=io.StringIO(), seed=5, allow_dirty=True, force=True)
     assert result.exit_code == 0, result.rows
-    assert sorted(r["kvstore"] for r in result.rows) == ["dist_sync", "mxnet-p3", "p3"]
+    assert sorted(r["kvstore"] for r in result.rows) == ["dist_sync", "horovod", "mxnet-p3", "p3"]
     for row in result.rows:
         assert row["status"] == "ok", row
-        assert (row["compute"], row["workers"], row["servers"], row["gpu"]) == ("real", 2, 2, "cpu")
+        servers = 0 if row["kvstore"] == "horovod" else 2
+        assert (row["compute"], row["workers"], row["servers"], row["gpu"]) == ("real", 2, servers, "cpu")
         assert row["throughput"] > 0 and row["compute_s"] > 0 and row["bound_s"] >= row["compute_s"]
         assert row["comm_bound_s"] == 0  # hosts 1 and 2 are not one worker + one server: link not in the bound
-        assert row["optimizer"].startswith("sgd(") and row["update_on"] in ("servers", "workers")
+        assert row["optimizer"].startswith("sgd(")
+        assert row["update_on"] == ("workers" if row["kvstore"] in ("mxnet-p3", "horovod") else "servers")
         assert len(row["iter_s"]) == 2 and row["q1_s"] <= row["median_s"] <= row["q3_s"]
         assert (row["allow_dirty"], row["seed"], row["repeats"]) == (True, 5, 1) and row["forced"] in (True, False)
     expected = cluster_bench.interleave([cluster_bench.Point(model="tiny-mlp", kvstore=kv) for kv in KVSTORES], 1, 5)
     assert [(r["kvstore"], r["order"]) for r in result.rows] == [(p.kvstore, p.order) for p in expected]
     with open(os.path.join(folder, "cluster.csv")) as f:
         assert tuple(f.readline().strip().split(",")) == cluster_bench.COLUMNS
-        assert len(f.readlines()) == 3
+        assert len(f.readlines()) == 4
     with open(bench_rows.iterations_path(pathlib.Path(folder, "cluster.csv"))) as f:
-        assert len(f.readlines()) == 1 + 3 * 2 * 2  # header; 3 jobs, 2 workers, 2 iterations
+        assert len(f.readlines()) == 1 + 4 * 2 * 2  # header; 4 jobs, 2 workers, 2 iterations
     with open(os.path.join(folder, "cluster.md")) as f:
         table = f.read()
-    labels = ("p3kv", "dist_sync", "MXNet P3")
+    labels = ("p3kv", "dist_sync", "MXNet P3", "Horovod")
     assert all(f"| tiny-mlp | 3 | 1gbit | sgd | {label} |" in table for label in labels), table
     assert os.path.getsize(os.path.join(folder, "cluster.png")) > 0
     assert_no_job_left(site)

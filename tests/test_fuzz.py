@@ -31,7 +31,7 @@ pytestmark = pytest.mark.integration
 
 SECRET = "fuzz-secret-\u00e9"  # non-ASCII: the secret is UTF-8 bytes on both sides
 MAGIC = 0x564B3350
-HEADER = struct.Struct("<IHBBiiBBHIQQQQQ")  # cpp/src/codec.cc, protocol 3 (cpp/include/p3/message.h)
+HEADER = struct.Struct("<IHBBiiBBHIQQQQQ")  # cpp/src/codec.cc, protocol 4 (cpp/include/p3/message.h)
 FIELDS = ("magic", "version", "command", "status", "priority", "sender", "dtype", "byte_order", "request", "slice",
           "key", "offset", "count", "iteration", "payload_bytes")
 FIELD_BITS = (32, 16, 8, 8, -32, -32, 8, 8, 16, 32, 64, 64, 64, 64, 64)  # negative: signed
@@ -41,7 +41,7 @@ REFUSED = r"p3kv\.core\[server (\d)\]: refused the connection from " + re.escape
 
 
 def frame(command: int, *, sender: int = 0, count: int = 0, payload: bytes = b"", **fields: int) -> bytes:
-    values = dict(magic=MAGIC, version=3, command=command, status=0, priority=0, sender=sender, dtype=0,
+    values = dict(magic=MAGIC, version=4, command=command, status=0, priority=0, sender=sender, dtype=0,
                   byte_order=1 if command == HELLO else 0,  # a HELLO declares little-endian payloads
                   request=0, slice=0, key=0, offset=0, count=count, iteration=1, payload_bytes=len(payload))
     values.update(fields)

@@ -11,6 +11,7 @@ import select
 import shlex
 import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,6 +25,7 @@ from p3kv.launch import BASELINE_VARIABLE, Job, KVStore, launch, main, plan
 REPO = Path(__file__).resolve().parent.parent
 FAKE = (sys.executable, str(REPO / "tests" / "scripts" / "fake_node.py"))
 DIST_SYNC_SUM = str(REPO / "tests" / "scripts" / "dist_sync_sum.py")
+HOROVOD_SUM = str(REPO / "tests" / "scripts" / "horovod_sum.py")
 ROLE_VARIABLES = ("P3_ROLE", "P3_ROOT_URI", "P3_ROOT_PORT", "P3_NUM_WORKER", "P3_NUM_SERVER", "P3_NODE_HOST")
 
 
@@ -150,6 +152,33 @@ def test_plan_of_one_host_of_a_job_across_hosts():
 
 
 @pytest.mark.unit
+def test_plan_of_a_horovod_host_follows_the_slot_plan():
+    # Host 0 of a 3-rank job (2 ranks here, 1 on 10.0.0.2): the rendezvous takes the scheduler's place, as a
+    # companion; each rank gets Horovod's Gloo variables and no parameter-server variable it inherited.
+    job = Job(command=("train",), num_workers=3, num_servers=0, kvstore=KVStore.HOROVOD, port=4242,
+              local_workers=2, slots=(("127.0.0.1", 2), ("10.0.0.2", 1)))
+    specs = plan(job, "127.0.0.1", 4242, {"DMLC_ROLE": "server", "P3_SECRET": "s", "P3_LOG_LEVEL": "INFO"})
+    assert [(s.name, s.primary, s.companion) for s in specs] == [
+        ("rendezvous", False, True), ("worker 0", True, False), ("worker 1", True, False)]
+    assert specs[0].argv[-6:] == ("--host", "127.0.0.1", "--port", "4242", "--slots", "127.0.0.1:2,10.0.0.2:1")
+    names = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK",
+             "HOROVOD_CROSS_SIZE")
+    assert [tuple(s.env[n] for n in names) for s in specs[1:]] == [("0", "3", "0", "2", "0", "2"),
+                                                                 ("1", "3", "1", "2", "0", "1")]
+    for spec in specs[1:]:
+        assert (spec.env["HOROVOD_GLOO_RENDEZVOUS_ADDR"], spec.env["HOROVOD_GLOO_RENDEZVOUS_PORT"],
+                spec.env["HOROVOD_GLOO_IFACE"], spec.env["HOROVOD_HOSTNAME"]) == ("127.0.0.1", "4242", "lo",
+                                                                                   "127.0.0.1")
+        assert "DMLC_ROLE" not in spec.env and "P3_SECRET" not in spec.env and spec.env["P3_LOG_LEVEL"] == "INFO"
+    # Host 1: its one rank is rank 2, the second host of local rank 0; the rendezvous is on the root.
+    other = Job(command=("train",), num_workers=3, num_servers=0, kvstore=KVStore.HOROVOD, port=4242,
+                local_workers=1, scheduler=False, root="10.0.0.1", slots=(("10.0.0.1", 2), ("127.0.0.1", 1)))
+    [worker] = plan(other, "127.0.0.1", 4242, {})
+    assert tuple(worker.env[n] for n in names) == ("2", "3", "0", "1", "1", "2")
+    assert worker.env["HOROVOD_GLOO_RENDEZVOUS_ADDR"] == "10.0.0.1"
+
+
+@pytest.mark.unit
 def test_a_p3_job_across_hosts_needs_a_shared_secret():
     job = Job(command=("train",), num_workers=2, num_servers=2, port=4242, local_workers=1, local_servers=1)
     with pytest.raises(ConfigError, match="the same secret on every host: set P3_SECRET_FILE"):
@@ -191,6 +220,20 @@ def busy_port():
     (["-n", "2", "-s", "1", "--local-workers", "1", "--", "true"], "a job across hosts needs a fixed scheduler port"),
     (["-n", "1", "-s", "1", "--port", "4242", "--no-scheduler", "--root", "10.0.0.1", "--local-workers", "0",
       "--local-servers", "0", "--env", "P3_SECRET=x", "--", "true"], "nothing to run on this host"),
+    (["-n", "1", "-s", "1", "--kvstore", "horovod", "--", "true"], "Horovod has no servers (ring allreduce)"),
+    (["-n", "2", "-s", "0", "--kvstore", "horovod", "--slots", "127.0.0.1:1", "--", "true"],
+     "--slots 127.0.0.1:1 adds up to 1 workers but -n is 2"),
+    (["-n", "2", "-s", "0", "--kvstore", "horovod", "--port", "4242", "--local-workers", "1", "--", "true"],
+     "a Horovod job across hosts needs the slot plan"),
+    (["-n", "1", "-s", "0", "--kvstore", "horovod", "--slots", "127.0.0.1", "--", "true"],
+     "'127.0.0.1' is not ADDRESS:WORKERS"),
+    (["-n", "2", "-s", "0", "--kvstore", "horovod", "--slots", "127.0.0.1:1,127.0.0.1:1", "--", "true"],
+     "names a host twice"),
+    (["-n", "1", "-s", "1", "--slots", "127.0.0.1:1", "--", "true"], "--slots is Horovod's slot plan"),
+    (["-n", "2", "-s", "0", "--kvstore", "horovod", "--port", "4242", "--local-workers", "1", "--slots",
+      "10.0.0.9:1,10.0.0.8:1", "--", "true"], "gives this host (127.0.0.1) 0 workers but it starts 1"),
+    (["-n", "2", "-s", "0", "--kvstore", "horovod", "--port", "4242", "--local-workers", "0", "--slots",
+      "10.0.0.9:1,10.0.0.8:1", "--", "true"], "Horovod's rendezvous runs while this host's workers run"),
 ])
 def test_bad_arguments_fail_with_a_clear_message(argv, message, caplog):
     assert main(argv) == 2
@@ -340,6 +383,23 @@ def test_signal_to_the_launcher_kills_all_children(sig, code, leftovers):
     assert_gone(leftovers)
 
 
+@pytest.mark.integration
+def test_horovod_ranks_get_their_variables_and_the_rendezvous_is_stopped_when_they_are_done():
+    # The rendezvous is a companion: SIGTERM once the workers have exited 0, and the job succeeds when it then
+    # exits 0. An inherited ps-lite role must not reach the ranks (it would turn `import mxnet` into a server).
+    env = launcher_env()
+    env["DMLC_ROLE"] = "server"
+    result = run_launcher("-n", "2", "-s", "0", "--kvstore", "horovod", "--grace", "10", "--scheduler-command",
+                          fake("--block", "--exit-on-sigterm"), "--", *FAKE, "--print-env", "HOROVOD_RANK",
+                          "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_CONTROLLER", "DMLC_ROLE", env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for rank in ("0", "1"):
+        for line in (f"HOROVOD_RANK={rank}", "HOROVOD_SIZE=2", f"HOROVOD_LOCAL_RANK={rank}",
+                     "HOROVOD_CONTROLLER=gloo", "DMLC_ROLE=<unset>"):
+            assert f"[worker {rank}] env {line}\n" in result.stdout, result.stdout
+    assert "[rendezvous] stopped by SIGTERM" in result.stdout
+
+
 # ---- MXNet's own parameter server as the baseline ----
 
 @pytest.mark.mxnet
@@ -350,6 +410,20 @@ def test_mxnet_baseline_sums_pushes_of_two_workers(kvstore):
     assert result.returncode == 0, result.stdout + result.stderr
     oks = re.findall(rf"^\[worker (\d)\] OK rank=(\d) baseline={kvstore}$", result.stdout, re.MULTILINE)
     assert sorted(w for w, _ in oks) == ["0", "1"] and sorted(r for _, r in oks) == ["0", "1"], result.stdout
+
+
+@pytest.mark.mxnet
+def test_horovod_job_allreduces_across_its_ranks_and_stops_its_rendezvous():
+    # The real rendezvous (Horovod's HTTP store, p3kv.launch.horovod) and horovod.mxnet ranks over Gloo.
+    done = subprocess.run([sys.executable, "-c", "import horovod.mxnet as h; assert h.gloo_built()"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, f"horovod.mxnet with Gloo is needed (make bench-setup installs it): {done.stderr}"
+    result = run_launcher("-n", "3", "-s", "0", "--kvstore", "horovod", "--timeout", "100", "-v", "--",
+                          sys.executable, HOROVOD_SUM, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    oks = re.findall(r"^\[worker (\d)\] OK rank=(\d) size=3 local=(\d)/3$", result.stdout, re.MULTILINE)
+    assert sorted(oks) == [("0", "0", "0"), ("1", "1", "1"), ("2", "2", "2")], result.stdout
+    assert "all 4 processes exited with code 0" in result.stderr, result.stderr
 
 
 

@@ -27,7 +27,7 @@ from p3kv.core.worker import P3Worker
 
 pytestmark = pytest.mark.integration
 
-HEADER = struct.Struct("<IHBBiiBBHIQQQQQ")  # cpp/src/codec.cc, protocol 3 (cpp/include/p3/message.h)
+HEADER = struct.Struct("<IHBBiiBBHIQQQQQ")  # cpp/src/codec.cc, protocol 4 (cpp/include/p3/message.h)
 MAGIC, VERSION = 0x564B3350, 3
 REGISTER, NODE_TABLE, ERROR, HELLO, INIT, PUSH, BROADCAST = 1, 2, 8, 9, 10, 11, 12
 SERVER_ROLE = 1

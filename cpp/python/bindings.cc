@@ -30,6 +30,7 @@ namespace {
   switch (st.code()) {
     case Status::Code::kTimeout: cls = "P3TimeoutError"; break;
     case Status::Code::kInvalid: cls = "ConfigError"; break;
+    case Status::Code::kUnsupported: cls = "UnsupportedRequest"; break;
     default: break;
   }
   py::object type = py::module_::import("p3kv.core.errors").attr(cls);

@@ -194,7 +194,7 @@ Status DecodeHeader(const uint8_t in[kHeaderBytes], uint64_t max_payload_bytes, 
     if (h.command != Command::kReply && h.command != Command::kError) {
       return Status::Invalid(std::string("a status on a ") + CommandName(h.command) + " frame");
     }
-    if (h.status > static_cast<uint8_t>(Status::Code::kInterrupted)) {
+    if (h.status > static_cast<uint8_t>(Status::Code::kUnsupported)) {
       return Status::Invalid("unknown status " + std::to_string(h.status));
     }
   }

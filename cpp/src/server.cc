@@ -200,7 +200,7 @@ void ServerNode::ProcessRequest(const Frame& m) {
   std::string reply;
   Status st = on_request_ ? on_request_(m.header.request,
                                         std::string(m.payload.data(), m.payload.size()), &reply)
-                          : Status::Invalid("this server takes no requests (it runs without a request handler)");
+                          : Status::Unsupported("this server takes no requests (it runs without a request handler)");
   std::shared_ptr<Connection> conn;
   {
     std::lock_guard<std::mutex> lock(mu_);

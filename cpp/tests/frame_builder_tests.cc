@@ -1,6 +1,6 @@
 // Unit tests of the frame builder (cpp/src/frame_builder.h) through the codec: every kind of frame survives
 // encode + decode with the fields it sets and zeros elsewhere, control fields have their own places (a request's
-// type is not its key, a reply's error is its status), and the decoder refuses what protocol 3 forbids.
+// type is not its key, a reply's error is its status), and the decoder refuses what protocol 4 forbids.
 // Built and run by tests/test_cpp_worker_parts.py.
 #include <cstring>
 #include <string>
@@ -73,12 +73,12 @@ void TestControlFramesCarryOnlyTheirCommandSenderAndPayload() {
   CHECK(d.byte_order == HostByteOrder() && d.payload_bytes == 0);
 }
 
-void TestTheWireLayoutOfProtocol3() {
+void TestTheWireLayoutOfProtocol4() {
   uint8_t buf[kHeaderBytes];
   Header req = RequestFrame(2, 0x0304, 0x1122334455667788ull, -1, 5);
   EncodeHeader(ReplyFrame(9, req, Status::Code::kRejected, 0, 5), buf);
   CHECK(std::memcmp(buf, "P3KV", 4) == 0);
-  CHECK(buf[4] == 3 && buf[5] == 0);                                             // version u16
+  CHECK(buf[4] == 4 && buf[5] == 0);                                             // version u16
   CHECK(buf[6] == static_cast<uint8_t>(Command::kReply));                        // command u8
   CHECK(buf[7] == static_cast<uint8_t>(Status::Code::kRejected));                // status u8
   CHECK(buf[16] == 0 && buf[17] == 0);                                           // dtype, byte order
@@ -102,11 +102,18 @@ void TestTheDecoderRefusesMisplacedOrUnknownStatusesAndOtherVersions() {
   EncodeHeader(reply, buf);
   st = DecodeHeader(buf, 1 << 30, &d);
   CHECK(!st.ok() && st.message().find("unknown status 200") != std::string::npos);
+  // The last code (protocol 4's addition) travels; the one past it does not.
+  reply.status = static_cast<uint8_t>(Status::Code::kUnsupported);
+  EncodeHeader(reply, buf);
+  CHECK(DecodeHeader(buf, 1 << 30, &d).ok() && d.status == static_cast<uint8_t>(Status::Code::kUnsupported));
+  reply.status = static_cast<uint8_t>(Status::Code::kUnsupported) + 1;
+  EncodeHeader(reply, buf);
+  CHECK(!DecodeHeader(buf, 1 << 30, &d).ok());
   Header hello = HelloFrame(0);
-  hello.version = 2;  // a peer of the previous protocol
+  hello.version = 3;  // a peer of the previous protocol
   EncodeHeader(hello, buf);
   st = DecodeHeader(buf, 1 << 30, &d);
-  CHECK(!st.ok() && st.message().find("protocol version 2, expected 3") != std::string::npos);
+  CHECK(!st.ok() && st.message().find("protocol version 3, expected 4") != std::string::npos);
   CHECK(IsOtherVersion(buf));  // a p3kv peer of another version: the server and scheduler tell it why
   buf[6] = 0;  // an unknown command
   buf[4] = 3;
@@ -126,7 +133,7 @@ int main() {
       RUN(TestARequestsTypeAndIdHaveTheirOwnFieldsAndTheReplyEchoesThem),
       RUN(TestAnErrorNamesTheRejectedOperationAndItsStatus),
       RUN(TestControlFramesCarryOnlyTheirCommandSenderAndPayload),
-      RUN(TestTheWireLayoutOfProtocol3),
+      RUN(TestTheWireLayoutOfProtocol4),
       RUN(TestTheDecoderRefusesMisplacedOrUnknownStatusesAndOtherVersions),
   });
 }

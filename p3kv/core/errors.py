@@ -14,3 +14,7 @@ class ConfigError(P3Error, ValueError):
 
 class P3TimeoutError(P3Error, TimeoutError):
     """A blocking wait exceeded its timeout (P3_TIMEOUT or the timeout argument)."""
+
+
+class UnsupportedRequest(P3Error):
+    """A server has no handler for a control request (it runs without a request handler: aggregate only)."""

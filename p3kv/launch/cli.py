@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from p3kv.core import config
 from p3kv.core.errors import ConfigError
+from p3kv.launch.horovod import parse_slots
 from p3kv.launch.job import DEFAULT_GRACE, Job, KVStore
 from p3kv.launch.launcher import LOG, launch
 
@@ -33,13 +34,22 @@ def _command(text: str) -> tuple[str, ...]:
         raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
 
 
+def _slots(text: str) -> tuple[tuple[str, int], ...]:
+    try:
+        return parse_slots(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m p3kv.launch", description="Run a p3kv (or MXNet dist_sync) job on this machine: "
-                "1 scheduler, S servers and W workers running COMMAND.")
+    p = _Parser(prog="python -m p3kv.launch", description="Run a p3kv job (or a baseline: MXNet dist_sync, "
+                "MXNet's P3, Horovod) on this machine: 1 scheduler, S servers and W workers running COMMAND.")
     p.add_argument("-n", "--num-workers", type=int, required=True, metavar="W", help="number of workers")
     p.add_argument("-s", "--num-servers", type=int, required=True, metavar="S", help="number of servers")
     p.add_argument("--kvstore", choices=[k.value for k in KVStore], default=KVStore.P3.value,
-                   help="p3 (default); dist_sync or mxnet-p3 run MXNet's own parameter server as a baseline")
+                   help="p3 (default); dist_sync or mxnet-p3 run MXNet's own parameter server as a baseline; "
+                   "horovod runs Horovod's ring allreduce over Gloo (-s 0; the rendezvous takes the scheduler's "
+                   "place)")
     p.add_argument("--host", default="127.0.0.1", help="address of this machine the processes use "
                    "(default 127.0.0.1)")
     p.add_argument("--port", type=int, default=0, help="scheduler port (default: a free one)")
@@ -50,6 +60,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-scheduler", action="store_true", help="the scheduler runs on another host, at --root "
                    "and --port")
     p.add_argument("--root", metavar="ADDRESS", help="with --no-scheduler: the scheduler's address")
+    p.add_argument("--slots", type=_slots, metavar="ADDR:K,...", help="--kvstore horovod across hosts: every "
+                   "host's address and worker count, in rank order (the same on every host)")
     p.add_argument("--server-command", type=_command, metavar="CMD", help="run CMD as each server instead of "
                    "the default (split like a shell does)")
     p.add_argument("--scheduler-command", type=_command, metavar="CMD", help="run CMD as the scheduler")
@@ -59,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--grace", type=float, default=DEFAULT_GRACE, metavar="SECONDS", help="how long the scheduler "
                    f"and servers may take to exit after the last worker (default {DEFAULT_GRACE:g})")
     p.add_argument("--log-dir", metavar="DIR", help="also write each process's output to DIR/scheduler.log, "
-                   "DIR/server<i>.log, DIR/worker<i>.log")
+                   "DIR/server<i>.log, DIR/worker<i>.log (Horovod: DIR/rendezvous.log)")
     p.add_argument("-v", "--verbose", action="store_true", help="log what the launcher does")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the worker command (after --)")
     return p
@@ -73,7 +85,8 @@ def job_from_args(argv: Sequence[str]) -> tuple[Job, bool]:
               kvstore=KVStore(args.kvstore), host=args.host, port=args.port, env=dict(args.env),
               server_command=args.server_command, scheduler_command=args.scheduler_command,
               timeout=args.timeout, log_dir=args.log_dir, grace=args.grace, local_workers=args.local_workers,
-              local_servers=args.local_servers, scheduler=not args.no_scheduler, root=args.root)
+              local_servers=args.local_servers, scheduler=not args.no_scheduler, root=args.root,
+              slots=args.slots)
     return job, args.verbose
 
 

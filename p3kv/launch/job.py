@@ -30,6 +30,7 @@ class KVStore(enum.Enum):
     P3 = "p3"  # p3kv's scheduler and servers
     DIST_SYNC = "dist_sync"  # MXNet's own ps-lite servers (the baseline)
     MXNET_P3 = "mxnet-p3"  # MXNet's built-in port of P3 (ps-lite's P3 van); needs update_on_kvstore=False
+    HOROVOD = "horovod"  # Horovod's ring allreduce over Gloo: no servers, a rendezvous (p3kv.launch.horovod)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +58,8 @@ class Job:
     local_servers: int | None = None
     scheduler: bool = True  # run the scheduler here (at `host`); False: it runs at `root`
     root: str | None = None
+    # Horovod only: every host's address and worker count, in rank order (None: this host runs all W).
+    slots: tuple[tuple[str, int], ...] | None = None
 
     @property
     def spans_hosts(self) -> bool:
@@ -67,9 +70,14 @@ class Job:
         if not self.command:
             raise ConfigError("no worker command given: put it after the options, e.g. "
                               "python -m p3kv.launch -n 2 -s 1 -- python train.py")
-        for flag, value in (("-n/--num-workers", self.num_workers), ("-s/--num-servers", self.num_servers)):
-            if value < 1:
-                raise ConfigError(f"{flag} must be at least 1 (got {value})")
+        if self.num_workers < 1:
+            raise ConfigError(f"-n/--num-workers must be at least 1 (got {self.num_workers})")
+        if self.kvstore is KVStore.HOROVOD:
+            self._check_horovod()
+        elif self.num_servers < 1:
+            raise ConfigError(f"-s/--num-servers must be at least 1 (got {self.num_servers})")
+        elif self.slots is not None:
+            raise ConfigError("--slots is Horovod's slot plan: use it with --kvstore horovod only")
         if not 0 <= self.port < 65536:
             raise ConfigError(f"--port {self.port} is not a TCP port: use 1-65535, or 0 to pick a free one")
         for flag, seconds in (("--timeout", self.timeout), ("--grace", self.grace), ("kill_grace", self.kill_grace)):
@@ -94,3 +102,19 @@ class Job:
                            ("--scheduler-command", self.scheduler_command)):
             if argv is not None and not argv:
                 raise ConfigError(f"{flag} is empty: give a command, or leave the option out for the default")
+
+    def _check_horovod(self) -> None:
+        if self.num_servers != 0 or self.local_servers:
+            raise ConfigError("Horovod has no servers (ring allreduce): pass -s 0 with --kvstore horovod")
+        if self.server_command is not None:
+            raise ConfigError("--server-command: a Horovod job has no servers")
+        if self.slots is not None and sum(k for _, k in self.slots) != self.num_workers:
+            plan = ",".join(f"{h}:{k}" for h, k in self.slots)
+            raise ConfigError(f"--slots {plan} adds up to {sum(k for _, k in self.slots)} workers but -n is "
+                              f"{self.num_workers}: list every host of the job with its worker count")
+        if self.spans_hosts and self.slots is None:
+            raise ConfigError("a Horovod job across hosts needs the slot plan: pass the same --slots ADDR:K,... "
+                              "(every host's address and worker count, in rank order) on every host")
+        if self.scheduler and self.local_workers == 0:
+            raise ConfigError("Horovod's rendezvous runs while this host's workers run: start it (the scheduler's "
+                              "place) on a host with workers")

@@ -3,6 +3,7 @@ then run them under a Supervisor. The command line is p3kv.launch.cli.
 
     python -m p3kv.launch -n 2 -s 2 -- python train.py --kvstore p3
     python -m p3kv.launch -n 2 -s 1 --kvstore dist_sync -- python train.py
+    python -m p3kv.launch -n 2 -s 0 --kvstore horovod -- python train_horovod.py
 
 A job across hosts runs one launcher per host, each starting only its own share of the processes; every host
 gives the same -n/-s, --root and --port, and the same secret (P3_SECRET or P3_SECRET_FILE)::
@@ -33,7 +34,7 @@ from typing import TextIO
 from p3kv.core import config
 from p3kv.core.config import BULK_VARIABLE, Role
 from p3kv.core.errors import ConfigError
-from p3kv.launch import baselines
+from p3kv.launch import baselines, horovod
 from p3kv.launch.job import BASELINE_VARIABLE, Job, KVStore
 from p3kv.launch.supervisor import ProcessSpec, Supervisor
 
@@ -136,6 +137,8 @@ def plan(job: Job, host: str, port: int, environ: Mapping[str, str], joined_dir:
                               "python -c 'import secrets; print(secrets.token_hex(32))'")
         # A fresh secret per job: only this job's processes can connect to its scheduler and servers.
         base["P3_SECRET"] = secrets.token_hex(32)
+    if job.kvstore is KVStore.HOROVOD:
+        return horovod.plan(job, host, port, base)
     workers = job.num_workers if job.local_workers is None else job.local_workers
     servers = job.num_servers if job.local_servers is None else job.local_servers
     # With no worker here, this host's share is done when its services exit 0 (they stop when the job ends).

@@ -2,7 +2,8 @@
 
 Knows nothing about p3kv's roles: a child has a display name and is either *primary* (a worker: the job is done
 when every primary child has exited 0) or a service (scheduler, server: it must then exit 0 within a grace
-period). Used by `p3kv.launch`.
+period). A service marked `companion` (Horovod's rendezvous) does not know when the job ends: it gets SIGTERM
+once every primary child has exited 0, and must then exit 0 within the grace period too. Used by `p3kv.launch`.
 
 Threads: each child has a waiter thread (reports its exit) and a reader thread (forwards its output and owns its
 log file). `Supervisor` starts them and joins them; they talk to the supervising thread through one
@@ -47,6 +48,7 @@ class ProcessSpec:
     primary: bool
     joined_file: str | None = None
     join_hint: str = ""
+    companion: bool = False  # a service stopped with SIGTERM when the primaries are done (see the module doc)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,6 +256,9 @@ class Supervisor:
                     return Outcome(0, f"all {len(self._children)} processes exited with code 0")
                 if grace_deadline is None:
                     grace_deadline = time.monotonic() + self._grace
+                    for child in self._children:
+                        if child.spec.companion and child.running:
+                            child.signal_group(signal.SIGTERM)
             wake = min((d for d in (deadline, grace_deadline) if d is not None), default=None)
             try:
                 kind, index, value = self._events.get(

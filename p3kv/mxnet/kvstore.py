@@ -40,14 +40,12 @@ import numpy as np
 from p3kv import _p3
 from p3kv.core import config, requests
 from p3kv.core.config import BULK_VARIABLE, Role
-from p3kv.core.errors import ConfigError, P3Error
+from p3kv.core.errors import ConfigError, P3Error, UnsupportedRequest
 from p3kv.core.worker import P3Worker
 from p3kv.mxnet import checkpoint, hook, server_kernels
 from p3kv.mxnet.forward_order import ForwardOrder
 from p3kv.mxnet.shipped_optimizer import hyperparameters, server_copy
 
-# The C++ server's reply to a control request when it has no request handler (cpp/src/server.cc).
-NO_REQUEST_HANDLER = "this server takes no requests"
 log = logging.getLogger("p3kv.kvstore")
 
 P3_TYPE = "p3"
@@ -289,9 +287,7 @@ class P3(mx.kvstore.KVStoreBase):
             for s in range(self._worker.num_servers):
                 try:
                     self._worker.request(s, requests.SET_OPTIMIZER, body)
-                except P3Error as e:
-                    if NO_REQUEST_HANDLER not in str(e):
-                        raise
+                except UnsupportedRequest as e:  # the server's REPLY status says it has no request handler
                     raise P3Error(f"{e}. Its servers run without an optimizer host (p3kv.core.server or a custom "
                                   "P3Server): start them with `python -m p3kv.mxnet.server`, which python -m "
                                   "p3kv.launch runs by default, or train with update_on_kvstore=False (the workers "

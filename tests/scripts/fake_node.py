@@ -3,7 +3,7 @@
 Prints ``ready <role> pid=<pid>`` plus the variables named by --print-env, then does what the options say:
 --report FIFO writes this pid (and a grandchild's, with --grandchild) into a named pipe; --collect FIFO reads
 such a report and prints it; --block waits until killed; --ignore-sigterm makes that wait outlast SIGTERM;
---exit CODE sets the exit code.
+--exit-on-sigterm makes SIGTERM end it with code 0 (a companion service); --exit CODE sets the exit code.
 """
 
 import argparse
@@ -23,10 +23,17 @@ def main() -> int:
     parser.add_argument("--collect")
     parser.add_argument("--block", action="store_true")
     parser.add_argument("--ignore-sigterm", action="store_true")
+    parser.add_argument("--exit-on-sigterm", action="store_true")
     parser.add_argument("--exit", type=int, default=0)
     args = parser.parse_args()
     if args.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if args.exit_on_sigterm:
+        def stopped(*_):
+            print("stopped by SIGTERM", flush=True)
+            os._exit(0)
+
+        signal.signal(signal.SIGTERM, stopped)
     pids = [os.getpid()]
     if args.grandchild:
         # Left running on purpose: the launcher must kill it with its parent's process group.

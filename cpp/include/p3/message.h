@@ -14,7 +14,8 @@ constexpr uint32_t kMagic = 0x564b3350;  // "P3KV" read as little-endian bytes
 // 2: HELLO declares the worker's payload byte order (version 1 sent none).
 // 3: control messages have their own fields (status, request type) instead of reusing key and a reserved
 //    byte; the command is one byte. A peer of another version is refused naming both versions.
-constexpr uint16_t kProtocolVersion = 3;
+// 4: a REPLY may carry status kUnsupported (the server has no request handler), which version 3 refused.
+constexpr uint16_t kProtocolVersion = 4;
 constexpr size_t kHeaderBytes = 64;
 // Control payloads (node tables, error texts) are small; anything larger is hostile or corrupt.
 constexpr uint64_t kMaxControlBytes = 1 << 20;

@@ -1,5 +1,5 @@
 // Public. Status: the result of an operation that can fail at run time. Travels through callbacks and
-// becomes a Python exception (P3Error / P3TimeoutError / ConfigError) in the bindings.
+// becomes a Python exception (P3Error / P3TimeoutError / ConfigError / UnsupportedRequest) in the bindings.
 #pragma once
 
 #include <functional>
@@ -10,7 +10,8 @@ namespace p3 {
 
 class Status {
  public:
-  enum class Code { kOk, kInvalid, kIoError, kPeerLost, kTimeout, kRejected, kAborted, kInterrupted };
+  // Travels in REPLY/ERROR headers: append only (the decoder refuses a code past the last).
+  enum class Code { kOk, kInvalid, kIoError, kPeerLost, kTimeout, kRejected, kAborted, kInterrupted, kUnsupported };
 
   Status() = default;
   static Status Ok() { return Status(); }
@@ -22,6 +23,8 @@ class Status {
   static Status Aborted(std::string m) { return Status(Code::kAborted, std::move(m)); }
   // A blocking wait ended because its InterruptCheck said so (Ctrl-C): Python raises KeyboardInterrupt.
   static Status Interrupted(std::string m) { return Status(Code::kInterrupted, std::move(m)); }
+  // The peer has no handler for what was asked (a server without a request handler got a control request).
+  static Status Unsupported(std::string m) { return Status(Code::kUnsupported, std::move(m)); }
 
   bool ok() const { return code_ == Code::kOk; }
   Code code() const { return code_; }
