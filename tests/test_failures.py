@@ -24,7 +24,7 @@ import time
 
 import p3auth
 import pytest
-from frames import BIG_ENDIAN, HELLO, MAGIC, NODE_FAILED, PUSH, header
+from frames import BIG_ENDIAN, HELLO, MAGIC, NODE_FAILED, PUSH, VERSION, header
 from harness import (
     FAILURE_BOUND,
     FAILURE_WORKER,
@@ -180,7 +180,7 @@ BAD_FRAMES = {
     # name: (bytes to send after the handshake, before closing; the reason the server must log)
     "garbage": (bytes(range(256)), "bad magic"),
     "bad magic": (header(HELLO, magic=0x12345678), "bad magic"),
-    "bad version": (header(HELLO, version=7), "protocol version 7, expected 4"),
+    "bad version": (header(HELLO, version=7), f"protocol version 7, expected {VERSION}"),
     "oversized payload": (header(HELLO, payload_bytes=2**40),
                           "payload of 1099511627776 bytes exceeds the limit of 1073741824 (P3_MAX_MESSAGE_BYTES)"),
     "truncated frame": (header(PUSH, count=250, payload_bytes=1000) + bytes(10), "expected HELLO, got PUSH"),
@@ -221,8 +221,9 @@ def test_malformed_connections_are_refused_while_the_job_computes_correct_sums(n
         magic, version, command, _, _, sender, *_, payload_bytes = struct.unpack("<IHBBiiBBHIQQQQQ",
                                                                                p3auth.recv_exactly(s, 64))
         why = p3auth.recv_exactly(s, payload_bytes).decode()
-    assert (magic, version, command, sender) == (MAGIC, 4, NODE_FAILED, 0), (magic, version, command, sender)
-    assert why == "server 0 refused this worker: protocol version 2, expected 4 (mixed p3kv versions in one job?)", why
+    assert (magic, version, command, sender) == (MAGIC, VERSION, NODE_FAILED, 0), (magic, version, command, sender)
+    assert why == (f"server 0 refused this worker: protocol version 2, expected {VERSION} (mixed p3kv versions in "
+                   "one job?)"), why
     # The job kept going: every worker completes further iterations (each checked against numpy), then stops.
     last = max(int(n) for n in re.findall(r"^iteration (\d+) ok$", job.workers[0].output, re.MULTILINE))
     job.wait_iteration(last + 3)

@@ -23,6 +23,7 @@ import time
 
 import p3auth
 import pytest
+from frames import MAGIC, VERSION
 from harness import FAILURE_WORKER, HOST, REPORT_SERVER, STEP, Node, free_port, node_env
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -30,7 +31,6 @@ from hypothesis import strategies as st
 pytestmark = pytest.mark.integration
 
 SECRET = "fuzz-secret-\u00e9"  # non-ASCII: the secret is UTF-8 bytes on both sides
-MAGIC = 0x564B3350
 HEADER = struct.Struct("<IHBBiiBBHIQQQQQ")  # cpp/src/codec.cc, protocol 4 (cpp/include/p3/message.h)
 FIELDS = ("magic", "version", "command", "status", "priority", "sender", "dtype", "byte_order", "request", "slice",
           "key", "offset", "count", "iteration", "payload_bytes")
@@ -41,7 +41,7 @@ REFUSED = r"p3kv\.core\[server (\d)\]: refused the connection from " + re.escape
 
 
 def frame(command: int, *, sender: int = 0, count: int = 0, payload: bytes = b"", **fields: int) -> bytes:
-    values = dict(magic=MAGIC, version=4, command=command, status=0, priority=0, sender=sender, dtype=0,
+    values = dict(magic=MAGIC, version=VERSION, command=command, status=0, priority=0, sender=sender, dtype=0,
                   byte_order=1 if command == HELLO else 0,  # a HELLO declares little-endian payloads
                   request=0, slice=0, key=0, offset=0, count=count, iteration=1, payload_bytes=len(payload))
     values.update(fields)
@@ -67,7 +67,7 @@ def random_frame(draw) -> bytes:
     """A header whose every field is random (command and dtype mostly in range, so decoding gets further)."""
     values = [draw(field_value(bits)) for bits in FIELD_BITS]
     if draw(st.booleans()):
-        values[0], values[1] = MAGIC, 3
+        values[0], values[1] = MAGIC, VERSION
     if draw(st.booleans()):
         values[2] = draw(st.integers(0, 17))
         values[3] = draw(st.integers(0, 8))

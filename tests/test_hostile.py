@@ -22,7 +22,7 @@ import time
 import numpy as np
 import p3auth
 import pytest
-from frames import LITTLE_ENDIAN
+from frames import LITTLE_ENDIAN, MAGIC, VERSION
 from harness import (
     FAILURE_WORKER,
     HOST,
@@ -37,7 +37,6 @@ from harness import (
 pytestmark = pytest.mark.integration
 
 HEARTBEAT = {"P3_HEARTBEAT_TIMEOUT": "3", "P3_HEARTBEAT_INTERVAL": "0.5"}  # a stall of 3 s fails the job
-MAGIC = 0x564B3350
 REGISTER, NODE_TABLE, ERROR, HELLO, INIT, PUSH, BROADCAST, REQUEST, REPLY = 1, 2, 8, 9, 10, 11, 12, 14, 15
 FLOAT32, WORKER_ROLE = 0, 2
 HANDSHAKE_DEADLINE = 5.0  # cpp/src/server.cc and scheduler.cc: kHandshakeTimeoutS
@@ -60,8 +59,8 @@ def frame(command: int, *, sender: int = 0, key: int = 0, count: int = 0, iterat
     declares little-endian payloads, a REQUEST names its type in `request`)."""
     n = len(payload) if payload_bytes is None else payload_bytes
     byte_order = LITTLE_ENDIAN if command == HELLO else 0
-    return struct.pack("<IHBBiiBBHIQQQQQ", MAGIC, 4, command, 0, 0, sender, FLOAT32, byte_order, request, 0, key, 0,
-                       count, iteration, n) + payload
+    return struct.pack("<IHBBiiBBHIQQQQQ", MAGIC, VERSION, command, 0, 0, sender, FLOAT32, byte_order, request, 0,
+                       key, 0, count, iteration, n) + payload
 
 
 def read_frame(s: socket.socket) -> tuple[int, int, int, bytes]:

@@ -20,6 +20,7 @@ import time
 import numpy as np
 import p3auth
 import pytest
+from frames import MAGIC, VERSION
 from harness import HOST, SECRET, STEP, Node, free_port, node_env
 
 from p3kv.core.errors import P3Error, P3TimeoutError
@@ -28,7 +29,6 @@ from p3kv.core.worker import P3Worker
 pytestmark = pytest.mark.integration
 
 HEADER = struct.Struct("<IHBBiiBBHIQQQQQ")  # cpp/src/codec.cc, protocol 4 (cpp/include/p3/message.h)
-MAGIC, VERSION = 0x564B3350, 3
 REGISTER, NODE_TABLE, ERROR, HELLO, INIT, PUSH, BROADCAST = 1, 2, 8, 9, 10, 11, 12
 SERVER_ROLE = 1
 SLICE = 1000  # P3_SLICE_SIZE: a key of 2 * SLICE float32 elements has slice 0 on server 0 and slice 1 on server 1

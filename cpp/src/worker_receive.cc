@@ -77,8 +77,11 @@ Status WorkerNode::HandleControl(int server, const Header& h, std::string text) 
     if (h.command == Command::kReply) {  // an answer to Request(); an error text if its status says so
       if (h.status == 0) {
         tracker_.Answer(h.iteration, Status::Ok(), std::move(text));
-      } else {
-        tracker_.Answer(h.iteration, Status::Rejected("server " + std::to_string(h.sender) + ": " + text), "");
+      } else {  // kUnsupported stays itself (the caller may fall back); any other refusal is a rejection
+        std::string why = "server " + std::to_string(h.sender) + ": " + text;
+        tracker_.Answer(h.iteration, h.status == static_cast<uint8_t>(Status::Code::kUnsupported)
+                                         ? Status::Unsupported(std::move(why))
+                                         : Status::Rejected(std::move(why)), "");
       }
     } else {  // ERROR: the server rejected an operation
       const Status error = Status::Rejected(peer + " rejected key '" + tracker_.Name(h.key) + "' (iteration " +
