@@ -116,7 +116,7 @@ void TestTheDecoderRefusesMisplacedOrUnknownStatusesAndOtherVersions() {
   CHECK(!st.ok() && st.message().find("protocol version 3, expected 4") != std::string::npos);
   CHECK(IsOtherVersion(buf));  // a p3kv peer of another version: the server and scheduler tell it why
   buf[6] = 0;  // an unknown command
-  buf[4] = 3;
+  buf[4] = static_cast<uint8_t>(kProtocolVersion);  // of this version
   CHECK(!DecodeHeader(buf, 1 << 30, &d).ok() && !IsOtherVersion(buf));
   buf[0] = 'X';  // not p3kv at all
   buf[4] = 2;
