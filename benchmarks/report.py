@@ -218,6 +218,21 @@ def dilation_sentences(points: Sequence[dict], cpus: int) -> list[str]:
     return lines
 
 
+def utilisation_sentences(rows: Sequence[dict], folder: pathlib.Path) -> list[str]:
+    """Per system, how busy the links were during the timed iterations (benchmarks/link_utilisation.py)."""
+    import link_utilisation
+
+    found = link_utilisation.summary(rows, folder)
+    if not found:
+        return []
+    parts = [f"{LABEL.get(kv, kv)} {100 * s['busy']:.0f}% busy, idle in {100 * s['idle']:.0f}% of the samples"
+             for kv, s in sorted(found.items(), key=lambda item: -item[1]["busy"])]
+    n = sorted({s["n"] for s in found.values()})
+    return [f"- Links during the timed iterations (mean rate over the link rate, both directions, every host; idle: "
+            f"10-ms samples below {link_utilisation.IDLE:.0%} of it; median of {', '.join(map(str, n))} runs): "
+            + "; ".join(parts) + "."]
+
+
 def _rows(path: pathlib.Path) -> list[dict]:
     return bench_rows.read_runs(path)
 
@@ -255,6 +270,8 @@ def reviewed_block(name: str, results: pathlib.Path) -> str:
     if name == "dilation":
         rows = [r for r in _rows(path) if str(r.get("smoke")) != "True"]
         extra = dilation_sentences(points, int(_float(rows[0].get("cpus"), 2)))
+    if name == "utilisation":
+        extra += utilisation_sentences(_rows(path), results / "sweeps" / "utilisation")
     return "\n".join([head, "", point_table(points), "", *verdicts(points), *extra])
 
 
@@ -320,7 +337,7 @@ def blocks(results: pathlib.Path = RESULTS) -> dict[str, Callable[[], str]]:
     named["estimate"] = lambda: _estimate_block(results)
     for name, (file, command) in SUMMARIES.items():
         named[name] = (lambda f=file, c=command: summary_block(results / f, c))
-    for name in ("demo", "bandwidth", "sensitivity", "dilation", "ablation", "slice", "scale"):
+    for name in ("demo", "bandwidth", "sensitivity", "dilation", "ablation", "slice", "scale", "utilisation"):
         named[name] = (lambda n=name: reviewed_block(n, results))
     return named
 

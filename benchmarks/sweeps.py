@@ -8,6 +8,7 @@
     python benchmarks/sweeps.py dilation      # the least dilation 2 cores allow (CPU per host vs --gpu-scale)
     python benchmarks/sweeps.py demo          # make demo's comparison
     python benchmarks/sweeps.py utilisation   # tx/rx of every link over time, dist_sync vs p3kv vs Horovod
+                                              # (also fig_utilisation_links.png, see link_utilisation.py)
     python benchmarks/sweeps.py estimate      # how long each sweep takes (from the bound and older rows)
     python benchmarks/sweeps.py plot NAME     # redraw a figure from its CSV
 
@@ -287,6 +288,16 @@ def estimate_block(results_dir: pathlib.Path = RESULTS) -> str:
     return "\n".join([*lines, "", f"Estimated by `sweeps.py estimate` ({source}), on an idle 2-core machine."])
 
 
+def plot_links(name: str, results_dir: pathlib.Path) -> None:
+    """The utilisation sweep's second figure: host 0's link over time for every system (link_utilisation.py)."""
+    if name != "utilisation":
+        return
+    import link_utilisation
+
+    rows = [r for r in bench_rows.read_runs(results_dir / "utilisation.csv") if r.get("tag") == name]
+    link_utilisation.plot(rows, results_dir / "utilisation", results_dir / "fig_utilisation_links.png", report.LABEL)
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sweep", choices=[*SWEEPS, "estimate", "plot"])
@@ -329,6 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     figure = args.results_dir / f"fig_{name}.png"
     if args.sweep == "plot":
         plot(name, bench_rows.read_runs(csv_path), figure)
+        plot_links(name, args.results_dir)
         return 0
     reason = emulated_cluster.why_unavailable()
     if reason:
@@ -353,6 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     (args.results_dir / f"{name}.md").write_text(table)
     sys.stdout.write("\n" + table)
     plot(name, bench_rows.read_runs(csv_path), figure, include_smoke=args.smoke)
+    plot_links(name, args.results_dir)
     return 0 if all(r["status"] == "ok" for r in rows) else 1
 
 
