@@ -123,7 +123,8 @@ bench-server: setup
 clean:
 	rm -rf build *.egg-info p3kv/_p3*.so $(VENV)
 
-# The simulator (benchmarks/sim): fit CPU costs on transport.csv, validate against every emulated-cluster
-# measurement, then the paper's evaluation at paper scale and past it (pure Python, no root, ~1.5 min on 2 cores).
+# The simulator (benchmarks/sim): fit CPU costs on the loopback benchmarks (kvstore_bench.csv, transport.csv),
+# validate against every reviewed emulated-cluster point, then the paper's evaluation at paper scale and past it
+# (pure Python, no root).
 sim: setup
 	$(PY) -m benchmarks.sim.run all
