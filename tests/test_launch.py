@@ -179,6 +179,17 @@ def test_plan_of_a_horovod_host_follows_the_slot_plan():
 
 
 @pytest.mark.unit
+def test_a_horovod_job_without_horovod_installed_is_refused_with_the_fix(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "horovod" else real(name, *a))
+    job = Job(command=("train",), num_workers=2, num_servers=0, kvstore=KVStore.HOROVOD)
+    with pytest.raises(ConfigError, match=r"Horovod is not installed for .*make bench-setup"):
+        plan(job, "127.0.0.1", 4242, {})
+
+
+@pytest.mark.unit
 def test_a_p3_job_across_hosts_needs_a_shared_secret():
     job = Job(command=("train",), num_workers=2, num_servers=2, port=4242, local_workers=1, local_servers=1)
     with pytest.raises(ConfigError, match="the same secret on every host: set P3_SECRET_FILE"):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import logging
 import signal
 import socket
@@ -125,6 +126,8 @@ def rendezvous_command(host: str, port: int, slots: Sequence[tuple[str, int]]) -
 def plan(job: Job, host: str, port: int, base: Mapping[str, str]) -> list[ProcessSpec]:
     """This host's processes of a Horovod job: the rendezvous where the scheduler would run (a companion
     service: stopped once the workers here are done), then one rank per local worker."""
+    if job.scheduler and job.scheduler_command is None and importlib.util.find_spec("horovod") is None:
+        raise ConfigError(f"--kvstore horovod: Horovod is not installed for {sys.executable}; {INSTALL_HINT}")
     slots = job.slots or ((host, job.num_workers),)
     workers = job.num_workers if job.local_workers is None else job.local_workers
     mine = local_slots(slots, host, (job.host,), workers)
