@@ -39,6 +39,8 @@ HOROVOD = "horovod==0.28.1"
 HOROVOD_BUILD = {"HOROVOD_WITH_MXNET": "1", "HOROVOD_WITH_GLOO": "1", "HOROVOD_WITHOUT_MPI": "1",
                  "HOROVOD_WITHOUT_TENSORFLOW": "1", "HOROVOD_WITHOUT_PYTORCH": "1"}
 HOROVOD_NEEDS = ["setuptools", "wheel", "pyyaml", "packaging", "cloudpickle", "psutil"]  # its build imports them
+_FIND_CMAKE3 = ('for c in cmake3 cmake /usr/bin/cmake; do case "$($c --version 2>/dev/null | head -n 1)" in '
+                '"cmake version 3."*) echo "$c"; break;; esac; done; true')
 _SKIP_DIRS = {".git", ".venv", "build", "__pycache__", ".pytest_cache", ".ruff_cache"}
 
 
@@ -133,11 +135,10 @@ def _set_up(session: Session, host: Host, target: str, marker: dict, *, venv: st
 
 def _install_horovod(session: Session, host: Host, python: str) -> None:
     """Builds Horovod into the virtualenv (against its mxnet). Its bundled Gloo needs CMake 3 (CMake 4 refuses
-    it): the host's cmake when it is 3.x, else pip's cmake<4 in the virtualenv."""
+    it): the host's first CMake 3 (cmake3, cmake, /usr/bin/cmake), else pip's cmake<4 in the virtualenv."""
     pip = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    found = session.run(host, "cmake --version 2>/dev/null | head -n 1 || true", "looking for CMake")
-    cmake = "cmake"
-    if not found.strip().startswith("cmake version 3."):
+    cmake = session.run(host, _FIND_CMAKE3, "looking for CMake 3").strip()
+    if not cmake:
         session.run(host, remote_command([*pip, "cmake>=3.13,<4"]), "pip install cmake<4 (Horovod's Gloo needs 3.x)",
                     "check the host's access to the package index, or install CMake 3 there")
         cmake = os.path.join(os.path.dirname(python), "cmake")
