@@ -437,6 +437,17 @@ def test_horovod_job_allreduces_across_its_ranks_and_stops_its_rendezvous():
     assert "all 4 processes exited with code 0" in result.stderr, result.stderr
 
 
+@pytest.mark.mxnet
+def test_horovod_rank_that_dies_stops_the_job_with_its_code():
+    # The other ranks wait in an allreduce for the dead one: the launcher must not wait with them.
+    started = time.monotonic()
+    result = run_launcher("-n", "2", "-s", "0", "--kvstore", "horovod", "--timeout", "100", "--",
+                          sys.executable, HOROVOD_SUM, "--die-rank", "1", timeout=120)
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "worker 1 exited with code 3; stopped all other processes" in result.stderr, result.stderr
+    assert time.monotonic() - started < 60
+
+
 
 @pytest.mark.integration
 def test_worker_that_exits_without_joining_is_named_at_once():
