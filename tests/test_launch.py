@@ -179,6 +179,23 @@ def test_plan_of_a_horovod_host_follows_the_slot_plan():
 
 
 @pytest.mark.unit
+def test_a_horovod_host_whose_name_does_not_resolve_to_its_address_is_warned_about(monkeypatch, caplog):
+    import p3kv.launch.horovod as horovod
+
+    monkeypatch.setattr(horovod.socket, "gethostname", lambda: "node7")
+    monkeypatch.setattr(horovod.socket, "gethostbyname", lambda name: "127.0.1.1")
+    job = Job(command=("train",), num_workers=2, num_servers=0, kvstore=KVStore.HOROVOD, port=4242,
+              local_workers=1, slots=(("127.0.0.1", 1), ("10.0.0.2", 1)))
+    plan(job, "127.0.0.1", 4242, {})
+    assert "this host's name 'node7' resolves to 127.0.1.1, not to --host 127.0.0.1" in caplog.text
+    assert "map the name to 127.0.0.1" in caplog.text
+    caplog.clear()
+    monkeypatch.setattr(horovod.socket, "gethostbyname", lambda name: "127.0.0.1")
+    plan(job, "127.0.0.1", 4242, {})
+    assert "resolves to" not in caplog.text
+
+
+@pytest.mark.unit
 def test_a_horovod_job_without_horovod_installed_is_refused_with_the_fix(monkeypatch):
     import importlib.util
 
