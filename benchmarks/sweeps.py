@@ -194,9 +194,16 @@ def not_yet_run(points: Sequence[cluster_bench.Point], csv_path: pathlib.Path) -
     return [p for p in points if _signature(dataclasses.asdict(p)) not in done]
 
 
+def undilated(p: dict) -> float:
+    """What a point's rates are multiplied by to read as real P100s': 1 / --gpu-scale (emulated time runs slower by
+    that factor), 1 where compute is not dilated."""
+    return 1.0 / p["gpu_scale"] if p.get("gpu_scale") else 1.0
+
+
 def plot(name: str, rows: Sequence[dict], path: pathlib.Path, include_smoke: bool = False) -> None:
     """The sweep's figure: medians with the IQR as error bars, the header-inclusive bound dashed (smoke rows
-    only for a smoke run's own figure)."""
+    only for a smoke run's own figure). The line figures plot P100-equivalent rates (measured / --gpu-scale), so
+    points at different dilations compare: the emulated wall-clock rate falls with the dilation."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -208,8 +215,9 @@ def plot(name: str, rows: Sequence[dict], path: pathlib.Path, include_smoke: boo
         return
 
     def errorbar(ax, xs, mine, label, **style):
-        ax.errorbar(xs, [p["throughput"] for p in mine], yerr=[[p["throughput"] - p["low"] for p in mine],
-                                                               [p["high"] - p["throughput"] for p in mine]],
+        ax.errorbar(xs, [p["throughput"] * undilated(p) for p in mine],
+                    yerr=[[(p["throughput"] - p["low"]) * undilated(p) for p in mine],
+                          [(p["high"] - p["throughput"]) * undilated(p) for p in mine]],
                     marker="o", capsize=3, label=label, **style)
 
     if name in ("bandwidth", "scale", "sensitivity", "dilation"):
@@ -226,15 +234,15 @@ def plot(name: str, rows: Sequence[dict], path: pathlib.Path, include_smoke: boo
                 series = sorted((p for p in mine if p["kvstore"] == kv), key=x_of)
                 errorbar(ax, [x_of(p) for p in series], series, report.LABEL.get(kv, kv))
             xs = sorted({x_of(p) for p in mine})
-            ax.plot(xs, [statistics.median(p["bound_throughput"] for p in mine if x_of(p) == x) for x in xs], "k--",
-                    label="bound (headers incl.)")
+            ax.plot(xs, [statistics.median(p["bound_throughput"] * undilated(p) for p in mine if x_of(p) == x)
+                         for x in xs], "k--", label="bound (headers incl.)")
             if name in ("bandwidth", "sensitivity", "dilation"):
                 ax.set_xscale("log")
                 ax.set_xticks(xs, [f"{x:g}" for x in xs])
                 ax.minorticks_off()
             ax.set_xlabel({"bandwidth": "P100-equivalent Gbps", "scale": "hosts (1 worker + 1 server each)",
                            "sensitivity": "efficiency x calibrated", "dilation": "--gpu-scale (1 = undilated)"}[name])
-            ax.set_ylabel(f"{mine[0]['unit']}/s")
+            ax.set_ylabel(f"P100-equivalent {mine[0]['unit']}/s\n(measured / --gpu-scale)", fontsize=8)
             extra = PAPER_BANDWIDTH.get(mine[0]["model"], "") if name == "bandwidth" else (
                 PAPER_SCALE.get(mine[0]["model"], "") if name == "scale" else "")
             ax.set_title(f"{panel}\n{extra}", fontsize=9)
@@ -256,7 +264,8 @@ def plot(name: str, rows: Sequence[dict], path: pathlib.Path, include_smoke: boo
         first = points[0]
         note = {"ablation": PAPER_ABLATION, "slice": PAPER_SLICE}.get(name, "")
         ax.set_title(f"{first['model']}, {first['hosts']} hosts, {report._link(first)}\n{note}", fontsize=9)
-        ax.set_ylabel(f"{first['unit']}/s")
+        ax.set_ylabel(f"{first['unit']}/s (emulated time, --gpu-scale {first['gpu_scale']:g})" if first["gpu_scale"]
+                      else f"{first['unit']}/s")
         ax.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
