@@ -1,8 +1,8 @@
 # The two commands of the README:
-#   make demo   set up, then run the P3-vs-baseline comparison (p3kv vs MXNet dist_sync vs MXNet's P3 vs Horovod
-#               when installed) on an emulated 4-host cluster with 2 Gbit links (network namespaces: needs root,
-#               uses sudo otherwise), 3 shuffled repeats, SGD on; 12 runs of about 40 s each plus set-up
-#   make test   set up, then lint and run the test suite (what CI runs)
+#   make demo   set up (Horovod included: bench-setup), then run the P3-vs-baseline comparison (p3kv vs MXNet
+#               dist_sync vs MXNet's P3 vs Horovod) on an emulated 4-host cluster with 2 Gbit links (network
+#               namespaces: needs root, uses sudo otherwise), 3 shuffled repeats, SGD on; 12 runs of about 40 s
+#   make test   set up (Horovod included), then lint and run the test suite (what CI runs)
 # and the fast tier of the tests alone (pure Python and the C++ unit tests, no jobs):
 #   make test-unit
 # Benchmarks on this machine's loopback (no root):
@@ -123,7 +123,8 @@ bench-server: setup
 clean:
 	rm -rf build *.egg-info p3kv/_p3*.so $(VENV)
 
-# The simulator (benchmarks/sim): fit CPU costs on transport.csv, validate against every emulated-cluster
-# measurement, then the paper's evaluation at paper scale and past it (pure Python, no root, ~1.5 min on 2 cores).
+# The simulator (benchmarks/sim): fit CPU costs on the loopback benchmarks (kvstore_bench.csv, transport.csv),
+# validate against every reviewed emulated-cluster point, then the paper's evaluation at paper scale and past it
+# (pure Python, no root).
 sim: setup
 	$(PY) -m benchmarks.sim.run all

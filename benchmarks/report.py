@@ -13,6 +13,7 @@ own blocks with optimizer "none" and n=1; rows marked smoke are never shown.
 from __future__ import annotations
 
 import argparse
+import csv
 import logging
 import pathlib
 import re
@@ -218,6 +219,21 @@ def dilation_sentences(points: Sequence[dict], cpus: int) -> list[str]:
     return lines
 
 
+def utilisation_sentences(rows: Sequence[dict], folder: pathlib.Path) -> list[str]:
+    """Per system, how busy the links were during the timed iterations (benchmarks/link_utilisation.py)."""
+    import link_utilisation
+
+    found = link_utilisation.summary(rows, folder)
+    if not found:
+        return []
+    parts = [f"{LABEL.get(kv, kv)} {100 * s['busy']:.0f}% busy, idle in {100 * s['idle']:.0f}% of the samples"
+             for kv, s in sorted(found.items(), key=lambda item: -item[1]["busy"])]
+    n = sorted({s["n"] for s in found.values()})
+    return [f"- Links during the timed iterations (mean rate over the link rate, both directions, every host; idle: "
+            f"10-ms samples below {link_utilisation.IDLE:.0%} of it; median of {', '.join(map(str, n))} runs): "
+            + "; ".join(parts) + "."]
+
+
 def _rows(path: pathlib.Path) -> list[dict]:
     return bench_rows.read_runs(path)
 
@@ -255,6 +271,8 @@ def reviewed_block(name: str, results: pathlib.Path) -> str:
     if name == "dilation":
         rows = [r for r in _rows(path) if str(r.get("smoke")) != "True"]
         extra = dilation_sentences(points, int(_float(rows[0].get("cpus"), 2)))
+    if name == "utilisation":
+        extra += utilisation_sentences(_rows(path), results / "sweeps" / "utilisation")
     return "\n".join([head, "", point_table(points), "", *verdicts(points), *extra])
 
 
@@ -302,6 +320,120 @@ def summary_block(path: pathlib.Path, command: str) -> str:
 
 
 # The runners whose own summaries the README shows: block name -> (summary file, command that writes it).
+def sim_validation_block(results: pathlib.Path) -> str:
+    """Per system: how close the simulator came to the reviewed emulated-cluster points (results/sim_validation.csv,
+    written by `python -m benchmarks.sim.run validate`)."""
+    rows = _plain_rows(results / "sim_validation.csv")
+    if not rows:
+        return "Not run yet: `python -m benchmarks.sim.run validate` writes `benchmarks/results/sim_validation.csv`."
+    lines = ["| system | points | within 10% | median error | worst |", "|---|---|---|---|---|"]
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(LABEL.get(r["kvstore"], r["kvstore"]), []).append(r)
+    for label, mine in [*sorted(groups.items()), ("all", rows)]:
+        errors = [abs(_float(r["rel_error"])) for r in mine]
+        worst = max(mine, key=lambda r: abs(_float(r["rel_error"])))
+        eq = _float(worst.get("p100_equiv_gbps"))
+        link = f"{worst['bandwidth']} ({eq:g} Gbps)" if eq else worst["bandwidth"]
+        where = f" ({worst['model']}, {worst['hosts']} hosts, {link})" if label != "all" else ""
+        lines.append(f"| {label} | {len(mine)} | {sum(e <= 0.10 for e in errors)} | "
+                     f"{100 * statistics.median(errors):.1f}% | {100 * _float(worst['rel_error']):+.1f}%{where} |")
+    return "\n".join(lines)
+
+
+GPU_ORDER = ("p100", "v100", "a100", "h100")  # benchmarks/sim/model.py's compute axis, slowest first
+
+
+def _plain_rows(path: pathlib.Path) -> list[dict]:
+    """A CSV that is not a run CSV (the simulator's), as it is."""
+    if not path.exists():
+        return []
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _sim_rows(results: pathlib.Path, sweep: str) -> list[dict]:
+    return _plain_rows(results / f"sim_paper_{sweep}.csv")
+
+
+def _ratio(rows: Sequence[dict], key: tuple, system: str, base: str) -> float | None:
+    """p3kv's simulated throughput over `base`'s at the point `key` (model, gpu, hosts, gbps)."""
+    found = {(r["model"], r["gpu"], r["hosts"], r["gbps"], r["system"]): _float(r["throughput"]) for r in rows}
+    mine, theirs = found.get((*key, system)), found.get((*key, base))
+    return mine / theirs if mine and theirs else None
+
+
+def _cite(table: dict, sweep: str, model: str) -> str:
+    where, value = table.get((sweep, model), (None, None))
+    if value is None:
+        return "-"
+    unit = "Gbps" if sweep == "bandwidth" else "machines"
+    return f"{value:.2f}×" + (f" ({where} {unit})" if where else "")
+
+
+def sim_paper_block(results: pathlib.Path) -> str:
+    """The simulated paper-scale sweeps per model: p3kv's best gain over dist_sync across the link rates (and
+    over Horovod there), and at 8 machines, beside the paper's numbers (benchmarks/sim/paper.py's PAPER)."""
+    bandwidth, scale = _sim_rows(results, "bandwidth"), _sim_rows(results, "scale")
+    if not bandwidth:
+        return "Not run yet: `python -m benchmarks.sim.run bandwidth` writes `benchmarks/results/sim_paper_*.csv`."
+    if str(HERE.parent) not in sys.path:
+        sys.path.insert(0, str(HERE.parent))
+    from benchmarks.sim import paper
+
+    lines = ["| model | best p3kv / dist_sync (link) | paper | p3kv / Horovod there | p3kv / dist_sync at 8 "
+             "machines | paper |", "|---|---|---|---|---|---|"]
+    for model in dict.fromkeys(r["model"] for r in bandwidth):
+        gains = [(g, _ratio(bandwidth, (model, "p100", "4", g), "p3", "dist_sync"))
+                 for g in dict.fromkeys(r["gbps"] for r in bandwidth if r["model"] == model)]
+        gbps, best = max(((g, v) for g, v in gains if v), key=lambda item: item[1])
+        versus = _ratio(bandwidth, (model, "p100", "4", gbps), "p3", "horovod")
+        at8 = _ratio(scale, (model, "p100", "8", "10"), "p3", "dist_sync") if scale else None
+
+        lines.append(f"| {model} | {best:.2f}× ({_float(gbps):g} Gbps) | {_cite(paper.PAPER, 'bandwidth', model)} | "
+                     f"{f'{versus:.2f}×' if versus else '-'} | {f'{at8:.2f}×' if at8 else '-'} | "
+                     f"{_cite(paper.PAPER, 'scale', model)} |")
+    return "\n".join(lines)
+
+
+def sim_slice_block(results: pathlib.Path) -> str:
+    """The simulated slice-size sweep (10 Gbps, 4 machines): throughput per slice size relative to 50,000, with
+    free CPU and with this machine's fitted costs (4 cores per host)."""
+    rows = _sim_rows(results, "slice")
+    if not rows:
+        return "Not run yet: `python -m benchmarks.sim.run slice` writes `benchmarks/results/sim_paper_slice.csv`."
+    sizes = sorted({int(r["slice_size"]) for r in rows})
+    found = {(r["model"], r["cpu"], int(r["slice_size"])): _float(r["throughput"]) for r in rows}
+    lines = ["| model | CPU | " + " | ".join(f"{z:,}" for z in sizes) + " |", "|---|---|" + "---|" * len(sizes)]
+    for model in dict.fromkeys(r["model"] for r in rows):
+        for cpu in ("ideal", "measured"):
+            base = found.get((model, cpu, 50_000))
+            if base:
+                lines.append(f"| {model} | {cpu} | " + " | ".join(
+                    f"{found[(model, cpu, z)] / base:.2f}" if (model, cpu, z) in found else "-" for z in sizes) + " |")
+    return "\n".join(lines)
+
+
+def sim_future_block(results: pathlib.Path) -> str:
+    """Past the paper: p3kv's simulated throughput over dist_sync and over Horovod per model, GPU and link rate."""
+    rows = _sim_rows(results, "future")
+    if not rows:
+        return "Not run yet: `python -m benchmarks.sim.run future` writes `benchmarks/results/sim_paper_future.csv`."
+    rates = list(dict.fromkeys(r["gbps"] for r in rows))
+    lines = ["| model | GPU | " + " | ".join(f"{_float(g):g} Gbps: vs dist_sync / vs Horovod" for g in rates) + " |",
+             "|---|---|" + "---|" * len(rates)]
+    for model in dict.fromkeys(r["model"] for r in rows):
+        gpus = dict.fromkeys(r["gpu"] for r in rows if r["model"] == model)
+        for gpu in sorted(gpus, key=lambda g: GPU_ORDER.index(g) if g in GPU_ORDER else len(GPU_ORDER)):
+            cells = []
+            for g in rates:
+                key = (model, gpu, "4", g)
+                a, b = _ratio(rows, key, "p3", "dist_sync"), _ratio(rows, key, "p3", "horovod")
+                cells.append(f"{a:.2f}× / {b:.2f}×" if a and b else "-")
+            lines.append(f"| {model} | {gpu} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 SUMMARIES = {
     "kvstore": ("kvstore_bench.md", "make bench-kvstore"),
     "accuracy": ("accuracy/accuracy.md", "make bench-accuracy"),
@@ -318,9 +450,13 @@ def blocks(results: pathlib.Path = RESULTS) -> dict[str, Callable[[], str]]:
     named: dict[str, Callable[[], str]] = {"status": lambda: status_block(results),
                                            "legacy": lambda: legacy_block(results)}
     named["estimate"] = lambda: _estimate_block(results)
+    named["sim-validation"] = lambda: sim_validation_block(results)
+    named["sim-paper"] = lambda: sim_paper_block(results)
+    named["sim-future"] = lambda: sim_future_block(results)
+    named["sim-slice"] = lambda: sim_slice_block(results)
     for name, (file, command) in SUMMARIES.items():
         named[name] = (lambda f=file, c=command: summary_block(results / f, c))
-    for name in ("demo", "bandwidth", "sensitivity", "dilation", "ablation", "slice", "scale"):
+    for name in ("demo", "bandwidth", "sensitivity", "dilation", "ablation", "slice", "scale", "utilisation"):
         named[name] = (lambda n=name: reviewed_block(n, results))
     return named
 

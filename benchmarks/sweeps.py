@@ -8,6 +8,7 @@
     python benchmarks/sweeps.py dilation      # the least dilation 2 cores allow (CPU per host vs --gpu-scale)
     python benchmarks/sweeps.py demo          # make demo's comparison
     python benchmarks/sweeps.py utilisation   # tx/rx of every link over time, dist_sync vs p3kv vs Horovod
+                                              # (also fig_utilisation_links.png, see link_utilisation.py)
     python benchmarks/sweeps.py estimate      # how long each sweep takes (from the bound and older rows)
     python benchmarks/sweeps.py plot NAME     # redraw a figure from its CSV
 
@@ -193,9 +194,16 @@ def not_yet_run(points: Sequence[cluster_bench.Point], csv_path: pathlib.Path) -
     return [p for p in points if _signature(dataclasses.asdict(p)) not in done]
 
 
+def undilated(p: dict) -> float:
+    """What a point's rates are multiplied by to read as real P100s': 1 / --gpu-scale (emulated time runs slower by
+    that factor), 1 where compute is not dilated."""
+    return 1.0 / p["gpu_scale"] if p.get("gpu_scale") else 1.0
+
+
 def plot(name: str, rows: Sequence[dict], path: pathlib.Path, include_smoke: bool = False) -> None:
     """The sweep's figure: medians with the IQR as error bars, the header-inclusive bound dashed (smoke rows
-    only for a smoke run's own figure)."""
+    only for a smoke run's own figure). The line figures plot P100-equivalent rates (measured / --gpu-scale), so
+    points at different dilations compare: the emulated wall-clock rate falls with the dilation."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -207,8 +215,9 @@ def plot(name: str, rows: Sequence[dict], path: pathlib.Path, include_smoke: boo
         return
 
     def errorbar(ax, xs, mine, label, **style):
-        ax.errorbar(xs, [p["throughput"] for p in mine], yerr=[[p["throughput"] - p["low"] for p in mine],
-                                                               [p["high"] - p["throughput"] for p in mine]],
+        ax.errorbar(xs, [p["throughput"] * undilated(p) for p in mine],
+                    yerr=[[(p["throughput"] - p["low"]) * undilated(p) for p in mine],
+                          [(p["high"] - p["throughput"]) * undilated(p) for p in mine]],
                     marker="o", capsize=3, label=label, **style)
 
     if name in ("bandwidth", "scale", "sensitivity", "dilation"):
@@ -225,15 +234,15 @@ def plot(name: str, rows: Sequence[dict], path: pathlib.Path, include_smoke: boo
                 series = sorted((p for p in mine if p["kvstore"] == kv), key=x_of)
                 errorbar(ax, [x_of(p) for p in series], series, report.LABEL.get(kv, kv))
             xs = sorted({x_of(p) for p in mine})
-            ax.plot(xs, [statistics.median(p["bound_throughput"] for p in mine if x_of(p) == x) for x in xs], "k--",
-                    label="bound (headers incl.)")
+            ax.plot(xs, [statistics.median(p["bound_throughput"] * undilated(p) for p in mine if x_of(p) == x)
+                         for x in xs], "k--", label="bound (headers incl.)")
             if name in ("bandwidth", "sensitivity", "dilation"):
                 ax.set_xscale("log")
                 ax.set_xticks(xs, [f"{x:g}" for x in xs])
                 ax.minorticks_off()
             ax.set_xlabel({"bandwidth": "P100-equivalent Gbps", "scale": "hosts (1 worker + 1 server each)",
                            "sensitivity": "efficiency x calibrated", "dilation": "--gpu-scale (1 = undilated)"}[name])
-            ax.set_ylabel(f"{mine[0]['unit']}/s")
+            ax.set_ylabel(f"P100-equivalent {mine[0]['unit']}/s\n(measured / --gpu-scale)", fontsize=8)
             extra = PAPER_BANDWIDTH.get(mine[0]["model"], "") if name == "bandwidth" else (
                 PAPER_SCALE.get(mine[0]["model"], "") if name == "scale" else "")
             ax.set_title(f"{panel}\n{extra}", fontsize=9)
@@ -255,7 +264,8 @@ def plot(name: str, rows: Sequence[dict], path: pathlib.Path, include_smoke: boo
         first = points[0]
         note = {"ablation": PAPER_ABLATION, "slice": PAPER_SLICE}.get(name, "")
         ax.set_title(f"{first['model']}, {first['hosts']} hosts, {report._link(first)}\n{note}", fontsize=9)
-        ax.set_ylabel(f"{first['unit']}/s")
+        ax.set_ylabel(f"{first['unit']}/s (emulated time, --gpu-scale {first['gpu_scale']:g})" if first["gpu_scale"]
+                      else f"{first['unit']}/s")
         ax.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -285,6 +295,16 @@ def estimate_block(results_dir: pathlib.Path = RESULTS) -> str:
     lines += [f"| {name} | {full / 3600:.1f} h | {left / 3600:.1f} h |" for name, full, left in rows]
     lines.append(f"| all | {sum(r[1] for r in rows) / 3600:.1f} h | {sum(r[2] for r in rows) / 3600:.1f} h |")
     return "\n".join([*lines, "", f"Estimated by `sweeps.py estimate` ({source}), on an idle 2-core machine."])
+
+
+def plot_links(name: str, results_dir: pathlib.Path) -> None:
+    """The utilisation sweep's second figure: host 0's link over time for every system (link_utilisation.py)."""
+    if name != "utilisation":
+        return
+    import link_utilisation
+
+    rows = [r for r in bench_rows.read_runs(results_dir / "utilisation.csv") if r.get("tag") == name]
+    link_utilisation.plot(rows, results_dir / "utilisation", results_dir / "fig_utilisation_links.png", report.LABEL)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -329,6 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     figure = args.results_dir / f"fig_{name}.png"
     if args.sweep == "plot":
         plot(name, bench_rows.read_runs(csv_path), figure)
+        plot_links(name, args.results_dir)
         return 0
     reason = emulated_cluster.why_unavailable()
     if reason:
@@ -353,6 +374,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     (args.results_dir / f"{name}.md").write_text(table)
     sys.stdout.write("\n" + table)
     plot(name, bench_rows.read_runs(csv_path), figure, include_smoke=args.smoke)
+    plot_links(name, args.results_dir)
     return 0 if all(r["status"] == "ok" for r in rows) else 1
 
 

@@ -36,15 +36,11 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from deploy.hosts import Host
-from deploy.install import DEFAULT_PATH, deployed_python
+from deploy.install import DEFAULT_PATH, check_horovod, deployed_python
 from deploy.job import JOB_DIR_PLACEHOLDER, KVSTORES, _shares, launch, logs
-from deploy.remote import ConnectionFactory, DeployError, Session, remote_command
+from deploy.remote import ConnectionFactory, DeployError, Session
 
 LOG = logging.getLogger("p3kv.deploy")
-HOROVOD_CHECK = "import horovod.mxnet as h; assert h.gloo_built(), 'Horovod was built without Gloo'"
-HOROVOD_INSTALL = ("install it into the deployment's virtualenv on every host (HOROVOD_WITH_MXNET=1 "
-                   "HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 pip install --no-build-isolation horovod==0.28.1, "
-                   "with CMake 3), or leave it out: --systems p3,dist_sync,mxnet-p3")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHMARKS = os.path.join(ROOT, "benchmarks")
@@ -61,15 +57,13 @@ class CompareResult:
 def horovod_problem(hosts: Sequence[Host], connect: ConnectionFactory, path: str) -> str | None:
     """Why Horovod cannot run on `hosts` (the deployment at `path` lacks horovod.mxnet with Gloo), or None."""
     with Session(list(hosts), connect) as session:
-        def check(host: Host) -> None:
-            target = session.resolve(host, path)
-            python = deployed_python(session, host, target)
-            session.run(host, remote_command([python, "-c", HOROVOD_CHECK], cwd=target), "importing horovod.mxnet")
+        def check(host: Host) -> str:
+            return check_horovod(session, host, deployed_python(session, host, session.resolve(host, path)))
 
         try:
             session.each(check, "checking Horovod")
         except DeployError as e:
-            return "; ".join(e.failures.values()) + f"; {HOROVOD_INSTALL}"
+            return "; ".join(e.failures.values()) + "; or leave it out: --systems p3,dist_sync,mxnet-p3"
     return None
 
 

@@ -63,15 +63,18 @@ def _job(state_dir: str, job: str | None):
             "python": "the Python that creates PATH/.venv (default python3)",
             "mxnet": "pip install MXNet into the virtualenv: cpu (default for a new one), cu112 or none",
             "prebuilt": "ship this machine's built C++ extension instead of building it on every host",
-            "system_site_packages": "create PATH/.venv with --system-site-packages"})
+            "system_site_packages": "create PATH/.venv with --system-site-packages",
+            "horovod": "also build Horovod 0.28.1 with MXNet and Gloo into the virtualenv (fab bench's fourth "
+            "system; needs g++, and CMake 3 or the package index)"})
 def install(ctx, hosts_file="hosts", path=DEFAULT_PATH, venv=None, python="python3", mxnet=None, prebuilt=False,
-            system_site_packages=False):
-    """Copy the project to every host, give it a virtualenv, build p3kv and check it imports."""
+            system_site_packages=False, horovod=False):
+    """Copy the project to every host, give it a virtualenv, build p3kv (and Horovod) and check it imports."""
     hosts, connect = _setup(ctx, hosts_file)
     done = _call(deploy.install, hosts, connect, path=path, venv=venv, python=python, mxnet=mxnet,
-                 prebuilt=prebuilt, system_site_packages=system_site_packages)
+                 prebuilt=prebuilt, system_site_packages=system_site_packages, horovod=horovod)
     for label, result in done.items():
-        print(f"{label}: {result.path} with {result.python} (mxnet {result.mxnet})"
+        extra = f", horovod {result.horovod}" if result.horovod else ""
+        print(f"{label}: {result.path} with {result.python} (mxnet {result.mxnet}{extra})"
               f"{'' if result.copied else ', shared filesystem: not copied again'}")
 
 

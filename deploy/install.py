@@ -34,6 +34,13 @@ MXNET_PACKAGES = {
     "none": [],
 }
 BUILD_PACKAGES = ["numpy>=1.17,<1.24", "setuptools>=77", "wheel", "pybind11>=2.10"]
+# Horovod with MXNet and Gloo only (CPU collectives; no MPI, TensorFlow or PyTorch): `fab bench`'s allreduce system.
+HOROVOD = "horovod==0.28.1"
+HOROVOD_BUILD = {"HOROVOD_WITH_MXNET": "1", "HOROVOD_WITH_GLOO": "1", "HOROVOD_WITHOUT_MPI": "1",
+                 "HOROVOD_WITHOUT_TENSORFLOW": "1", "HOROVOD_WITHOUT_PYTORCH": "1"}
+HOROVOD_NEEDS = ["setuptools", "wheel", "pyyaml", "packaging", "cloudpickle", "psutil"]  # its build imports them
+_FIND_CMAKE3 = ('for c in cmake3 cmake /usr/bin/cmake; do case "$($c --version 2>/dev/null | head -n 1)" in '
+                '"cmake version 3."*) echo "$c"; break;; esac; done; true')
 _SKIP_DIRS = {".git", ".venv", "build", "__pycache__", ".pytest_cache", ".ruff_cache"}
 
 
@@ -45,6 +52,7 @@ class Installed:
     python: str  # the interpreter jobs run with
     copied: bool  # False: the folder already held this install (a filesystem shared with another host)
     mxnet: str  # mxnet.__version__ there
+    horovod: str = ""  # horovod.__version__ there when install was asked for it
 
 
 def project_files(root: str = PROJECT_ROOT, prebuilt: bool = False) -> list[str]:
@@ -97,7 +105,7 @@ def _copy(session: Session, host: Host, target: str, tarball: str, marker: dict)
 
 
 def _set_up(session: Session, host: Host, target: str, marker: dict, *, venv: str | None, base_python: str,
-            mxnet: str | None, prebuilt: bool, system_site_packages: bool) -> None:
+            mxnet: str | None, prebuilt: bool, system_site_packages: bool, horovod: bool) -> None:
     """Gives the copy at `target` its Python: a new virtualenv (default) or the existing `venv`; builds p3kv."""
     python = marker["python"]
     if venv is None:
@@ -120,7 +128,26 @@ def _set_up(session: Session, host: Host, target: str, marker: dict, *, venv: st
         session.run(host, remote_command([*pip, "--no-deps", "--no-build-isolation", "-e", target]),
                     "building p3kv (pip install -e)", "the host needs g++ and the OpenSSL headers (apt-get install "
                     "g++ libssl-dev); or pass --prebuilt when the hosts match this machine")
+    if horovod:
+        _install_horovod(session, host, python)
     session.write_file(host, f"{target}/{MARKER}", json.dumps({**marker, "ready": True}))
+
+
+def _install_horovod(session: Session, host: Host, python: str) -> None:
+    """Builds Horovod into the virtualenv (against its mxnet). Its bundled Gloo needs CMake 3 (CMake 4 refuses
+    it): the host's first CMake 3 (cmake3, cmake, /usr/bin/cmake), else pip's cmake<4 in the virtualenv."""
+    pip = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    cmake = session.run(host, _FIND_CMAKE3, "looking for CMake 3").strip()
+    if not cmake:
+        session.run(host, remote_command([*pip, "cmake>=3.13,<4"]), "pip install cmake<4 (Horovod's Gloo needs 3.x)",
+                    "check the host's access to the package index, or install CMake 3 there")
+        cmake = os.path.join(os.path.dirname(python), "cmake")
+    session.run(host, remote_command([*pip, *HOROVOD_NEEDS]), f"pip install {' '.join(HOROVOD_NEEDS)}",
+                "check the host's access to the package index")
+    session.run(host, remote_command([*pip, "--no-build-isolation", HOROVOD], env={**HOROVOD_BUILD,
+                                                                                   "HOROVOD_CMAKE": cmake}),
+                f"building {HOROVOD} with MXNet and Gloo (about 2 minutes per core)",
+                "the host needs g++ and the virtualenv's mxnet (install it with --mxnet)")
 
 
 def deployed_python(session: Session, host: Host, target: str) -> str:
@@ -151,14 +178,16 @@ def check(session: Session, host: Host, target: str) -> tuple[str, str]:
 
 def install(hosts: Sequence[Host], connect: ConnectionFactory, *, path: str = DEFAULT_PATH, venv: str | None = None,
             python: str = "python3", mxnet: str | None = None, prebuilt: bool = False,
-            system_site_packages: bool = False, source: str = PROJECT_ROOT) -> dict[str, Installed]:
+            system_site_packages: bool = False, horovod: bool = False, source: str = PROJECT_ROOT
+            ) -> dict[str, Installed]:
     """Installs the project at `path` on every host; {label: Installed}. Raises DeployError naming each host that
     failed (and why), after doing what it could on the others.
 
     `venv`: an existing virtualenv on the hosts to use (it must hold mxnet unless `mxnet` is given); default:
     create PATH/.venv with `python` and pip install mxnet (`mxnet`: cpu, cu112 or none) and p3kv's build
     requirements into it. `prebuilt`: ship this machine's built extension instead of building on each host
-    (only for hosts with the same Python, glibc and OpenSSL). Jobs import p3kv from PATH (PYTHONPATH)."""
+    (only for hosts with the same Python, glibc and OpenSSL). `horovod`: also build Horovod with MXNet and Gloo
+    into the virtualenv (`fab bench`'s fourth system). Jobs import p3kv from PATH (PYTHONPATH)."""
     if mxnet is not None and mxnet not in MXNET_PACKAGES:
         raise ValueError(f"--mxnet {mxnet!r}: use one of {', '.join(MXNET_PACKAGES)}")
     files = project_files(source, prebuilt)
@@ -181,9 +210,23 @@ def install(hosts: Sequence[Host], connect: ConnectionFactory, *, path: str = DE
             target = targets[host.label]
             marker = json.loads(session.read_file(host, f"{target}/{MARKER}") or "{}")
             _set_up(session, host, target, marker, venv=venv, base_python=python, mxnet=mxnet, prebuilt=prebuilt,
-                    system_site_packages=system_site_packages)
+                    system_site_packages=system_site_packages, horovod=horovod)
 
         session.each(set_up, "setting up Python", [h for h in hosts if copied[h.label]])
         checked = session.each(lambda h: check(session, h, targets[h.label]), "checking the install")
-    return {h.label: Installed(targets[h.label], checked[h.label][0], copied[h.label], checked[h.label][1])
-            for h in hosts}
+        versions = session.each(lambda h: check_horovod(session, h, checked[h.label][0]),
+                                "checking Horovod") if horovod else {}
+    return {h.label: Installed(targets[h.label], checked[h.label][0], copied[h.label], checked[h.label][1],
+                               versions.get(h.label, "")) for h in hosts}
+
+
+HOROVOD_CHECK = ("import horovod, horovod.mxnet as h; assert h.gloo_built(), 'built without Gloo'; "
+                 "print(horovod.__version__)")
+
+
+def check_horovod(session: Session, host: Host, python: str) -> str:
+    """horovod.__version__ of `python` on `host` after checking horovod.mxnet imports with Gloo; HostError else."""
+    out = session.run(host, remote_command([python, "-c", HOROVOD_CHECK], cwd="/"),
+                      f"checking that {python} imports horovod.mxnet with Gloo",
+                      "run fab install --horovod (it builds Horovod with MXNet and Gloo into the virtualenv)")
+    return out.strip().splitlines()[-1]

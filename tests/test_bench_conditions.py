@@ -20,6 +20,7 @@ import bench_stats  # noqa: E402
 import cluster_bench  # noqa: E402
 import cluster_worker  # noqa: E402
 import emulated_compute  # noqa: E402
+import link_utilisation  # noqa: E402
 import report  # noqa: E402
 import run_guard  # noqa: E402
 
@@ -341,3 +342,28 @@ def test_sweep_definitions_cover_the_papers_evaluation():
     assert {p.efficiency_factor for p in sweeps.sweep_sensitivity(args)} == {0.5, 1.0, 2.0}
     assert sweeps.least_dilation(1) == 1.0 and sweeps.least_dilation(20) == pytest.approx(0.1)
     assert sweeps.estimate_seconds(sweeps.sweep_demo(args), 3, (10.0, 1.0, "test")) > 3 * 4 * 22 * 0.1
+
+
+def test_link_utilisation_measures_the_timed_window_per_host_and_direction(tmp_path):
+    # 1 Gbit/s links sampled every 10 ms for 2 s; the timed iterations take 1 s. Host 0 sends at the full rate and
+    # host 1 receives at half of it from 0.5 s to 1.5 s, nothing else moves: the window is (0.5, 1.5], where of
+    # the four directions one is full, one half busy and two idle.
+    row = {"model": "sockeye", "kvstore": "p3", "hosts": "2", "bandwidth": "1gbit", "repeat": "0", "status": "ok",
+           "bandwidth_bps": "1000000000.0", "iter_s": "[0.5, 0.5]", "tag": "utilisation"}
+    full = 1_000_000_000 // 8 // 100  # bytes per 10 ms at 1 Gbit/s
+    counters = {0: [0, 0], 1: [0, 0]}
+    lines = ["time_s,host,tx_bytes,rx_bytes"]
+    for k in range(201):
+        if 50 < k <= 150:
+            counters[0][0] += full
+            counters[1][1] += full // 2
+        lines += [f"{k / 100:.4f},{h},{tx},{rx}" for h, (tx, rx) in counters.items()]
+    link_utilisation.samples_path(tmp_path, row).write_text("\n".join(lines) + "\n")
+    measured = link_utilisation.run_utilisation(row, tmp_path)
+    assert measured == {"busy": pytest.approx((1 + 0 + 0 + 0.5) / 4), "idle": pytest.approx(0.5)}
+    assert link_utilisation.summary([row, {**row, "repeat": "1"}], tmp_path) == {
+        "p3": {"busy": pytest.approx(0.375), "idle": pytest.approx(0.5), "n": 1}}  # repeat 1 has no samples
+    sentence = report.utilisation_sentences([row], tmp_path)
+    assert sentence == ["- Links during the timed iterations (mean rate over the link rate, both directions, every "
+                        "host; idle: 10-ms samples below 10% of it; median of 1 runs): p3kv 38% busy, idle in 50% "
+                        "of the samples."]

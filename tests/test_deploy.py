@@ -220,7 +220,7 @@ def site(tmp_path_factory):
 @pytest.fixture(scope="module")
 def installed(site):
     start = time.monotonic()
-    result = install(site["hosts"], site["connect"], path=site["path"], venv=sys.prefix, prebuilt=True)
+    result = install(site["hosts"], site["connect"], path=site["path"], venv=sys.prefix, prebuilt=True, horovod=True)
     return result, time.monotonic() - start
 
 
@@ -231,7 +231,7 @@ def test_install_copies_once_per_filesystem_and_imports(site, installed):
     assert [r.copied for r in result.values()] == [True, False, False]
     for r in result.values():
         assert r.path == site["path"] and r.python == os.path.join(sys.prefix, "bin", "python")
-        assert r.mxnet.startswith("1.")
+        assert r.mxnet.startswith("1.") and r.horovod == "0.28.1"
     assert os.path.isfile(os.path.join(site["path"], "p3kv", "launch", "__main__.py"))
     assert os.path.isfile(os.path.join(site["path"], "deploy", "hostctl.py"))
     assert not os.path.exists(os.path.join(site["path"], ".git"))

@@ -107,3 +107,16 @@ def test_the_launchers_server_runs_the_mxnet_optimizer_and_the_core_server_aggre
     assert result.returncode == 0, result.stderr
     assert "plain host: False" in result.stdout and "optimizer host: OptimizerHost" in result.stdout, result.stdout
     assert "mxnet loaded: False" in result.stdout, result.stdout  # imported only when an optimizer arrives
+
+
+def test_the_launchers_server_imports_mxnet_in_the_background_at_start():
+    # Done before worker 0's optimizer arrives, so the first step does not wait for 4 servers importing it at once.
+    result = run_here("import sys\nfrom p3kv.mxnet.server import preload_mxnet\n"
+                      "print('mxnet before:', 'mxnet' in sys.modules)\n"
+                      "thread = preload_mxnet()\nthread.join(120)\n"
+                      "print('mxnet after:', 'mxnet' in sys.modules, thread.name)\n"
+                      "import importlib.util\nimportlib.util.find_spec = lambda name, *a: None\n"
+                      "print('without mxnet:', preload_mxnet())")
+    assert result.returncode == 0, result.stderr
+    assert "mxnet before: False" in result.stdout and "mxnet after: True import mxnet" in result.stdout, result.stdout
+    assert "without mxnet: None" in result.stdout, result.stdout

@@ -179,6 +179,34 @@ def test_plan_of_a_horovod_host_follows_the_slot_plan():
 
 
 @pytest.mark.unit
+def test_a_horovod_host_whose_name_does_not_resolve_to_its_address_is_warned_about(monkeypatch, caplog):
+    import p3kv.launch.horovod as horovod
+
+    monkeypatch.setattr(horovod.socket, "gethostname", lambda: "node7")
+    monkeypatch.setattr(horovod.socket, "gethostbyname", lambda name: "127.0.1.1")
+    job = Job(command=("train",), num_workers=2, num_servers=0, kvstore=KVStore.HOROVOD, port=4242,
+              local_workers=1, slots=(("127.0.0.1", 1), ("10.0.0.2", 1)))
+    plan(job, "127.0.0.1", 4242, {})
+    assert "this host's name 'node7' resolves to 127.0.1.1, not to --host 127.0.0.1" in caplog.text
+    assert "map the name to 127.0.0.1" in caplog.text
+    caplog.clear()
+    monkeypatch.setattr(horovod.socket, "gethostbyname", lambda name: "127.0.0.1")
+    plan(job, "127.0.0.1", 4242, {})
+    assert "resolves to" not in caplog.text
+
+
+@pytest.mark.unit
+def test_a_horovod_job_without_horovod_installed_is_refused_with_the_fix(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "horovod" else real(name, *a))
+    job = Job(command=("train",), num_workers=2, num_servers=0, kvstore=KVStore.HOROVOD)
+    with pytest.raises(ConfigError, match=r"Horovod is not installed for .*make bench-setup"):
+        plan(job, "127.0.0.1", 4242, {})
+
+
+@pytest.mark.unit
 def test_a_p3_job_across_hosts_needs_a_shared_secret():
     job = Job(command=("train",), num_workers=2, num_servers=2, port=4242, local_workers=1, local_servers=1)
     with pytest.raises(ConfigError, match="the same secret on every host: set P3_SECRET_FILE"):
@@ -424,6 +452,17 @@ def test_horovod_job_allreduces_across_its_ranks_and_stops_its_rendezvous():
     oks = re.findall(r"^\[worker (\d)\] OK rank=(\d) size=3 local=(\d)/3$", result.stdout, re.MULTILINE)
     assert sorted(oks) == [("0", "0", "0"), ("1", "1", "1"), ("2", "2", "2")], result.stdout
     assert "all 4 processes exited with code 0" in result.stderr, result.stderr
+
+
+@pytest.mark.mxnet
+def test_horovod_rank_that_dies_stops_the_job_with_its_code():
+    # The other ranks wait in an allreduce for the dead one: the launcher must not wait with them.
+    started = time.monotonic()
+    result = run_launcher("-n", "2", "-s", "0", "--kvstore", "horovod", "--timeout", "100", "--",
+                          sys.executable, HOROVOD_SUM, "--die-rank", "1", timeout=120)
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "worker 1 exited with code 3; stopped all other processes" in result.stderr, result.stderr
+    assert time.monotonic() - started < 60
 
 
 

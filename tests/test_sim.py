@@ -6,7 +6,7 @@ import pytest
 
 from benchmarks.sim import model, ring
 from benchmarks.sim.cluster import Cluster, CpuCosts
-from benchmarks.sim.ps import DIST_SYNC, P3KV, SLICING_ONLY, simulate
+from benchmarks.sim.ps import DIST_SYNC, MXNET_P3, P3KV, PRIORITY_SPLIT, SLICING_ONLY, parts_of, simulate
 
 pytestmark = pytest.mark.unit
 
@@ -114,3 +114,44 @@ def test_pushpull_answers_without_a_pull_round_trip():
     m = model.synthetic([(0.0, 0.0, 100_000)] * 10)
     r = simulate(m, link(2), DIST_SYNC)
     assert r.iteration_s == pytest.approx(11 * 400_000 * 8 / GBIT)
+
+
+def test_a_server_update_runs_once_per_part_with_its_last_push():
+    # 2 workers, 1 server on 3 hosts, one unsliced array, no links: the server processes 2 pushes (1 ns/byte each)
+    # and updates once (0.5 ns/byte), then broadcasts; the worker receives (1 ns/byte).
+    m = model.synthetic([(0.0, 0.0, 1_000_000)])
+    costs, update = CpuCosts(per_byte=1e-9), CpuCosts(per_byte=0.5e-9)
+    cluster = Cluster(4, None, layout="separate")
+    system = dataclasses.replace(P3KV, slice_size=1 << 30, costs=costs, update=update)
+    assert simulate(m, cluster, system).iteration_s == pytest.approx((2 + 0.5 + 1) * 4e6 * 1e-9)
+    assert simulate(m, cluster, dataclasses.replace(system, update=CpuCosts())).iteration_s == \
+        pytest.approx(3 * 4e6 * 1e-9)
+
+
+def test_a_worker_update_runs_on_every_worker_when_its_part_comes_back():
+    m = model.synthetic([(0.0, 0.0, 1_000_000)])
+    costs, update = CpuCosts(per_byte=1e-9), CpuCosts(per_message=1e-3)
+    cluster = Cluster(4, None, layout="separate")
+    system = dataclasses.replace(MXNET_P3, slice_size=1 << 30, window=1, costs=costs, update=update)
+    # 2 pushes served, then the worker receives and updates (1 ms): the worker's part of the path, not the server's.
+    assert simulate(m, cluster, system).iteration_s == pytest.approx(3 * 4e6 * 1e-9 + 1e-3)
+
+
+def test_priority_split_cuts_only_big_arrays_one_part_per_server_round_robin():
+    m = model.synthetic([(0.0, 0.0, 3_000_001), (0.0, 0.0, 10)])
+    parts = parts_of(m, PRIORITY_SPLIT, 2)
+    assert [(p.layer, p.nbytes, p.server) for p in parts] == [(0, 1_500_001 * 4, 0), (0, 1_500_000 * 4, 1),
+                                                               (1, 40, 0)]
+
+
+def test_ring_cpu_bounds_an_allreduce_and_updates_follow_their_buffer():
+    m = model.synthetic([(0.0, 0.0, 1_000_000)])
+    c = Cluster(2, 10 * GBIT, wire_overhead=1.0)
+    wire = ring.allreduce_seconds(4e6, c)
+    slow_cpu = ring.Horovod(cpu=CpuCosts(per_byte=1e-9))  # 4 ms of CPU for 4 MB, above the 3.2 ms on the wire
+    assert ring.iteration_seconds(m, c, cycle_s=0.0, horovod=slow_cpu) == pytest.approx(4e6 * 1e-9)
+    with_update = ring.Horovod(update=CpuCosts(per_message=1e-3))
+    assert ring.iteration_seconds(m, c, cycle_s=0.0, horovod=with_update) == pytest.approx(wire + 1e-3)
+    # 4 workers sharing 2 cores: every worker's CPU at once takes twice as long.
+    shared = Cluster(4, None, shared_cores=2)
+    assert ring.iteration_seconds(m, shared, cycle_s=0.0, horovod=slow_cpu) == pytest.approx(2 * 4e6 * 1e-9)

@@ -1,7 +1,8 @@
 """The model profile: per-layer forward/backward seconds and parameter arrays, in forward order.
 
 Built from benchmarks/shapes/<model>.json with benchmarks/emulated_compute.py's own functions, so a simulated
-layer takes exactly the time an emulated one does (FLOPs x batch / (GPU peak x 0.5 x scale), backward 2x).
+layer takes exactly the time an emulated one does (FLOPs x batch / (GPU peak x the model's calibrated efficiency
+x scale), backward 2x).
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import math
 from benchmarks import emulated_compute
 
 ITEMSIZE = {"float32": 4, "float16": 2, "float64": 8}
-# Compute past the paper, as multiples of the profile's P100 (EFFICIENCY 0.5 in emulated_compute: ResNet-50 at
-# about 190 images/s at batch 32 - the emulator's assumption, not a published P100 figure). Sourced single-GPU
+# Compute past the paper, as multiples of the profile's P100 (each model calibrated to its published P100 rate,
+# ResNet-50 195 images/s: see benchmarks/shapes/*.json). Sourced single-GPU
 # ResNet-50 v1.5 training throughputs, mixed precision, from NVIDIA's DeepLearningExamples (PyTorch, 21.03
 # container, batch 256): V100 16 GB 1,200 img/s, A100 80 GB 2,470 img/s -
 # https://github.com/NVIDIA/DeepLearningExamples/blob/master/PyTorch/Classification/ConvNets/resnet50v1.5/README.md
@@ -51,15 +52,17 @@ class ModelProfile:
 
 
 @functools.cache
-def load(model: str, batch_size: int = 32, gpu: str = "p100", scale: float = 1.0) -> ModelProfile:
+def load(model: str, batch_size: int = 32, gpu: str = "p100", scale: float = 1.0,
+         efficiency_factor: float = 1.0) -> ModelProfile:
     """`gpu` in GPU_SPEEDUP (v100, a100, h100) scales a P100 by the sourced training-throughput ratio there (not
     the emulator's FP32 peak-FLOPS ratio, 1.7x for a V100); other names use the emulator's table; `scale` is
-    --gpu-scale."""
+    --gpu-scale; the efficiency is the model's calibrated one times `efficiency_factor` (the emulated runs' rule)."""
     description = emulated_compute.load_description(model)
+    efficiency = emulated_compute.efficiency_of(description, efficiency_factor)
     if gpu == "p100" or (gpu not in GPU_SPEEDUP and gpu in emulated_compute.GPU_PEAK_FLOPS):
-        profile = emulated_compute.Profile(gpu, scale)
+        profile = emulated_compute.Profile(gpu, scale, efficiency)
     else:
-        profile = emulated_compute.Profile("p100", scale * GPU_SPEEDUP[gpu])
+        profile = emulated_compute.Profile("p100", scale * GPU_SPEEDUP[gpu], efficiency)
     params = description["params"]
     layers = []
     for entry in emulated_compute.layers_of(description, batch_size, profile):

@@ -3,8 +3,9 @@ V100/A100/H100-class compute) -> results/sim_paper_*.{csv,png}.
 
 Assumptions at paper scale (not measured, stated here and in the CSVs): batch 32 per GPU as the emulated runs;
 one worker and one server per machine; 20 us one-way latency (a datacenter top-of-rack hop); hosts' CPUs are
-not the bottleneck (`cpu=ideal`: no per-message or per-byte CPU cost), except where a sweep says `measured`
-(this 2-core machine's fitted constants with 4 dedicated cores per host), which brackets the real answer.
+not the bottleneck (`cpu=ideal`: no per-message, per-byte or optimizer CPU cost), except where a sweep says
+`measured` (this 2-core machine's fitted constants, SGD's update included, with 4 dedicated cores per host), which
+brackets the real answer. Compute is each model's calibrated P100 rate (benchmarks/shapes/*.json).
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def run_point(p: Point) -> dict:
     if p.system == "horovod":
         result = ring.simulate(profile, cluster)
     else:
-        system = costs_lib.system(p.system) if p.cpu == "measured" else SYSTEMS[p.system].with_costs(CpuCosts())
+        system = (costs_lib.system(p.system, optimizer="sgd") if p.cpu == "measured"
+                  else SYSTEMS[p.system].with_costs(CpuCosts()))
         if p.slice_size:
             system = dataclasses.replace(system, slice_size=p.slice_size)
         result = simulate(profile, cluster, system, iters=3)

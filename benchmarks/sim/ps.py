@@ -9,7 +9,9 @@ every worker (P3's broadcast, and MXNet's pushpull, which answers each worker's 
 broadcast=False, acknowledged, after which each worker sends a pull request and gets the part (MXNet's separate
 push and pull calls, which none of the benchmarks uses). CPU: a pushed part costs its CPU on the server thread,
 a part coming back costs it on the receiving host's cores, control messages (ack, pull request) cost one
-per-message charge each.
+per-message charge each. The optimizer's update of a part costs `update` once on the server thread, with the
+last push of it (update_on "servers": p3kv, dist_sync), or on every worker's cores when the part comes back
+(update_on "workers": MXNet's P3, whose servers refuse the optimizer).
 """
 
 from __future__ import annotations
@@ -33,10 +35,13 @@ class PSSystem:
     priority: bool = False  # sender and server queues by (layer, arrival) instead of arrival
     broadcast: bool = True  # the server sends the aggregated part at once; else ack + pull request + response
     window: int = 1  # messages committed to the socket ahead of the sender's priority queue (see engine.Server)
+    split_bound: int | None = None  # without slices: arrays above it cut into one part per server (round-robin)
+    update_on: str = "servers"  # where the optimizer runs: "servers" or "workers"
     costs: CpuCosts = CpuCosts()
+    update: CpuCosts = CpuCosts()  # the optimizer's CPU per part (zero: the servers only sum)
 
-    def with_costs(self, costs: CpuCosts) -> PSSystem:
-        return dataclasses.replace(self, costs=costs)
+    def with_costs(self, costs: CpuCosts, update: CpuCosts | None = None) -> PSSystem:
+        return dataclasses.replace(self, costs=costs, update=self.update if update is None else update)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +59,11 @@ def parts_of(model: ModelProfile, system: PSSystem, servers: int) -> list[Part]:
             if system.slice_size:
                 for start in range(0, n, system.slice_size):
                     size = min(system.slice_size, n - start)
+                    parts.append(Part(k, size * layer.itemsize, rr % servers))
+                    rr += 1
+            elif system.split_bound is not None and n > system.split_bound:
+                for s in range(servers):  # consecutive keys, so round-robin puts them on different servers
+                    size = n // servers + (1 if s < n % servers else 0)
                     parts.append(Part(k, size * layer.itemsize, rr % servers))
                     rr += 1
             elif system.big_array_bound is not None and n > system.big_array_bound:
@@ -102,9 +112,13 @@ class PSRun:
         self.part_host = [cluster.server_host(p.server) for p in self.parts]
         self.part_thread = [self.threads[p.server] for p in self.parts]
         self.push_cost = [costs.of(p.nbytes) for p in self.parts]
+        on_servers = system.update_on == "servers"
+        self.update_cost = [system.update.of(p.nbytes) if on_servers else 0.0 for p in self.parts]
         reply_bytes = [p.nbytes if system.broadcast else CONTROL_BYTES for p in self.parts]
         self.reply_bytes = reply_bytes
         self.reply_cost = [costs.of(b) if b > CONTROL_BYTES else costs.per_message for b in reply_bytes]
+        if not on_servers:  # each worker updates the part it got back before its layer may run
+            self.reply_cost = [c + system.update.of(p.nbytes) for c, p in zip(self.reply_cost, self.parts)]
         self.worker_hosts = [cluster.worker_host(w) for w in range(W)]
         self.pushed = [0] * len(self.parts)
         self.received = [[0] * n for _ in range(W)]
@@ -154,7 +168,10 @@ class PSRun:
 
     def _serve(self, job, now: float) -> float:
         kind, i, _ = job
-        cost = self.push_cost[i] if kind == "push" else self.system.costs.per_message
+        if kind == "push":  # the last push of a part completes its aggregate: the update runs with it
+            cost = self.push_cost[i] + (self.update_cost[i] if self.pushed[i] == self.cluster.workers - 1 else 0.0)
+        else:
+            cost = self.system.costs.per_message
         if cost <= 0:
             return 0.0
         return self.cpu[self.part_host[i]].acquire(now, cost) - now
@@ -224,14 +241,17 @@ def summarise(forward_done: list[list[float]], model: ModelProfile, workers: int
 P3KV = PSSystem("p3", slice_size=50_000, priority=True)
 SLICING_ONLY = PSSystem("p3-slicing-only", slice_size=50_000, priority=False)
 PRIORITY_ONLY = PSSystem("p3-priority-only", slice_size=None, priority=True)
+# The fair priority-only ablation (cluster_worker --split-big-arrays SERVERS): no slices, arrays above 10^6
+# elements cut into one key per server.
+PRIORITY_SPLIT = PSSystem("p3-priority-split", slice_size=None, priority=True, split_bound=MXNET_BIGARRAY_BOUND)
 # MXNet 1.9's kv.pushpull is one ps-lite ZPushPull request per part (kvstore_dist.h PushPullDefault; P3StoreDist
 # one per slice): the server answers every worker's request with the aggregate as soon as it has all of them, so
-# no ack and no pull round trip: the same traffic as P3's broadcast. What the benchmarks ran (cluster_worker.py,
-# bench_worker.py) is pushpull, with no optimizer on the servers.
+# no ack and no pull round trip: the same traffic as P3's broadcast. What the benchmarks run (cluster_worker.py,
+# kvstore_bench.py) is pushpull; with an optimizer, MXNet's servers update each part (update_on "servers").
 DIST_SYNC = PSSystem("dist_sync", big_array_bound=MXNET_BIGARRAY_BOUND, priority=False, broadcast=True)
 # MXNet's P3 van: a priority queue and a send thread in front of a ZMQ socket with DMLC_PS_WATER_MARK=10.
-MXNET_P3 = PSSystem("mxnet-p3", slice_size=40_000, priority=True, broadcast=True, window=10)
-SYSTEMS = {s.name: s for s in (P3KV, SLICING_ONLY, PRIORITY_ONLY, DIST_SYNC, MXNET_P3)}
+MXNET_P3 = PSSystem("mxnet-p3", slice_size=40_000, priority=True, broadcast=True, window=10, update_on="workers")
+SYSTEMS = {s.name: s for s in (P3KV, SLICING_ONLY, PRIORITY_ONLY, PRIORITY_SPLIT, DIST_SYNC, MXNET_P3)}
 
 
 def simulate(model: ModelProfile, cluster: Cluster, system: PSSystem, iters: int = 4, record: bool = False) -> Result:

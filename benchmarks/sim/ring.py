@@ -5,16 +5,36 @@ into buffers of at most FUSION_BYTES (a larger tensor goes alone) and allreduces
 A ring allreduce of b bytes over N workers sends and receives 2 (N-1)/N b per worker and takes 2 (N-1) steps,
 each paying the link latency. The optimizer step waits for every allreduce, so the next forward starts after
 the last one ends: the ring overlaps backward only.
+
+CPU (`Horovod.cpu`: per buffer and per byte, on every worker; `update`: the optimizer per tensor on every worker,
+after its buffer): an allreduce lasts as long as the longer of its wire time and its CPU, and updates run one
+after another as their buffers complete. Where all workers share a machine's cores (the emulated cluster), W
+workers' CPU takes W / cores times as long once there are more workers than cores.
 """
 
 from __future__ import annotations
 
-from benchmarks.sim.cluster import Cluster
+import dataclasses
+
+from benchmarks.sim.cluster import Cluster, CpuCosts
 from benchmarks.sim.model import ModelProfile
 from benchmarks.sim.ps import Result
 
 FUSION_BYTES = 64 * 1024 * 1024  # HOROVOD_FUSION_THRESHOLD's default
 CYCLE_S = 0.005  # HOROVOD_CYCLE_TIME's default (5 ms)
+
+
+@dataclasses.dataclass(frozen=True)
+class Horovod:
+    cpu: CpuCosts = CpuCosts()  # one allreduce of a fused buffer, per worker
+    update: CpuCosts = CpuCosts()  # the optimizer on one tensor, per worker (zero: none)
+
+
+def cpu_seconds(core_seconds: float, cluster: Cluster) -> float:
+    """Wall time of `core_seconds` of CPU that every worker spends at once."""
+    if cluster.shared_cores and cluster.workers > cluster.shared_cores:
+        return core_seconds * cluster.workers / cluster.shared_cores
+    return core_seconds
 
 
 def allreduce_seconds(nbytes: float, cluster: Cluster) -> float:
@@ -25,26 +45,28 @@ def allreduce_seconds(nbytes: float, cluster: Cluster) -> float:
 
 
 def iteration_seconds(model: ModelProfile, cluster: Cluster, fusion_bytes: int = FUSION_BYTES,
-                      cycle_s: float = CYCLE_S) -> float:
+                      cycle_s: float = CYCLE_S, horovod: Horovod = Horovod()) -> float:
     forward = sum(layer.forward_s for layer in model.layers)
     ready, t = [], forward
     for layer in reversed(model.layers):  # backward: gradients become ready last layer first
         t += layer.backward_s
         ready.extend((t, n * layer.itemsize) for n in layer.arrays)
     backward_end = t
-    free, i = 0.0, 0
+    free, updated, i = 0.0, 0.0, 0
     while i < len(ready):
         # The next cycle at or after both the engine being free and the next tensor being ready.
         start = max(free, ready[i][0])
         start = cycle_s * -(-start // cycle_s) if cycle_s else start
-        fused = 0
+        fused, update = 0, 0.0
         while i < len(ready) and ready[i][0] <= start and (fused == 0 or fused + ready[i][1] <= fusion_bytes):
             fused += ready[i][1]
+            update += horovod.update.of(ready[i][1])
             i += 1
-        free = start + allreduce_seconds(fused, cluster)
-    return max(free, backward_end)
+        free = start + max(allreduce_seconds(fused, cluster), cpu_seconds(horovod.cpu.of(fused), cluster))
+        updated = max(updated, free) + cpu_seconds(update, cluster)
+    return max(free, updated, backward_end)
 
 
-def simulate(model: ModelProfile, cluster: Cluster) -> Result:
-    t = iteration_seconds(model, cluster)
+def simulate(model: ModelProfile, cluster: Cluster, horovod: Horovod = Horovod()) -> Result:
+    t = iteration_seconds(model, cluster, horovod=horovod)
     return Result(t, cluster.workers * model.samples_per_batch / t, model.unit, [], None)

@@ -63,8 +63,15 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     start = time.perf_counter()
     if args.what in ("all", "fit", "validate"):
-        for kv, c in costs_lib.measured_costs().items():
-            print(f"fitted CPU costs {kv}: {c.per_message * 1e6:.1f} us/message, {c.per_byte * 1e9:.3f} ns/byte")
+        found = costs_lib.fitted()
+        for kv, c in found.transport.items():
+            u = found.update[kv]
+            print(f"fitted CPU costs {kv}: {c.per_message * 1e6:.1f} us/message, {c.per_byte * 1e9:.3f} ns/byte; "
+                  f"update {u.per_message * 1e6:.1f} us/part, {u.per_byte * 1e9:.3f} ns/byte")
+        h = found.horovod
+        print(f"fitted CPU costs horovod: {h.cpu.per_message * 1e6:.1f} us/buffer, {h.cpu.per_byte * 1e9:.3f} "
+              f"ns/byte; update (MXNet P3's) {h.update.per_message * 1e6:.1f} us/tensor, "
+              f"{h.update.per_byte * 1e9:.3f} ns/byte")
     if args.what in ("all", "validate"):
         rows = validate.run()
         plots.validation(rows, RESULTS / "sim_validation.png")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import logging
 import signal
 import socket
@@ -86,6 +87,19 @@ def interface_of(address: str) -> str:
                       "of its addresses")
 
 
+def hostname_problem(address: str) -> str | None:
+    """Why Gloo may not reach this host's ranks from other hosts, or None: Horovod builds part of its Gloo contexts
+    on the address this host's name resolves to, whatever HOROVOD_GLOO_IFACE says."""
+    name = socket.gethostname()
+    try:
+        resolved = socket.gethostbyname(name)
+    except OSError as e:
+        return f"this host's name {name!r} does not resolve ({e})"
+    if resolved != address:
+        return f"this host's name {name!r} resolves to {resolved}, not to --host {address}"
+    return None
+
+
 def local_slots(slots: Sequence[tuple[str, int]], host: str, names: Sequence[str], local_workers: int
                 ) -> list[Slot]:
     """This host's slots: the plan's entry whose address is `host` (or one of `names`, as given on the command
@@ -125,6 +139,8 @@ def rendezvous_command(host: str, port: int, slots: Sequence[tuple[str, int]]) -
 def plan(job: Job, host: str, port: int, base: Mapping[str, str]) -> list[ProcessSpec]:
     """This host's processes of a Horovod job: the rendezvous where the scheduler would run (a companion
     service: stopped once the workers here are done), then one rank per local worker."""
+    if job.scheduler and job.scheduler_command is None and importlib.util.find_spec("horovod") is None:
+        raise ConfigError(f"--kvstore horovod: Horovod is not installed for {sys.executable}; {INSTALL_HINT}")
     slots = job.slots or ((host, job.num_workers),)
     workers = job.num_workers if job.local_workers is None else job.local_workers
     mine = local_slots(slots, host, (job.host,), workers)
@@ -134,6 +150,10 @@ def plan(job: Job, host: str, port: int, base: Mapping[str, str]) -> list[Proces
         env = {k: v for k, v in base.items() if not _is_foreign(k)}
         specs.append(ProcessSpec("rendezvous", argv, env, "rendezvous", primary=False, companion=True))
     interface = interface_of(host)
+    problem = hostname_problem(host) if job.spans_hosts and mine else None
+    if problem:
+        LOG.warning("%s: Horovod's Gloo connects ranks through the address a host's name resolves to, so ranks on "
+                    "other hosts may fail to reach these; map the name to %s (e.g. in /etc/hosts)", problem, host)
     specs += [ProcessSpec(f"worker {i}", job.command, worker_environment(base, slot, job.root or host, port,
                                                                           interface), f"worker{i}", primary=True)
               for i, slot in enumerate(mine)]

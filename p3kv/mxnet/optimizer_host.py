@@ -14,7 +14,8 @@ with its states, then loaded: Adam's bias correction and lr schedules go on wher
 reports the counts so the saved optimizer carries them. SET_HYPERPARAMETERS (a change made on the workers
 during training) sets the changed attributes on the optimizer and keeps every slice's state and count.
 
-mxnet is imported only when an optimizer arrives: a server that only aggregates does not need it.
+mxnet is imported only when an optimizer arrives: a server that only aggregates does not need it (p3kv.mxnet.server
+imports it in the background at start where it is installed).
 """
 
 from __future__ import annotations

@@ -4,13 +4,16 @@
 p3kv.core.server knows nothing of MXNet; this module plugs the slices' optimizer into it: a SliceOptimizer (the
 C++ kernels, p3kv.mxnet.server_kernels) as the update function and an OptimizerHost answering the workers'
 optimizer requests (set, hyperparameters, states). Until worker 0 sends an optimizer the server broadcasts the
-summed gradient, and mxnet itself is imported only when one arrives: a server that only aggregates does not need
-it installed.
+summed gradient. A server that only aggregates does not need mxnet installed; where it is, `main` imports it in
+the background while the job starts.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import sys
+import threading
 
 from p3kv import _p3
 from p3kv.core.config import Config
@@ -27,8 +30,28 @@ class OptimizerServer(P3Server):
         super().__init__(config, updater=native, on_request=self.optimizer_host.on_request, **overrides)
 
 
+def preload_mxnet() -> threading.Thread | None:
+    """Starts importing mxnet in a background thread, if it is installed. Worker 0 ships its optimizer right after
+    the rendezvous and every server needs mxnet to unpickle it; imported only then, by all servers at once beside
+    the workers' first iteration, it delays the first step by seconds. A failed import is left to the request
+    that needs mxnet, which reports it."""
+    if importlib.util.find_spec("mxnet") is None:
+        return None
+
+    def load() -> None:
+        try:
+            importlib.import_module("mxnet")
+        except Exception:  # noqa: BLE001 (reported by the import that needs it)
+            pass
+
+    thread = threading.Thread(target=load, name="import mxnet", daemon=True)
+    thread.start()
+    return thread
+
+
 def main() -> int:
     """Runs one server from the environment; returns the process exit code."""
+    preload_mxnet()
     return serve(OptimizerServer)
 
 

@@ -2,9 +2,11 @@
 
 Run through ``python -m p3kv.launch -s 0 --kvstore horovod``. Rank r allreduces (r + 1) * ones, so with W ranks
 every element of the result is W * (W + 1) / 2. Prints ``OK rank=R size=W local=L/S`` and exits 0, or exits 1
-naming what was wrong (a wrong sum, or a parameter-server variable that reached the rank).
+naming what was wrong (a wrong sum, or a parameter-server variable that reached the rank). With ``--die-rank R``
+rank R exits with code 3 after joining, while the others wait in the allreduce for it.
 """
 
+import argparse
 import logging
 import os
 import sys
@@ -17,6 +19,9 @@ SIZE = 10
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--die-rank", type=int, default=-1)
+    args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     leaked = sorted(k for k in os.environ if k.startswith(("DMLC_", "P3_ROLE", "P3_SECRET")))
     if leaked:
@@ -24,6 +29,9 @@ def main() -> int:
         return 1
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
+    if rank == args.die_rank:
+        print(f"rank {rank} dies", flush=True)
+        os._exit(3)
     value = mx.nd.ones(SIZE) * (rank + 1)
     hvd.allreduce_(value, average=False, name="sum")
     expected = size * (size + 1) / 2
