@@ -326,7 +326,7 @@ def sim_validation_block(results: pathlib.Path) -> str:
     rows = _plain_rows(results / "sim_validation.csv")
     if not rows:
         return "Not run yet: `python -m benchmarks.sim.run validate` writes `benchmarks/results/sim_validation.csv`."
-    lines = ["| system | points | within 10% | median error | worst |", "|---|---|---|---|---|"]
+    lines = ["| system | points | within 10% | median error | errors from … to | worst |", "|---|---|---|---|---|---|"]
     groups: dict[str, list[dict]] = {}
     for r in rows:
         groups.setdefault(LABEL.get(r["kvstore"], r["kvstore"]), []).append(r)
@@ -336,8 +336,11 @@ def sim_validation_block(results: pathlib.Path) -> str:
         eq = _float(worst.get("p100_equiv_gbps"))
         link = f"{worst['bandwidth']} ({eq:g} Gbps)" if eq else worst["bandwidth"]
         where = f" ({worst['model']}, {worst['hosts']} hosts, {link})" if label != "all" else ""
+        signed = [_float(r["rel_error"]) for r in mine]
+        spread = f"{100 * min(signed):+.1f}% … {100 * max(signed):+.1f}%"
+        worst_error = f"{100 * _float(worst['rel_error']):+.1f}%"
         lines.append(f"| {label} | {len(mine)} | {sum(e <= 0.10 for e in errors)} | "
-                     f"{100 * statistics.median(errors):.1f}% | {100 * _float(worst['rel_error']):+.1f}%{where} |")
+                     f"{100 * statistics.median(errors):.1f}% | {spread} | {worst_error}{where} |")
     return "\n".join(lines)
 
 
@@ -356,7 +359,7 @@ def _sim_rows(results: pathlib.Path, sweep: str) -> list[dict]:
     return _plain_rows(results / f"sim_paper_{sweep}.csv")
 
 
-def _ratio(rows: Sequence[dict], key: tuple, system: str, base: str) -> float | None:
+def _sim_ratio(rows: Sequence[dict], key: tuple, system: str, base: str) -> float | None:
     """p3kv's simulated throughput over `base`'s at the point `key` (model, gpu, hosts, gbps)."""
     found = {(r["model"], r["gpu"], r["hosts"], r["gbps"], r["system"]): _float(r["throughput"]) for r in rows}
     mine, theirs = found.get((*key, system)), found.get((*key, base))
@@ -384,11 +387,11 @@ def sim_paper_block(results: pathlib.Path) -> str:
     lines = ["| model | best p3kv / dist_sync (link) | paper | p3kv / Horovod there | p3kv / dist_sync at 8 "
              "machines | paper |", "|---|---|---|---|---|---|"]
     for model in dict.fromkeys(r["model"] for r in bandwidth):
-        gains = [(g, _ratio(bandwidth, (model, "p100", "4", g), "p3", "dist_sync"))
+        gains = [(g, _sim_ratio(bandwidth, (model, "p100", "4", g), "p3", "dist_sync"))
                  for g in dict.fromkeys(r["gbps"] for r in bandwidth if r["model"] == model)]
         gbps, best = max(((g, v) for g, v in gains if v), key=lambda item: item[1])
-        versus = _ratio(bandwidth, (model, "p100", "4", gbps), "p3", "horovod")
-        at8 = _ratio(scale, (model, "p100", "8", "10"), "p3", "dist_sync") if scale else None
+        versus = _sim_ratio(bandwidth, (model, "p100", "4", gbps), "p3", "horovod")
+        at8 = _sim_ratio(scale, (model, "p100", "8", "10"), "p3", "dist_sync") if scale else None
 
         lines.append(f"| {model} | {best:.2f}× ({_float(gbps):g} Gbps) | {_cite(paper.PAPER, 'bandwidth', model)} | "
                      f"{f'{versus:.2f}×' if versus else '-'} | {f'{at8:.2f}×' if at8 else '-'} | "
@@ -428,7 +431,7 @@ def sim_future_block(results: pathlib.Path) -> str:
             cells = []
             for g in rates:
                 key = (model, gpu, "4", g)
-                a, b = _ratio(rows, key, "p3", "dist_sync"), _ratio(rows, key, "p3", "horovod")
+                a, b = _sim_ratio(rows, key, "p3", "dist_sync"), _sim_ratio(rows, key, "p3", "horovod")
                 cells.append(f"{a:.2f}× / {b:.2f}×" if a and b else "-")
             lines.append(f"| {model} | {gpu} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

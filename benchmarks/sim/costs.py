@@ -10,8 +10,8 @@ equations for two unknowns (core-seconds per message or part, per byte), fitted 
    dist_sync and P3 on transport.csv (no optimizer there).
 2. The optimizer's update (SGD with momentum), the transport held: p3kv and dist_sync on their servers,
    MXNet's P3 on its workers, each on its kvstore_bench row with SGD.
-3. Horovod's allreduce CPU (per fused buffer, per byte), its workers' update taken from MXNet's P3 (the same
-   MXNet updater on the workers).
+3. Horovod's allreduce CPU (per tensor, per byte), its workers' update taken from MXNet's P3 (the same MXNet
+   updater on the workers).
 
 They are then used unchanged on the emulated-cluster measurements, which therefore validate them. No constant
 here is a guess.

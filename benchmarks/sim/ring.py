@@ -6,10 +6,11 @@ A ring allreduce of b bytes over N workers sends and receives 2 (N-1)/N b per wo
 each paying the link latency. The optimizer step waits for every allreduce, so the next forward starts after
 the last one ends: the ring overlaps backward only.
 
-CPU (`Horovod.cpu`: per buffer and per byte, on every worker; `update`: the optimizer per tensor on every worker,
-after its buffer): an allreduce lasts as long as the longer of its wire time and its CPU, and updates run one
-after another as their buffers complete. Where all workers share a machine's cores (the emulated cluster), W
-workers' CPU takes W / cores times as long once there are more workers than cores.
+CPU (`Horovod.cpu`: per tensor (Horovod negotiates every tensor, fused or not) and per byte, on every worker;
+`update`: the optimizer per tensor on every worker, after its buffer): an allreduce lasts as long as the longer
+of its wire time and its CPU, and updates run one after another as their buffers complete. Where all workers
+share a machine's cores (the emulated cluster), W workers' CPU takes W / cores times as long once there are more
+workers than cores.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ CYCLE_S = 0.005  # HOROVOD_CYCLE_TIME's default (5 ms)
 
 @dataclasses.dataclass(frozen=True)
 class Horovod:
-    cpu: CpuCosts = CpuCosts()  # one allreduce of a fused buffer, per worker
+    cpu: CpuCosts = CpuCosts()  # allreducing one tensor (per_message) and its bytes, per worker
     update: CpuCosts = CpuCosts()  # the optimizer on one tensor, per worker (zero: none)
 
 
@@ -57,12 +58,13 @@ def iteration_seconds(model: ModelProfile, cluster: Cluster, fusion_bytes: int =
         # The next cycle at or after both the engine being free and the next tensor being ready.
         start = max(free, ready[i][0])
         start = cycle_s * -(-start // cycle_s) if cycle_s else start
-        fused, update = 0, 0.0
+        fused, cpu, update = 0, 0.0, 0.0
         while i < len(ready) and ready[i][0] <= start and (fused == 0 or fused + ready[i][1] <= fusion_bytes):
             fused += ready[i][1]
+            cpu += horovod.cpu.of(ready[i][1])
             update += horovod.update.of(ready[i][1])
             i += 1
-        free = start + max(allreduce_seconds(fused, cluster), cpu_seconds(horovod.cpu.of(fused), cluster))
+        free = start + max(allreduce_seconds(fused, cluster), cpu_seconds(cpu, cluster))
         updated = max(updated, free) + cpu_seconds(update, cluster)
     return max(free, updated, backward_end)
 

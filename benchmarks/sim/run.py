@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"fitted CPU costs {kv}: {c.per_message * 1e6:.1f} us/message, {c.per_byte * 1e9:.3f} ns/byte; "
                   f"update {u.per_message * 1e6:.1f} us/part, {u.per_byte * 1e9:.3f} ns/byte")
         h = found.horovod
-        print(f"fitted CPU costs horovod: {h.cpu.per_message * 1e6:.1f} us/buffer, {h.cpu.per_byte * 1e9:.3f} "
+        print(f"fitted CPU costs horovod: {h.cpu.per_message * 1e6:.1f} us/tensor, {h.cpu.per_byte * 1e9:.3f} "
               f"ns/byte; update (MXNet P3's) {h.update.per_message * 1e6:.1f} us/tensor, "
               f"{h.update.per_byte * 1e9:.3f} ns/byte")
     if args.what in ("all", "validate"):
