@@ -37,6 +37,8 @@ constexpr double kHandshakeTimeoutS = 5.0;
 constexpr size_t kMaxHandshakes = 128;
 // Authenticated connections that have not registered yet; beyond this the oldest is dropped.
 constexpr size_t kMaxUnregistered = 32;
+// How long an unexpected disconnection waits for a member's report naming the cause (the launcher's window too).
+constexpr std::chrono::duration<double> kRootCauseWindow{0.5};
 }  // namespace
 
 SchedulerNode::SchedulerNode(NodeConfig config)
@@ -256,7 +258,16 @@ Status SchedulerNode::RunLoop(const InterruptCheck& interrupted) {
       std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(config_.heartbeat_timeout));
   auto next_heartbeat = Clock::now();
   Status failure;
+  // A member that disconnected without finishing ends the job, but a server that rejected the worker's last
+  // request (a peer that left, uneven steps) reports the cause a moment later than the worker's exit may arrive:
+  // wait that long for a report that names it, then fail with the disconnection.
+  Status lost;
+  auto lost_deadline = Clock::now();
   while (failure.ok()) {
+    if (!lost.ok() && Clock::now() >= lost_deadline) {
+      failure = lost;
+      break;
+    }
     if (tables_sent_ && finished_workers_ == config_.num_worker) {
       Broadcast(Command::kShutdown, "", true, true);
       Log(LogLevel::kInfo, "scheduler", "every worker finished; job complete");
@@ -337,9 +348,9 @@ Status SchedulerNode::RunLoop(const InterruptCheck& interrupted) {
       const bool expected_end = m->registered && m->reg.role == Role::kWorker && m->finished;
       if (!m->registered) {
         Log(LogLevel::kWarning, "scheduler", "dropped " + Describe(*m) + ": " + st.message());
-      } else if (!expected_end) {
-        failure = Status::PeerLost(Describe(*m) + " disconnected: " + st.message());
-        break;
+      } else if (!expected_end && lost.ok()) {
+        lost = Status::PeerLost(Describe(*m) + " disconnected: " + st.message());
+        lost_deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(kRootCauseWindow);
       }
       members_.erase(members_.begin() + static_cast<long>(i - kFirstMember));
       break;  // indices shifted; poll again
