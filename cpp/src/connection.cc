@@ -1,6 +1,9 @@
 #include "connection.h"
 
+#include <sys/socket.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <vector>
@@ -38,6 +41,21 @@ void Connection::SendLastWords(const Header& h, const void* payload, double time
   const bool sent = socket_.SendVec(iov, h.payload_bytes > 0 ? 2 : 1).ok();
   ReleaseWrites(false);
   if (sent) counters_->CountSent(h.command, kHeaderBytes + h.payload_bytes);
+}
+
+void Connection::Linger(double timeout_s) {
+  const int fd = socket_.fd();
+  if (fd < 0) return;
+  shutdown(fd, SHUT_WR);
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  char scratch[65536];
+  while (true) {
+    const double left = std::chrono::duration<double>(end - std::chrono::steady_clock::now()).count();
+    if (left <= 0 || !socket_.WaitReadable(left)) return;
+    const ssize_t n = recv(fd, scratch, sizeof scratch, MSG_DONTWAIT);
+    if (n == 0) return;  // the peer closed: nothing unread is left
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return;
+  }
 }
 
 bool Connection::ClaimWrites(double timeout_s) {

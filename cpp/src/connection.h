@@ -79,6 +79,10 @@ class Connection {
 
   // Any thread. Unblocks the receiver; later sends fail.
   void Shutdown() { socket_.Shutdown(); }
+  // Any thread, on the way out after SendLastWords: ends our direction (FIN after what was sent), then reads and
+  // drops what the peer still sends until it closes or `timeout_s` passes. Closing a socket with unread input
+  // makes the kernel reset the connection and drop what was not yet delivered - the last words among it.
+  void Linger(double timeout_s);
   // Who is at the other end, for error messages ("server 1 at 10.0.0.2:9000").
   const std::string& peer() const { return peer_; }
   void set_peer(std::string peer) { peer_ = std::move(peer); }

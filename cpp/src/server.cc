@@ -16,6 +16,7 @@ constexpr uint64_t kMaxReasonBytes = 64 << 10;  // a failing worker's explanatio
 constexpr double kHandshakeTimeoutS = 5.0;
 constexpr size_t kMaxHandshakes = 128;
 constexpr int32_t kByePriority = INT32_MIN;     // a worker's goodbye goes after all its frames
+constexpr double kLingerS = 1.0;  // after a failure, how long workers get to read the last words and close
 }  // namespace
 
 std::unique_ptr<Server> Server::Create(NodeConfig config, Updater updater, RequestHandler on_request) {
@@ -340,6 +341,11 @@ Status ServerNode::Run(const InterruptCheck& interrupted) {
     const std::string reason = Name() + ": " + result.message();
     if (report) scheduler_.ReportFailure(reason);
     SayLastWords(conns, reason);
+    // Workers may still be pushing: let them read the last words and close, within one shared deadline.
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(kLingerS);
+    for (auto& c : conns) {
+      if (c) c->Linger(std::chrono::duration<double>(end - std::chrono::steady_clock::now()).count());
+    }
     for (auto& c : conns) {
       if (c) c->Shutdown();  // unblocks a sender stuck writing to a peer that stopped reading
     }
