@@ -198,6 +198,7 @@ def slice_sentences(points: Sequence[dict]) -> list[str]:
 
 
 SATURATED = 0.9  # of the machine's cores: above it, a point measures CPU contention, not the links
+MIN_REPEATS = 3  # the reviewed settings: at least this many repeats per point
 
 
 def dilation_sentences(points: Sequence[dict], cpus: int) -> list[str]:
@@ -217,6 +218,23 @@ def dilation_sentences(points: Sequence[dict], cpus: int) -> list[str]:
     else:
         lines.append(f"- The CPUs were above {SATURATED:.0%} of {cpus} cores at every scale measured.")
     return lines
+
+
+def saturation_sentences(points: Sequence[dict], cpus: int) -> list[str]:
+    """The points at which a system's hosts together used more than SATURATED of the machine's cores, and which
+    systems: there the cores, not the links, may limit them, and their numbers understate them."""
+    limit = SATURATED * 100 * cpus
+    hot: dict[tuple, list[str]] = {}
+    for p in points:
+        if p["cpu_total_pct"] is not None and p["cpu_total_pct"] > limit:
+            key = (p["model"], p["hosts"], _link(p), setting(p))
+            hot.setdefault(key, []).append(f"{LABEL.get(p['kvstore'], p['kvstore'])} {p['cpu_total_pct']:.0f}%")
+    if not hot:
+        return []
+    where = "; ".join(f"{m}, {h} hosts, {link}{f', {extra}' if extra else ''} ({', '.join(systems)})"
+                      for (m, h, link, extra), systems in hot.items())
+    return [f"- Near the CPU limit (the hosts together above {SATURATED:.0%} of {cpus} cores): {where}. There the "
+            "cores, not the links, may limit the systems named, and their numbers understate them."]
 
 
 def utilisation_sentences(rows: Sequence[dict], folder: pathlib.Path) -> list[str]:
@@ -268,9 +286,12 @@ def reviewed_block(name: str, results: pathlib.Path) -> str:
                      f"--models {' '.join(missing)}` appends them).")
     if name == "slice":
         extra += slice_sentences(points)
+    rows = [r for r in _rows(path) if str(r.get("smoke")) != "True"]
+    cpus = int(_float(rows[0].get("cpus"), 2)) if rows else 2
     if name == "dilation":
-        rows = [r for r in _rows(path) if str(r.get("smoke")) != "True"]
-        extra = dilation_sentences(points, int(_float(rows[0].get("cpus"), 2)))
+        extra = dilation_sentences(points, cpus)
+    else:
+        extra += saturation_sentences(points, cpus)
     if name == "utilisation":
         extra += utilisation_sentences(_rows(path), results / "sweeps" / "utilisation")
     return "\n".join([head, "", point_table(points), "", *verdicts(points), *extra])
@@ -291,7 +312,8 @@ def legacy_block(results: pathlib.Path) -> str:
 
 def status_block(results: pathlib.Path) -> str:
     """Which result files satisfy the reviewed settings and which predate them."""
-    lines = ["| file | rows (ok) | optimizer | repeats (n) | bound | satisfies 1–4 |", "|---|---|---|---|---|---|"]
+    lines = ["| file | rows (ok) | optimizer | repeats per point (n) | bound | satisfies 1–4 |",
+             "|---|---|---|---|---|---|"]
     files = sorted((results / "sweeps").glob("*.csv")) + [results / "demo.csv"] + sorted(results.glob("sweep_*.csv"))
     for path in files:
         if path.name.endswith("_iterations.csv") or not path.exists():
@@ -301,10 +323,14 @@ def status_block(results: pathlib.Path) -> str:
             continue
         legacy = rows[0]["legacy"] == "True"
         optimizers = sorted({optimizer_label(r.get("optimizer")) for r in rows})
-        repeats = sorted({int(_float(r.get("repeats"), 1)) for r in rows})
+        counts = [p["n"] for p in aggregate(rows)]  # the repeats each point has, not the ones planned
+        repeats = f"{min(counts)}" if min(counts) == max(counts) else f"{min(counts)}–{max(counts)}"
+        short = sum(n < MIN_REPEATS for n in counts)
+        verdict = "no (predates them)" if legacy else "yes"
+        if short and not legacy:
+            verdict = f"not yet: {short} of {len(counts)} points have fewer than {MIN_REPEATS} repeats"
         lines.append(f"| `{path.relative_to(results.parent.parent)}` | {len(rows)} | {', '.join(optimizers)} | "
-                     f"{', '.join(map(str, repeats))} | {'payload only' if legacy else 'headers included'} | "
-                     f"{'no (predates them)' if legacy else 'yes'} |")
+                     f"{repeats} | {'payload only' if legacy else 'headers included'} | {verdict} |")
     return "\n".join(lines)
 
 

@@ -367,3 +367,36 @@ def test_link_utilisation_measures_the_timed_window_per_host_and_direction(tmp_p
     assert sentence == ["- Links during the timed iterations (mean rate over the link rate, both directions, every "
                         "host; idle: 10-ms samples below 10% of it; median of 1 runs): p3kv 38% busy, idle in 50% "
                         "of the samples."]
+
+
+def _sweep_row(kv, repeat, hosts="2", cpu="120"):
+    return {"status": "ok", "model": "m", "kvstore": kv, "hosts": hosts, "workers": hosts, "samples_per_batch": "4",
+            "bandwidth": "1gbit", "bandwidth_bps": "1e9", "gpu_scale": "0.5", "optimizer": "sgd(...)",
+            "unit": "images", "bound_throughput": "20", "repeat": str(repeat), "repeats": "3",
+            "iter_s": json.dumps([1.0, 1.0]), "cpu_host_pct": "50;70", "cpu_total_pct": cpu, "cpus": "2",
+            "load_1m_before": "0.5", "load_1m_after": "0.7", "smoke": "False", "legacy": "False"}
+
+
+def test_status_counts_the_repeats_each_point_has_not_the_ones_planned(tmp_path):
+    sweeps = tmp_path / "sweeps"
+    sweeps.mkdir()
+    complete = [_sweep_row(kv, r) for kv in ("p3", "dist_sync") for r in range(3)]
+    cut_short = complete[:3] + [_sweep_row("dist_sync", 0)]  # a sweep interrupted after dist_sync's first repeat
+    for name, rows in (("done", complete), ("short", cut_short)):
+        with open(sweeps / f"{name}.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    table = report.status_block(tmp_path)
+    assert "| `" in table and "done.csv` | 6 | sgd | 3 | headers included | yes |" in table, table
+    assert ("short.csv` | 4 | sgd | 1–3 | headers included | not yet: 1 of 2 points have fewer than 3 repeats |"
+            in table), table
+
+
+def test_points_near_the_cpu_limit_are_named_with_their_systems():
+    points = report.aggregate([_sweep_row("p3", 0, cpu="185"), _sweep_row("dist_sync", 0, cpu="150"),
+                               _sweep_row("p3", 0, hosts="4", cpu="100")])
+    assert report.saturation_sentences(points, cpus=2) == [
+        "- Near the CPU limit (the hosts together above 90% of 2 cores): m, 2 hosts, 1gbit (2 Gbps) (p3kv 185%). "
+        "There the cores, not the links, may limit the systems named, and their numbers understate them."]
+    assert report.saturation_sentences(points, cpus=4) == []
