@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import queue
+import random
 import re
 import secrets
 import socket
@@ -41,8 +42,29 @@ NAMED_NODE = r"\b(server|worker) \d+\b"
 
 # ---- environments ----
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(v) for v in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A port free now and outside the kernel's ephemeral range. A port picked inside it (bind to 0) can be taken
+    as the source port of any client connection before the node that is to listen on it starts: the floods in
+    test_hostile open thousands, and a server then failed to listen."""
+    low, high = _ephemeral_range()
+    candidates = list(range(10000, low)) if low > 11000 else list(range(high + 1, 65536))
+    for port in random.sample(candidates, min(200, len(candidates))):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((HOST, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # no room outside the range: any free port
         s.bind((HOST, 0))
         return int(s.getsockname()[1])
 

@@ -87,15 +87,19 @@ def open_idle(port: int, n: int, source: str = HOST) -> list[socket.socket]:
     return conns
 
 
-def wait_listening(port: int, limit: float = 20) -> None:
+def wait_listening(port: int, node: Node, limit: float = 60) -> None:
+    """Until `node` listens on `port`. Its Python start-up shares 2 cores with the other nodes' and with a flood, so
+    the bound is generous; a node that exits first, or never listens, fails the test with its output."""
     end = time.monotonic() + limit
     while True:
         try:
             socket.create_connection((HOST, port), timeout=1).close()
             return
         except OSError:
-            if time.monotonic() > end:
-                raise
+            code = node.proc.poll()
+            if code is not None or time.monotonic() > end:
+                state = f"exited ({code})" if code is not None else f"did not listen within {limit:g} s"
+                raise AssertionError(f"{node.name} {state} on port {port}:\n{node.output}") from None
             time.sleep(0.05)
 
 
@@ -153,7 +157,7 @@ def test_a_flood_during_the_rendezvous_costs_no_threads_and_the_job_still_runs(n
     scheduler = Node("scheduler", [sys.executable, "-m", "p3kv.core.scheduler"],
                      node_env("scheduler", port, P3_CONNECT_TIMEOUT="40"))
     nodes.append(scheduler)
-    wait_listening(port)
+    wait_listening(port, scheduler)
     baseline = stats(scheduler.proc.pid)
     flood = open_idle(port, FLOOD)
     stop_churn = threading.Event()
@@ -188,8 +192,8 @@ def test_a_flood_during_the_rendezvous_costs_no_threads_and_the_job_still_runs(n
                         node_env("worker", port, P3_CONNECT_TIMEOUT="40")) for i in range(2)]
         nodes.extend(workers)
         server_flood = []
-        for p in server_ports:
-            wait_listening(p)  # servers listen before they join; this flood waits in their backlog meanwhile
+        for p, server in zip(server_ports, servers):
+            wait_listening(p, server)  # servers listen before they join; this flood waits in their backlog meanwhile
             server_flood.append(open_idle(p, 200))
         server_pids = [int(n.wait_for(r"^server rank=\d+ pid=(\d+) port=\d+$", 40).group(1)) for n in servers]
         for node in workers:
@@ -361,7 +365,7 @@ def test_memory_claims_of_a_worker_are_refused_or_paid_for_as_they_arrive(nodes)
                      node_env("scheduler", port, 2, 1, **env))
     server = Node("server process", [sys.executable, REPORT_SERVER], node_env("server", port, 2, 1, **env))
     nodes += [scheduler, server]
-    wait_listening(port)
+    wait_listening(port, scheduler)
     # Before anything: a control frame too large for the scheduler is refused before its payload is read, and the
     # refusal names the limit that applies (a fixed one, not P3_MAX_MESSAGE_BYTES).
     big = authenticated(port)
