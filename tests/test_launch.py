@@ -442,7 +442,7 @@ def test_mxnet_baseline_sums_pushes_of_two_workers(kvstore):
 
 @pytest.mark.mxnet
 def test_horovod_job_allreduces_across_its_ranks_and_stops_its_rendezvous():
-    # The real rendezvous (Horovod's HTTP store, p3kv.launch.horovod) and horovod.mxnet ranks over Gloo.
+    # The real rendezvous (Horovod's HTTP store, p3kv.launch.rendezvous) and horovod.mxnet ranks over Gloo.
     done = subprocess.run([sys.executable, "-c", "import horovod.mxnet as h; assert h.gloo_built()"],
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, f"horovod.mxnet with Gloo is needed (make bench-setup installs it): {done.stderr}"
@@ -452,6 +452,11 @@ def test_horovod_job_allreduces_across_its_ranks_and_stops_its_rendezvous():
     oks = re.findall(r"^\[worker (\d)\] OK rank=(\d) size=3 local=(\d)/3$", result.stdout, re.MULTILINE)
     assert sorted(oks) == [("0", "0", "0"), ("1", "1", "1"), ("2", "2", "2")], result.stdout
     assert "all 4 processes exited with code 0" in result.stderr, result.stderr
+    # `python -m` runs the rendezvous from a module the package does not import first (no runpy warning).
+    output = result.stdout + result.stderr
+    started = r"^\[rendezvous\] .*Horovod rendezvous on 127\.0\.0\.1:\d+ for 3 ranks$"
+    assert re.search(started, output, re.MULTILINE), output
+    assert "RuntimeWarning" not in output, output
 
 
 @pytest.mark.mxnet

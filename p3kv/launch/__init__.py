@@ -3,7 +3,8 @@
     python -m p3kv.launch -n 2 -s 2 -- python train.py --kvstore p3
 
 job (Job, KVStore: what to run), launcher (each process's environment, and the run), baselines (MXNet's
-dist_sync and mxnet-p3 jobs), supervisor (runs the processes together), cli (the command line).
+dist_sync and mxnet-p3 jobs), horovod (Horovod jobs) and rendezvous (their rendezvous process), supervisor
+(runs the processes together), cli (the command line).
 From Python: ``launch(Job(command=("python", "train.py"), num_workers=2, num_servers=2))``.
 """
 

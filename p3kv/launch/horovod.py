@@ -8,19 +8,16 @@ and worker count, in rank order): ranks follow that order, as in Horovod's own h
 ranks by the address their host's *hostname* resolves to (Horovod's rule, not ours): on a real cluster each host's
 name must resolve to its address on the job's network.
 
-    python -m p3kv.launch.horovod --host 10.0.0.1 --port 9000 --slots 10.0.0.1:1,10.0.0.2:1   (the rendezvous)
+The rendezvous itself is p3kv.launch.rendezvous.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib.util
 import logging
-import signal
 import socket
 import sys
-import threading
 from collections.abc import Mapping, Sequence
 
 from p3kv.core import config
@@ -132,7 +129,7 @@ def worker_environment(base: Mapping[str, str], slot: Slot, rendezvous: str, por
 
 
 def rendezvous_command(host: str, port: int, slots: Sequence[tuple[str, int]]) -> tuple[str, ...]:
-    return (sys.executable, "-m", "p3kv.launch.horovod", "--host", host, "--port", str(port), "--slots",
+    return (sys.executable, "-m", "p3kv.launch.rendezvous", "--host", host, "--port", str(port), "--slots",
             ",".join(f"{h}:{k}" for h, k in slots))
 
 
@@ -160,49 +157,3 @@ def plan(job: Job, host: str, port: int, base: Mapping[str, str]) -> list[Proces
     if not specs:
         raise ConfigError("nothing to run on this host: --no-scheduler with --local-workers 0")
     return specs
-
-
-def serve(host: str, port: int, slots: Sequence[tuple[str, int]]) -> int:
-    """Horovod's rendezvous (its own HTTP key-value store, with the scopes of the slot plan) on host:port until
-    SIGTERM: the launcher's supervisor sends it once this host's workers are done (a companion service)."""
-    try:
-        from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
-        from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
-    except ImportError as e:
-        LOG.error("Horovod is not importable here (%s): %s", e, INSTALL_HINT)
-        return 2
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    try:
-        server = RendezvousHTTPServer((host, port), RendezvousHandler, False)
-    except OSError as e:
-        LOG.error("Horovod's rendezvous cannot listen on %s:%d (%s); pick another --port", host, port, e.strerror)
-        return 2
-    total = sum(k for _, k in slots)
-    server.init(get_host_assignments(parse_hosts(",".join(f"{h}:{k}" for h, k in slots)), total))
-    thread = threading.Thread(target=server.serve_forever, name="rendezvous", daemon=True)
-    thread.start()
-    LOG.info("Horovod rendezvous on %s:%d for %d ranks", host, port, total)
-    while not stop.wait(1.0):  # a timed wait, so the SIGTERM handler runs promptly
-        pass
-    server.shutdown()
-    server.server_close()
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m p3kv.launch.horovod", description=__doc__.splitlines()[0])
-    parser.add_argument("--host", required=True)
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--slots", required=True, help="ADDR:K,ADDR:K,... every host and its ranks, rank order")
-    args = parser.parse_args(argv)
-    logging.basicConfig(format="%(name)s: %(levelname)s: %(message)s", stream=sys.stderr, level=logging.INFO)
-    try:
-        return serve(args.host, args.port, parse_slots(args.slots))
-    except ConfigError as e:
-        LOG.error("%s", e)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
