@@ -11,6 +11,8 @@
 #                        (results/kvstore_bench.{md,csv}); runs bench-setup first (Horovod)
 #   make bench-server    the server's CPU per slice (aggregate + update) against a memcpy floor, no network
 #                        (results/server_slice.{md,csv})
+#   make bench-startup   a job's first step and CPU, servers importing mxnet at start-up or not (P3_PRELOAD_MXNET)
+#                        (results/startup.{md,csv})
 # On the emulated cluster (root): make sweeps (the paper's evaluation), make bench-accuracy (its accuracy claim).
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -20,7 +22,7 @@ CORE := $(shell find cpp -name '*.cc' -o -name '*.h') setup.py pyproject.toml
 # Network namespaces need root: run the cluster benchmarks through sudo unless we are root already.
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo -E)
 
-.PHONY: setup system-deps test test-unit demo bench bench-setup bench-kvstore bench-accuracy bench-transport bench-server sweeps \
+.PHONY: setup system-deps test test-unit demo bench bench-setup bench-kvstore bench-accuracy bench-transport bench-server bench-startup sweeps \
 	sweeps-estimate bench-report sim lint clean
 
 setup: system-deps $(STAMP)
@@ -119,6 +121,9 @@ bench-transport: setup
 # Server hot path (issue "Server hot path"): C++ only, one thread, about a minute on 2 cores; needs g++, not MXNet.
 bench-server: setup
 	$(PY) benchmarks/server_bench.py --repeats 5
+
+bench-startup: setup
+	$(PY) benchmarks/startup_bench.py --repeats 5
 
 clean:
 	rm -rf build *.egg-info p3kv/_p3*.so $(VENV)

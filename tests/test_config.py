@@ -31,6 +31,7 @@ def test_load_reads_job_and_defaults():
     (dict(JOB, P3_NUM_SERVER="0"), "P3_NUM_SERVER"),
     (dict(JOB, P3_ROOT_PORT="70000"), "P3_ROOT_PORT"),
     (dict(JOB, P3_SLICE_SIZE="-5"), "P3_SLICE_SIZE"),
+    (dict(JOB, P3_PRELOAD_MXNET="2"), "P3_PRELOAD_MXNET"),
 ])
 def test_bad_environment_names_the_variable(env, needle):
     with pytest.raises(ConfigError, match=needle):

@@ -120,3 +120,16 @@ def test_the_launchers_server_imports_mxnet_in_the_background_at_start():
     assert result.returncode == 0, result.stderr
     assert "mxnet before: False" in result.stdout and "mxnet after: True import mxnet" in result.stdout, result.stdout
     assert "without mxnet: None" in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize("value,preloads", [("", True), ("1", True), ("0", False), ("yes", False)])
+def test_the_server_preloads_mxnet_unless_told_not_to(monkeypatch, value, preloads):
+    # A server that only sums never needs mxnet: P3_PRELOAD_MXNET=0 saves its import. A bad value does not preload;
+    # the config load in serve() reports it.
+    from p3kv.mxnet import server
+    calls = []
+    monkeypatch.setenv("P3_PRELOAD_MXNET", value)
+    monkeypatch.setattr(server, "preload_mxnet", lambda: calls.append("preload"))
+    monkeypatch.setattr(server, "serve", lambda create: 0)
+    assert server.main() == 0
+    assert calls == (["preload"] if preloads else [])

@@ -92,6 +92,9 @@ VARIABLES: tuple[Variable, ...] = (
              "Chrome-trace JSON to PREFIX.<role><rank>.json when it closes."),
     Variable("P3_BASELINE", str, "", "Set by the launcher in baseline jobs (dist_sync or mxnet-p3) so a training "
              "script can tell how it runs; empty in p3kv jobs."),
+    Variable("P3_PRELOAD_MXNET", int, 1, "Server: `1` imports mxnet (where installed) in a background thread at "
+             "start-up, so that it is loaded when worker 0 ships its optimizer; `0` imports it only then. Servers "
+             "that only sum (no optimizer on the kvstore) never need it: `0` saves them the import."),
     Variable("P3_LOG_LEVEL", str, "WARNING", "Log level of p3kv's Python and C++ logs (DEBUG, INFO, WARNING, "
              "ERROR)."),
     Variable("P3_JOINED_FILE", str, "", "Set by the launcher for each worker: a file the worker creates once it "
@@ -133,6 +136,7 @@ class Config:
     heartbeat_timeout: float = 10.0
     trace: str = ""
     baseline: str = ""
+    preload_mxnet: int = 1
     log_level: str = "WARNING"
     joined_file: str = ""
 
@@ -220,6 +224,9 @@ def load(environ: Mapping[str, str] | None = None, role: Role | None = None, **o
         raise ConfigError(f"P3_ROOT_PORT={values['root_port']} is not a TCP port (1-65535)")
     if not 0 <= int(values["port"]) < 65536:
         raise ConfigError(f"P3_PORT={values['port']} is not a TCP port (0-65535; 0 picks a free one)")
+    if values["preload_mxnet"] not in (0, 1):
+        raise ConfigError(f"P3_PRELOAD_MXNET={values['preload_mxnet']} must be 1 (import mxnet at start-up) or 0 "
+                          "(only when an optimizer arrives)")
     return Config(**values)  # type: ignore[arg-type]
 
 

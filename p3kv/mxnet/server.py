@@ -5,7 +5,7 @@ p3kv.core.server knows nothing of MXNet; this module plugs the slices' optimizer
 C++ kernels, p3kv.mxnet.server_kernels) as the update function and an OptimizerHost answering the workers'
 optimizer requests (set, hyperparameters, states). Until worker 0 sends an optimizer the server broadcasts the
 summed gradient. A server that only aggregates does not need mxnet installed; where it is, `main` imports it in
-the background while the job starts.
+the background while the job starts (P3_PRELOAD_MXNET=0: only when an optimizer arrives).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import sys
 import threading
 
 from p3kv import _p3
-from p3kv.core.config import Config
+from p3kv.core import config as config_lib
+from p3kv.core.config import Config, ConfigError
 from p3kv.core.server import P3Server, serve
 from p3kv.mxnet.optimizer_host import OptimizerHost
 
@@ -51,7 +52,12 @@ def preload_mxnet() -> threading.Thread | None:
 
 def main() -> int:
     """Runs one server from the environment; returns the process exit code."""
-    preload_mxnet()
+    try:
+        preload = config_lib.get("P3_PRELOAD_MXNET") == 1
+    except ConfigError:
+        preload = False  # serve's config load names the bad value
+    if preload:
+        preload_mxnet()
     return serve(OptimizerServer)
 
 
