@@ -96,8 +96,10 @@ def job_command(args: argparse.Namespace, model: str, system: str, out: pathlib.
             "--kvstore", LAUNCHER_KVSTORE[system], "--timeout", str(args.timeout), "--", *worker]
 
 
-def job_environment(system: str) -> dict[str, str]:
+def job_environment(system: str, slice_size: int | None = None) -> dict[str, str]:
     env = dict(os.environ)
+    if slice_size and system != "horovod":  # p3kv's slices; MXNet's P3 cuts its messages at the same size
+        env["P3_SLICE_SIZE"] = env["MXNET_KVSTORE_SLICE_THRESHOLD"] = str(slice_size)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     if system == "horovod":  # no parameter-server variables may leak into Horovod's workers
         for name in list(env):
@@ -128,7 +130,7 @@ def run_one(args: argparse.Namespace, model: str, system: str, repeat: int, scra
             "load_1m_before": round(os.getloadavg()[0], 2)}
     start = time.perf_counter()
     with log_path.open("w") as log:
-        process = subprocess.Popen(command, cwd=ROOT, env=job_environment(system), stdout=log,
+        process = subprocess.Popen(command, cwd=ROOT, env=job_environment(system, args.slice_size), stdout=log,
                                    stderr=subprocess.STDOUT, start_new_session=True)
         monitor = proc_monitor.TreeMonitor(process.pid).start()
         try:
@@ -241,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0, help="seeds the run order and the gradients")
+    parser.add_argument("--slice-size", type=int, default=None,
+                        help="elements per slice (p3kv) and per message (MXNet's P3); default: theirs (50,000 and "
+                        "40,000). Results then go to results/kvstore_bench_slice<N>/ (the simulator fits on it)")
     parser.add_argument("--max-keys", type=int, default=None, help="only the first N arrays of each model (tests)")
     parser.add_argument("--shapes-dir", type=pathlib.Path, default=HERE / "shapes")
     run_guard.add_arguments(parser)
@@ -255,6 +260,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.iters < 1 or args.warmup < 0 or args.repeats < 1:
         parser.error("--iters and --repeats must be >= 1, --warmup >= 0")
+    if args.slice_size is not None:
+        if args.slice_size < 1:
+            parser.error("--slice-size must be >= 1")
+        if args.results_dir == HERE / "results":
+            args.results_dir = HERE / "results" / f"kvstore_bench_slice{args.slice_size}"
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     try:
@@ -303,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = (f"{stamp}, commit {commit[:12]}{' (dirty)' if dirty else ''}: {args.workers} workers, "
                 f"{args.servers} servers (Horovod: none) on loopback, {args.warmup} warm-up + {args.iters} timed "
                 f"iterations, {args.repeats} repeats in shuffled order (seed {args.seed})"
+                f"{f', slices of {args.slice_size:,} elements' if args.slice_size else ''}"
                 f"{f', first {args.max_keys} arrays only' if args.max_keys else ''}, {os.cpu_count()} CPUs, "
                 f"Python {platform.python_version()}. Each job started once a 5-second sample showed the CPUs "
                 f"at most {args.max_busy:g}% busy (highest: {max((r['busy_pct_before'] for r in rows), default=0):.0f}%"

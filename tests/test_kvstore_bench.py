@@ -93,3 +93,13 @@ def test_quartiles(times, expected):
     import kvstore_bench
 
     assert kvstore_bench.quartiles(times) == expected
+
+
+@pytest.mark.unit
+def test_slice_size_reaches_the_parameter_server_jobs_only(monkeypatch):
+    import kvstore_bench
+    monkeypatch.delenv("P3_SLICE_SIZE", raising=False)
+    env = kvstore_bench.job_environment("p3-noopt", 10_000)
+    assert env["P3_SLICE_SIZE"] == env["MXNET_KVSTORE_SLICE_THRESHOLD"] == "10000"
+    assert "P3_SLICE_SIZE" not in kvstore_bench.job_environment("horovod", 10_000)
+    assert "P3_SLICE_SIZE" not in kvstore_bench.job_environment("p3")

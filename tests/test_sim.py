@@ -1,6 +1,7 @@
 """The simulator (benchmarks/sim) against closed-form answers. Fast: no measurements are read."""
 
 import dataclasses
+import math
 
 import pytest
 
@@ -155,3 +156,51 @@ def test_ring_cpu_bounds_an_allreduce_and_updates_follow_their_buffer():
     # 4 workers sharing 2 cores: every worker's CPU at once takes twice as long.
     shared = Cluster(4, None, shared_cores=2)
     assert ring.iteration_seconds(m, shared, cycle_s=0.0, horovod=slow_cpu) == pytest.approx(2 * 4e6 * 1e-9)
+
+
+def test_the_cost_fit_recovers_known_costs_exactly_from_two_cases_and_by_least_squares_from_more():
+    from benchmarks.sim import costs as costs_lib
+    truth = CpuCosts(per_message=30e-6, per_byte=0.4e-9)
+    # case -> (messages, bytes): two models at one slice size, then the same at a smaller slice size.
+    cases = {("a", 50): (500, 100e6), ("b", 50): (2900, 570e6), ("a", 10): (2500, 100e6), ("b", 10): (14300, 570e6)}
+
+    def seconds(costs, case):
+        messages, nbytes = cases[case]
+        return 0.01 + messages * costs.per_message + nbytes * costs.per_byte
+
+    for subset in ([("a", 50), ("a", 10)], list(cases)):
+        found = costs_lib.fit_pair(seconds, {c: seconds(truth, c) for c in subset})
+        assert found.per_message == pytest.approx(truth.per_message, rel=1e-3), subset
+        assert found.per_byte == pytest.approx(truth.per_byte, rel=1e-3), subset
+    # Why a second slice size: at one size both models carry about as many messages per byte, and costs far from
+    # the truth reproduce them within the fit's tolerance.
+    one_size = {c: seconds(truth, c) for c in [("a", 50), ("b", 50)]}
+    found = costs_lib.fit_pair(seconds, one_size)
+    assert all(abs(seconds(found, c) / t - 1) < 0.005 for c, t in one_size.items())
+    assert found.per_message < truth.per_message / 2
+    # Inconsistent measurements (4 equations, 2 unknowns): the fit's squared log error is no worse than the truth's.
+    noisy = {c: seconds(truth, c) * f for c, f in zip(cases, (1.04, 0.97, 1.0, 1.05))}
+    found = costs_lib.fit_pair(seconds, noisy)
+
+    def error(costs):
+        return sum(math.log(seconds(costs, c) / t) ** 2 for c, t in noisy.items())
+
+    assert error(found) <= error(truth) * 1.001
+
+
+def test_p3kvs_update_cost_is_the_line_through_the_measured_kernel_times(tmp_path):
+    from benchmarks.sim import costs as costs_lib
+    path = tmp_path / "server_slice.csv"
+    lines = ["workers,count,optimizer,kernel_cpu_ns_median"]
+    for workers in (2, 4):
+        for count in (10_000, 50_000, 200_000):
+            # 2 us + 0.125 ns per byte with 2 workers; other rows must be ignored.
+            lines.append(f"{workers},{count},sgd,{2000 + 0.125 * 4 * count if workers == 2 else 1e9}")
+        lines.append(f"{workers},50000,adam,1e9")
+        lines.append(f"{workers},50000,none,0")
+    path.write_text("\n".join(lines) + "\n")
+    found = costs_lib.server_update(path)
+    assert found.per_message == pytest.approx(2e-6) and found.per_byte == pytest.approx(0.125e-9)
+    path.write_text(lines[0] + "\n2,50000,sgd,100\n")
+    with pytest.raises(ValueError, match="rerun benchmarks/server_bench.py"):
+        costs_lib.server_update(path)

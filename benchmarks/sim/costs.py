@@ -6,10 +6,15 @@ iteration through MXNet's engine. Nothing but CPU limits them, so the simulator,
 processes' hosts sharing 2 cores, unlimited links), must reproduce their s/iter; the two models give two
 equations for two unknowns (core-seconds per message or part, per byte), fitted in three steps:
 
-1. Transport, without an optimizer: p3kv on kvstore_bench's `p3-noopt` (its servers only sum), MXNet's
-   dist_sync and P3 on transport.csv (no optimizer there).
-2. The optimizer's update (SGD with momentum), the transport held: p3kv and dist_sync on their servers,
-   MXNet's P3 on its workers, each on its kvstore_bench row with SGD.
+1. Transport, without an optimizer: p3kv on kvstore_bench's `p3-noopt` (its servers only sum) at its default
+   50,000-element slices and at 10,000 (kvstore_bench --slice-size 10000): with one slice size messages and bytes
+   grow together and the two unknowns cannot be told apart, so its four equations are solved by least squares.
+   MXNet's dist_sync and P3 on transport.csv (no optimizer there).
+2. The optimizer's update (SGD with momentum), the transport held: dist_sync on its servers and MXNet's P3 on
+   its workers, each on its kvstore_bench row with SGD. p3kv's update is not fitted end to end: on loopback its
+   SGD rows differ from p3-noopt by less than the noise (ResNet-50 with SGD is the faster), so a fit there
+   amplifies noise (it gave 2.1 ns/byte). It is measured directly instead: the C++ SGD kernel per slice on the
+   server's hot path (server_slice.csv, benchmarks/server_bench.py), a line through its slice sizes.
 3. Horovod's allreduce CPU (per tensor, per byte), its workers' update taken from MXNet's P3 (the same MXNet
    updater on the workers).
 
@@ -26,7 +31,7 @@ import math
 import multiprocessing
 import pathlib
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 from benchmarks.sim import model as model_lib
 from benchmarks.sim import ring
@@ -39,34 +44,44 @@ FIT_MODELS = ("resnet50_v1", "vgg19")
 # Which fitted system stands for each simulated one (the ablations are p3kv with other settings).
 MEASURED_AS = {"p3": "p3", "p3-slicing-only": "p3", "p3-priority-only": "p3", "p3-priority-split": "p3",
                "dist_sync": "dist_sync", "mxnet-p3": "mxnet-p3"}
-# Step 1's source per system: (file, its system name there).
-TRANSPORT_SOURCE = {"p3": ("kvstore_bench.csv", "p3-noopt"), "dist_sync": ("transport.csv", "dist_sync"),
-                    "mxnet-p3": ("transport.csv", "mxnet-p3")}
+# Step 1's sources per system: (file under results/, its system name there, slice size: None for the default).
+TRANSPORT_SOURCE = {
+    "p3": [("kvstore_bench.csv", "p3-noopt", None),
+           ("kvstore_bench_slice10000/kvstore_bench.csv", "p3-noopt", 10_000)],
+    "dist_sync": [("transport.csv", "dist_sync", None)],
+    "mxnet-p3": [("transport.csv", "mxnet-p3", None)],
+}
 
 
-def transport_medians(path: pathlib.Path = RESULTS / "transport.csv") -> dict[tuple[str, str], float]:
-    """(model, kvstore) -> median over repeats of the run medians (s/iter)."""
-    runs: dict[tuple[str, str], list[float]] = {}
-    with open(path) as f:
-        for row in csv.DictReader(f):
-            if row["status"] == "ok":
-                runs.setdefault((row["model"], row["kvstore"]), []).append(float(row["median_s"]))
-    return {k: statistics.median(v) for k, v in runs.items()}
-
-
-def kvstore_medians(path: pathlib.Path = RESULTS / "kvstore_bench.csv") -> dict[tuple[str, str], float]:
-    """(model, system) -> median s/iter over every timed iteration of every repeat (one row per iteration)."""
-    times: dict[tuple[str, str], list[float]] = {}
-    with open(path) as f:
-        for row in csv.DictReader(f):
-            if row["status"] == "ok":
-                times.setdefault((row["model"], row["system"]), []).append(float(row["time_s"]))
-    return {k: statistics.median(v) for k, v in times.items()}
+# Per results file: the column naming the system and the column holding s/iter. transport.csv has one row per run
+# (its median), kvstore_bench.csv one row per timed iteration; either way the median is over the file's rows.
+MEDIAN_COLUMNS = {"transport.csv": ("kvstore", "median_s"), "kvstore_bench.csv": ("system", "time_s")}
 
 
 def medians(source: str) -> dict[tuple[str, str], float]:
-    path = RESULTS / source
-    return kvstore_medians(path) if source == "kvstore_bench.csv" else transport_medians(path)
+    """(model, system) -> median s/iter over the ok rows of results/`source`."""
+    system_column, time_column = MEDIAN_COLUMNS[pathlib.Path(source).name]
+    times: dict[tuple[str, str], list[float]] = {}
+    with open(RESULTS / source) as f:
+        for row in csv.DictReader(f):
+            if row["status"] == "ok":
+                times.setdefault((row["model"], row[system_column]), []).append(float(row[time_column]))
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def server_update(path: pathlib.Path = RESULTS / "server_slice.csv", workers: int = 2) -> CpuCosts:
+    """p3kv's SGD update per slice, measured on the server's hot path: the least-squares line through the
+    kernel's CPU time against slice bytes (float32), on the rows with `workers` pushers (kvstore_bench has 2)."""
+    points = []
+    with open(path) as f:
+        for row in csv.DictReader(f):
+            if row["optimizer"] == "sgd" and int(row["workers"]) == workers:
+                points.append((int(row["count"]) * 4, float(row["kernel_cpu_ns_median"]) * 1e-9))
+    if len(points) < 2:
+        raise ValueError(f"{path} has fewer than two SGD slice sizes with {workers} workers; rerun "
+                         "benchmarks/server_bench.py")
+    slope, intercept = statistics.linear_regression([b for b, _ in points], [s for _, s in points])
+    return CpuCosts(max(intercept, 0.0), slope)
 
 
 def no_compute(profile: model_lib.ModelProfile) -> model_lib.ModelProfile:
@@ -86,54 +101,65 @@ def ring_seconds(horovod: ring.Horovod, model: str) -> float:
     return ring.iteration_seconds(no_compute(model_lib.load(model)), RING_CLUSTER, horovod=horovod)
 
 
-def fit(system: PSSystem, measured: dict[str, float], rounds: int = 6) -> CpuCosts:
-    """The transport costs of `system` that reproduce `measured` (model -> s/iter)."""
-    return fit_pair(lambda costs, m: transport_seconds(system.with_costs(costs), m), measured, rounds)
-
-
-def fit_pair(seconds: Callable[[CpuCosts, str], float], measured: dict[str, float], rounds: int = 6) -> CpuCosts:
-    """Newton's method on the two unknowns of a CpuCosts (log scale keeps them positive) so that
-    seconds(costs, model) matches measured[model] for the FIT_MODELS; the simulated time is close to linear in
-    them, so a few rounds suffice."""
+def fit_pair(seconds: Callable[[CpuCosts, Hashable], float], measured: dict[Hashable, float],
+             rounds: int = 8) -> CpuCosts:
+    """Gauss-Newton on the two unknowns of a CpuCosts (log scale keeps them positive): the costs whose
+    seconds(costs, case) best match measured[case] in squared log error. Two cases are solved exactly; more are
+    fitted by least squares. The simulated time is close to linear in the costs, so a few rounds suffice."""
+    cases = list(measured)
     x = [math.log(20e-6), math.log(1e-9)]  # start: 20 us per message, 1 ns per byte
 
     def residuals(v: list[float]) -> list[float]:
         costs = CpuCosts(math.exp(v[0]), math.exp(v[1]))
-        return [math.log(seconds(costs, m) / measured[m]) for m in FIT_MODELS]
+        return [math.log(seconds(costs, case) / measured[case]) for case in cases]
 
     for _ in range(rounds):
         r = residuals(x)
         if max(abs(e) for e in r) < 0.005:
             break
         h = 0.05
-        jac = []
+        jac = []  # jac[j][i]: d residual i / d unknown j
         for j in range(2):
             y = list(x)
             y[j] += h
             jac.append([(a - b) / h for a, b in zip(residuals(y), r)])
-        # Solve J d = -r for the 2x2 system (columns are jac[0], jac[1]).
-        a, c = jac[0]
-        b, d = jac[1]
-        det = a * d - b * c
-        if abs(det) < 1e-12:  # one unknown does not matter: move the per-byte cost only
-            x[1] -= r[1] / d if d else 0.0
-            continue
-        dx0 = (-r[0] * d + b * r[1]) / det
-        dx1 = (-a * r[1] + c * r[0]) / det
-        x = [x[0] + max(-2.0, min(2.0, dx0)), x[1] + max(-2.0, min(2.0, dx1))]
+        # The normal equations (J^T J) d = -J^T r, 2 x 2.
+        a = sum(v * v for v in jac[0])
+        b = sum(u * v for u, v in zip(jac[0], jac[1]))
+        d = sum(v * v for v in jac[1])
+        g0 = sum(u * e for u, e in zip(jac[0], r))
+        g1 = sum(v * e for v, e in zip(jac[1], r))
+        det = a * d - b * b
+        if abs(det) < 1e-12 * max(1.0, a * d):  # one unknown does not matter: move the per-byte cost only
+            step = [0.0, -g1 / d if d else 0.0]
+        else:
+            step = [(-d * g0 + b * g1) / det, (b * g0 - a * g1) / det]
+        x = [x[0] + max(-2.0, min(2.0, step[0])), x[1] + max(-2.0, min(2.0, step[1]))]
+        if max(abs(v) for v in step) < 1e-4:
+            break
     return CpuCosts(math.exp(x[0]), math.exp(x[1]))
 
 
 def _fit_transport(kv: str) -> CpuCosts:
-    source, name = TRANSPORT_SOURCE[kv]
-    found = medians(source)
-    return fit(SYSTEMS[kv], {m: found[(m, name)] for m in FIT_MODELS})
+    measured: dict[Hashable, float] = {}
+    for source, name, slice_size in TRANSPORT_SOURCE[kv]:
+        found = medians(source)
+        measured.update({(m, slice_size): found[(m, name)] for m in FIT_MODELS})
+
+    def seconds(costs: CpuCosts, case: Hashable) -> float:
+        model, slice_size = case
+        system = SYSTEMS[kv].with_costs(costs)
+        if slice_size:
+            system = dataclasses.replace(system, slice_size=slice_size)
+        return transport_seconds(system, model)
+
+    return fit_pair(seconds, measured)
 
 
 def _fit_update(kv_and_transport: tuple[str, CpuCosts]) -> CpuCosts:
     kv, transport = kv_and_transport
     base = SYSTEMS[kv].with_costs(transport)
-    found = kvstore_medians()
+    found = medians("kvstore_bench.csv")
     return fit_pair(lambda costs, m: transport_seconds(dataclasses.replace(base, update=costs), m),
                     {m: found[(m, kv)] for m in FIT_MODELS})
 
@@ -149,10 +175,13 @@ class Fitted:
 def fitted(processes: int = 2) -> Fitted:
     """Every fitted constant (the module doc's steps 1-3); the fits of one step run in parallel."""
     kvs = sorted(TRANSPORT_SOURCE)
+    fitted_update = [kv for kv in kvs if kv != "p3"]  # p3kv's update is measured (the module doc's step 2)
     with multiprocessing.Pool(processes) as pool:
         transport = dict(zip(kvs, pool.map(_fit_transport, kvs, chunksize=1)))
-        update = dict(zip(kvs, pool.map(_fit_update, [(kv, transport[kv]) for kv in kvs], chunksize=1)))
-    found = kvstore_medians()
+        update = dict(zip(fitted_update, pool.map(_fit_update, [(kv, transport[kv]) for kv in fitted_update],
+                                                   chunksize=1)))
+    update["p3"] = server_update()
+    found = medians("kvstore_bench.csv")
     worker_update = update["mxnet-p3"]
     cpu = fit_pair(lambda costs, m: ring_seconds(ring.Horovod(costs, worker_update), m),
                    {m: found[(m, "horovod")] for m in FIT_MODELS})
