@@ -136,10 +136,16 @@ def setting(p: dict) -> str:
     return ", ".join(parts)
 
 
+def p100_equivalent(p: dict) -> float | None:
+    """The point's rate as real P100s would train (the figures' y axis): emulated compute runs 1 / --gpu-scale
+    times slower than a P100, and the links are slowed with it."""
+    return p["throughput"] / p["gpu_scale"] if p["gpu_scale"] and p["throughput"] is not None else None
+
+
 def point_table(points: Sequence[dict]) -> str:
-    lines = ["| model | hosts | link (P100-equiv.) | optimizer | system | throughput (median) | IQR | "
+    lines = ["| model | hosts | link (P100-equiv.) | optimizer | system | throughput (median) | P100-equiv. | IQR | "
              "repeat medians | n | % of bound | vs dist_sync | vs Horovod | CPU % (all hosts) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in points:
         system = LABEL.get(p["kvstore"], p["kvstore"])
         if setting(p):
@@ -147,7 +153,8 @@ def point_table(points: Sequence[dict]) -> str:
         iqr = "-" if p["legacy"] else f"{_num(p['low'])}–{_num(p['high'])}"
         runs = "-" if p["n"] == 1 else f"{_num(p['run_min'])}–{_num(p['run_max'])}"
         lines.append(f"| {p['model']} | {p['hosts']} | {_link(p)} | {p['optimizer']} | {system} "
-                     f"| {_num(p['throughput'])} {p['unit']}/s | {iqr} | {runs} | {p['n']} | "
+                     f"| {_num(p['throughput'])} {p['unit']}/s | {_num(p100_equivalent(p))} | {iqr} | {runs} | "
+                     f"{p['n']} | "
                      f"{_num(p['pct_of_bound'], 0)}% | "
                      f"{_ratio(p['vs_dist_sync'])} | {_ratio(p['vs_horovod'])} | {_num(p['cpu_total_pct'], 0)} |")
     return "\n".join(lines)
@@ -277,7 +284,8 @@ def reviewed_block(name: str, results: pathlib.Path) -> str:
     head = (f"From `benchmarks/results/sweeps/{name}.csv` ({sum(p['n'] for p in points)} runs{idle}; highest "
             f"1-minute load before/after a run {load:.2f}, the runs' own included"
             f"{'; ' + '; '.join(flags) if flags else ''}). Throughput: median over "
-            "every timed iteration of every repeat; IQR: its 25–75% range; repeat medians: the range of the "
+            "every timed iteration of every repeat, in emulated time (P100-equiv.: divided by --gpu-scale, the rate "
+            "real P100s on the equivalent links would reach); IQR: its 25–75% range; repeat medians: the range of the "
             "per-repeat medians; bound: headers included.")
     extra = []
     missing = [m for m in SWEEP_MODELS.get(name, ()) if m not in {p["model"] for p in points}]
@@ -466,6 +474,9 @@ def sim_future_block(results: pathlib.Path) -> str:
 SUMMARIES = {
     "kvstore": ("kvstore_bench.md", "make bench-kvstore"),
     "accuracy": ("accuracy/accuracy.md", "make bench-accuracy"),
+    "kvstore-slice": ("kvstore_bench_slice10000/kvstore_bench.md",
+                      "python benchmarks/kvstore_bench.py --systems p3-noopt --slice-size 10000"),
+    "startup": ("startup.md", "make bench-startup"),
 }
 
 
