@@ -200,6 +200,11 @@ def undilated(p: dict) -> float:
     return 1.0 / p["gpu_scale"] if p.get("gpu_scale") else 1.0
 
 
+# One colour per system in every panel and figure, so that a system reads the same across them.
+SYSTEM_COLORS = {"p3": "tab:orange", "dist_sync": "tab:green", "mxnet-p3": "tab:blue", "horovod": "tab:red",
+                 "p3-slicing-only": "tab:purple", "p3-priority-split": "tab:brown", "p3-priority-only": "tab:gray"}
+
+
 def plot(name: str, rows: Sequence[dict], path: pathlib.Path, include_smoke: bool = False) -> None:
     """The sweep's figure: medians with the IQR as error bars, the header-inclusive bound dashed (smoke rows
     only for a smoke run's own figure). The line figures plot P100-equivalent rates (measured / --gpu-scale), so
@@ -230,9 +235,11 @@ def plot(name: str, rows: Sequence[dict], path: pathlib.Path, include_smoke: boo
         fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 3.8), squeeze=False)
         for ax, panel in zip(axes[0], panels):
             mine = [p for p in points if panel_of(p) == panel]
-            for kv in dict.fromkeys(p["kvstore"] for p in mine):
+            order = list(SYSTEM_COLORS)
+            for kv in sorted({p["kvstore"] for p in mine}, key=lambda k: (order.index(k) if k in order else 99, k)):
                 series = sorted((p for p in mine if p["kvstore"] == kv), key=x_of)
-                errorbar(ax, [x_of(p) for p in series], series, report.LABEL.get(kv, kv))
+                errorbar(ax, [x_of(p) for p in series], series, report.LABEL.get(kv, kv),
+                         color=SYSTEM_COLORS.get(kv, "tab:olive"))
             xs = sorted({x_of(p) for p in mine})
             ax.plot(xs, [statistics.median(p["bound_throughput"] * undilated(p) for p in mine if x_of(p) == x)
                          for x in xs], "k--", label="bound (headers incl.)")

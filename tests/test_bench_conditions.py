@@ -23,6 +23,7 @@ import emulated_compute  # noqa: E402
 import link_utilisation  # noqa: E402
 import report  # noqa: E402
 import run_guard  # noqa: E402
+import sweeps  # noqa: E402
 
 pytestmark = pytest.mark.unit
 import wire_bound  # noqa: E402
@@ -402,3 +403,9 @@ def test_points_near_the_cpu_limit_are_named_with_their_systems():
         "- Near the CPU limit (the hosts together above 90% of 2 cores): m, 2 hosts, 1gbit (2 Gbps) (p3kv 185%). "
         "There the cores, not the links, may limit the systems named, and their numbers understate them."]
     assert report.saturation_sentences(points, cpus=4) == []
+
+
+def test_every_system_has_one_colour_of_its_own_in_the_figures():
+    # The line figures colour a system the same in every panel: one that lacked a colour would take the fallback.
+    assert set(sweeps.SYSTEM_COLORS) == set(cluster_bench.KVSTORES)
+    assert len(set(sweeps.SYSTEM_COLORS.values())) == len(sweeps.SYSTEM_COLORS)
