@@ -30,6 +30,7 @@ import bench_stats
 import emulated_cluster
 import emulated_compute
 import host_cpu
+import job_env
 import proc_monitor
 import wire_bound
 
@@ -135,17 +136,11 @@ def _worker_argv(point: Point, out: pathlib.Path) -> list[str]:
 
 
 def _environment(point: Point, extra: dict) -> dict:
-    env = dict(os.environ)
-    if point.kvstore == "horovod":  # no parameter-server variables may leak into Horovod's ranks
-        env = {k: v for k, v in env.items() if not k.startswith(("P3_", "DMLC_"))}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), str(HERE), env.get("PYTHONPATH", "")) if p)
+    env = job_env.job_environment(point.kvstore, point.slice_size, paths=(str(HERE),))
     if point.kvstore != "horovod":
         env["P3_SECRET"] = secrets.token_hex(32)  # one per job, the same on every host
     # Hosts share 2 cores: one compute thread per process (the real-compute mode's fairness).
     env.update(OMP_NUM_THREADS="1", MXNET_CPU_WORKER_NTHREADS="1", PYTHONUNBUFFERED="1")
-    if point.slice_size:
-        env["P3_SLICE_SIZE"] = str(point.slice_size)
-        env["MXNET_KVSTORE_SLICE_THRESHOLD"] = str(point.slice_size)  # MXNet's P3 (worker side)
     env.update(extra)
     return env
 

@@ -235,11 +235,11 @@ def plot(name: str, rows: Sequence[dict], path: pathlib.Path, include_smoke: boo
         fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 3.8), squeeze=False)
         for ax, panel in zip(axes[0], panels):
             mine = [p for p in points if panel_of(p) == panel]
-            order = list(SYSTEM_COLORS)
-            for kv in sorted({p["kvstore"] for p in mine}, key=lambda k: (order.index(k) if k in order else 99, k)):
+            order = list(SYSTEM_COLORS)  # every system has one (tests/test_sweeps.py): a new one must be added
+            for kv in sorted({p["kvstore"] for p in mine}, key=order.index):
                 series = sorted((p for p in mine if p["kvstore"] == kv), key=x_of)
                 errorbar(ax, [x_of(p) for p in series], series, report.LABEL.get(kv, kv),
-                         color=SYSTEM_COLORS.get(kv, "tab:olive"))
+                         color=SYSTEM_COLORS[kv])
             xs = sorted({x_of(p) for p in mine})
             ax.plot(xs, [statistics.median(p["bound_throughput"] * undilated(p) for p in mine if x_of(p) == x)
                          for x in xs], "k--", label="bound (headers incl.)")

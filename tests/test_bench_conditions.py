@@ -115,6 +115,8 @@ def test_dirty_tree_is_refused_unless_allowed_and_recorded(tmp_path):
     with pytest.raises(run_guard.Refused, match="--allow-dirty"):
         run_guard.check_tree(False, root)
     assert run_guard.check_tree(True, root) == (commit, True)
+    assert run_guard.tree_or_refusal(False, root) is None  # a command's main() exits 2 on it
+    assert run_guard.tree_or_refusal(True, root) == (commit, True)
     row = cluster_bench.common_columns(cluster_bench.Conditions(allow_dirty=True, seed=5), commit, True)
     assert row["git_dirty"] is True and row["allow_dirty"] is True and row["seed"] == 5
 
