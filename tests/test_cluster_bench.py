@@ -173,6 +173,24 @@ def test_shape_files_have_a_profile_for_every_model():
         assert all(layer.forward_s > 0 for layer in layers[1:]) or model == "sockeye"
 
 
+@pytest.mark.system
+def test_link_overhead_probe_reads_what_the_token_bucket_charged(tmp_path):
+    _require_cluster()
+    import link_overhead
+    out = tmp_path / "results"
+    assert link_overhead.main(["--mib", "16", "--repeats", "2", "--bandwidth", "1gbit", "--results-dir", str(out),
+                               "--allow-dirty"]) == 0
+    rows = list(csv.DictReader(open(out / "link_overhead.csv")))
+    assert len(rows) == 2
+    model_forward, _ = link_overhead.model_ratios()
+    for row in rows:
+        assert int(row["payload_bytes"]) == 16 << 20
+        # tc meters every segment's TCP/IP/Ethernet headers (a GSO packet as its segments): the bound's first term.
+        assert float(row["forward_per_payload"]) == pytest.approx(model_forward, abs=0.005)
+        assert 0 < float(row["reverse_per_payload"]) < 0.05  # ACKs only, a few percent at most
+    assert "pure ACKs per 1448-byte segment" in (out / "link_overhead.md").read_text()
+
+
 @pytest.mark.unit
 def test_comm_bound():
     # 4 hosts, 100 MB model, 1 Gbit: each link carries 2 x 3/4 x 100 MB each way = 1.2 s.
