@@ -11,6 +11,7 @@
                                               # (also fig_utilisation_links.png, see link_utilisation.py)
     python benchmarks/sweeps.py estimate      # how long each sweep takes (from the bound and older rows)
     python benchmarks/sweeps.py plot NAME     # redraw a figure from its CSV
+    python benchmarks/sweeps.py rebound       # rewrite the rows' bound columns after a change to wire_bound.py
 
 Every run trains with SGD (momentum 0.9, wd 1e-4: on the servers for p3kv and dist_sync, on the workers for MXNet's
 P3 and Horovod), 3 repeats in a freshly shuffled order, 2 warm-up + 20 timed iterations, under the run guard (clean
@@ -304,6 +305,19 @@ def estimate_block(results_dir: pathlib.Path = RESULTS) -> str:
     return "\n".join([*lines, "", f"Estimated by `sweeps.py estimate` ({source}), on an idle 2-core machine."])
 
 
+def run_csvs(results_dir: pathlib.Path) -> list[pathlib.Path]:
+    """The run CSVs of the reviewed sweeps (not their _iterations files)."""
+    return [p for p in sorted(results_dir.glob("*.csv")) if not p.stem.endswith("_iterations")]
+
+
+def rebound(results_dir: pathlib.Path = RESULTS) -> dict[pathlib.Path, int]:
+    """Rewrites every reviewed row's bound from wire_bound.py as it is now (after a change to the header model):
+    {csv: rows changed}. `report.py --check` fails while a row's bound differs."""
+    import cluster_job
+
+    return {p: bench_rows.rewrite_bounds(p, cluster_job.bound_columns) for p in run_csvs(results_dir)}
+
+
 def plot_links(name: str, results_dir: pathlib.Path) -> None:
     """The utilisation sweep's second figure: host 0's link over time for every system (link_utilisation.py)."""
     if name != "utilisation":
@@ -316,7 +330,7 @@ def plot_links(name: str, results_dir: pathlib.Path) -> None:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("sweep", choices=[*SWEEPS, "estimate", "plot"])
+    parser.add_argument("sweep", choices=[*SWEEPS, "estimate", "plot", "rebound"])
     parser.add_argument("name", nargs="?", help="with plot: which sweep's figure to redraw")
     parser.add_argument("--models", nargs="+", default=MODELS, help="bandwidth sweep: which models")
     parser.add_argument("--kvstores", nargs="+", default=SYSTEMS, choices=list(cluster_bench.KVSTORES))
@@ -350,6 +364,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.write(f"{name:12s} {full / 3600:5.1f} h   not yet run: {left / 3600:5.1f} h\n")
         sys.stdout.write(f"{'all':12s} {sum(r[1] for r in rows) / 3600:5.1f} h   not yet run: "
                          f"{sum(r[2] for r in rows) / 3600:5.1f} h\n({source})\n")
+        return 0
+    if args.sweep == "rebound":
+        for path, changed in rebound(args.results_dir).items():
+            LOG.info("%s: %d rows' bound rewritten", path.name, changed)
         return 0
     name = args.name if args.sweep == "plot" else args.sweep
     csv_path = args.results_dir / f"{name}.csv"

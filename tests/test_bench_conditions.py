@@ -243,6 +243,32 @@ def test_readme_blocks_are_what_the_csvs_give_now():
     names = set(report.BLOCK.findall(text) and [m["name"] for m in report.BLOCK.finditer(text)])
     assert {"status", "legacy", "bandwidth", "ablation", "slice", "scale", "sensitivity", "dilation"} <= names
     assert report.render(text) == text, "README benchmark blocks are stale: run python benchmarks/report.py"
+    assert report.stale_bound_rows(report.SWEEPS_DIR) == [], "run python benchmarks/sweeps.py rebound"
+
+
+def test_rebound_rewrites_only_the_bound_columns(tmp_path):
+    import cluster_job
+    settings = {"tag": "bandwidth", "model": "resnet50_v1", "kvstore": "p3", "status": "ok", "hosts": 4,
+                "workers": 4, "layout": "colocated", "bandwidth": "2gbit", "bandwidth_bps": 2e9, "slice_size": "",
+                "samples_per_batch": 32, "throughput": 100.0, "compute_s": 0.3, "median_s": 1.25, "optimizer": "sgd"}
+    good = {**settings, "run_id": "a", **cluster_job.bound_columns(settings)}
+    link_s = wire_bound.link_load("p3", *cluster_job.model_arrays("resnet50_v1"), 4).seconds(2e9)
+    assert good["bound_s"] == round(link_s, 4) and good["bound_throughput"] == round(128 / link_s, 2)
+    assert good["pct_of_bound"] == round(100 * 100.0 / good["bound_throughput"], 1)
+    stale = {**good, "run_id": "b", "bound_s": 9.0, "bound_throughput": 1.0, "pct_of_bound": 1e4}
+    csv_path = tmp_path / "bandwidth.csv"
+    bench_rows.write_run(csv_path, good, {0: [1.25, 1.25]})
+    bench_rows.write_run(csv_path, stale)
+    bench_rows.write_run(csv_path, {**stale, "run_id": "c", "status": "failed(1)"})  # failed rows are left alone
+    before = list(csv.DictReader(open(csv_path)))
+    assert report.stale_bound_rows(tmp_path) == ["bandwidth.csv:b"]
+    assert sweeps.rebound(tmp_path) == {csv_path: 1}
+    after = list(csv.DictReader(open(csv_path)))
+    assert after[0] == before[0] and after[2] == before[2]
+    assert {k: v for k, v in after[1].items() if before[1][k] != v} == {
+        "bound_s": str(good["bound_s"]), "bound_throughput": str(good["bound_throughput"]),
+        "pct_of_bound": str(good["pct_of_bound"])}
+    assert report.stale_bound_rows(tmp_path) == [] and sweeps.rebound(tmp_path) == {csv_path: 0}
 
 
 def test_report_rewrites_a_block(tmp_path):
