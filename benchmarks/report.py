@@ -477,6 +477,7 @@ SUMMARIES = {
     "kvstore-slice": ("kvstore_bench_slice10000/kvstore_bench.md",
                       "python benchmarks/kvstore_bench.py --systems p3-noopt --slice-size 10000"),
     "startup": ("startup.md", "make bench-startup"),
+    "link-overhead": ("link_overhead.md", "sudo .venv/bin/python benchmarks/link_overhead.py"),
 }
 
 

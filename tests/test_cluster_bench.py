@@ -182,13 +182,23 @@ def test_link_overhead_probe_reads_what_the_token_bucket_charged(tmp_path):
                                "--allow-dirty"]) == 0
     rows = list(csv.DictReader(open(out / "link_overhead.csv")))
     assert len(rows) == 2
-    model_forward, _ = link_overhead.model_ratios()
     for row in rows:
         assert int(row["payload_bytes"]) == 16 << 20
         # tc meters every segment's TCP/IP/Ethernet headers (a GSO packet as its segments): the bound's first term.
-        assert float(row["forward_per_payload"]) == pytest.approx(model_forward, abs=0.005)
-        assert 0 < float(row["reverse_per_payload"]) < 0.05  # ACKs only, a few percent at most
+        assert float(row["forward_per_payload"]) == pytest.approx(link_overhead.model_forward(), abs=0.005)
+        assert 0 < float(row["acks_per_segment"]) <= 0.55  # ACKs only: at most one per two segments
     assert "pure ACKs per 1448-byte segment" in (out / "link_overhead.md").read_text()
+
+
+@pytest.mark.unit
+def test_the_bound_uses_the_measured_ack_rate():
+    import link_overhead
+    import wire_bound
+    rows = list(csv.DictReader(open(os.path.join(ROOT, "benchmarks", "results", "link_overhead.csv"))))
+    assert rows, "run sudo .venv/bin/python benchmarks/link_overhead.py"
+    measured = sorted(link_overhead.acks_per_segment(int(r["payload_bytes"]), int(r["reverse_metered_bytes"]))
+                      for r in rows)[len(rows) // 2]
+    assert wire_bound.ACKS_PER_SEGMENT == pytest.approx(measured, rel=0.1)
 
 
 @pytest.mark.unit
