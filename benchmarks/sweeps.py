@@ -310,6 +310,14 @@ def run_csvs(results_dir: pathlib.Path) -> list[pathlib.Path]:
     return [p for p in sorted(results_dir.glob("*.csv")) if not p.stem.endswith("_iterations")]
 
 
+def write_summary(name: str, results_dir: pathlib.Path, skipped: dict[str, str] | None = None) -> str:
+    """The sweep's summary table (results_dir/NAME.md) from its CSV; returns it."""
+    table = cluster_bench.summary([r for r in bench_rows.read_runs(results_dir / f"{name}.csv") if r["tag"] == name])
+    table += "".join(f"\n- {kv} skipped: {why}\n" for kv, why in (skipped or {}).items())
+    (results_dir / f"{name}.md").write_text(table)
+    return table
+
+
 def rebound(results_dir: pathlib.Path = RESULTS) -> dict[pathlib.Path, int]:
     """Rewrites every reviewed row's bound from wire_bound.py as it is now (after a change to the header model):
     {csv: rows changed}. `report.py --check` fails while a row's bound differs."""
@@ -368,6 +376,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.sweep == "rebound":
         for path, changed in rebound(args.results_dir).items():
             LOG.info("%s: %d rows' bound rewritten", path.name, changed)
+            if changed and path.stem in SWEEPS:  # its summary and figure show the bound too
+                write_summary(path.stem, args.results_dir)
+                plot(path.stem, bench_rows.read_runs(path), args.results_dir / f"fig_{path.stem}.png")
         return 0
     name = args.name if args.sweep == "plot" else args.sweep
     csv_path = args.results_dir / f"{name}.csv"
@@ -394,10 +405,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except run_guard.Refused as e:
         LOG.error("%s", e)
         return 3
-    table = cluster_bench.summary([r for r in bench_rows.read_runs(csv_path) if r["tag"] == name])
-    table += "".join(f"\n- {kv} skipped: {why}\n" for kv, why in skipped.items())
-    (args.results_dir / f"{name}.md").write_text(table)
-    sys.stdout.write("\n" + table)
+    sys.stdout.write("\n" + write_summary(name, args.results_dir, skipped))
     plot(name, bench_rows.read_runs(csv_path), figure, include_smoke=args.smoke)
     plot_links(name, args.results_dir)
     return 0 if all(r["status"] == "ok" for r in rows) else 1
