@@ -12,7 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import pathlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import bench_report
 
@@ -77,6 +77,46 @@ def read_runs(path: pathlib.Path, ok_only: bool = True) -> list[dict]:
                 row["legacy"] = "False"
             rows.append(row)
     return rows
+
+
+def _bounds_differ(row: dict, fresh: dict) -> bool:
+    def same(old: str, new) -> bool:
+        try:
+            return abs(float(old) - float(new)) <= 1e-9 * max(1.0, abs(float(new)))
+        except ValueError:
+            return str(old) == str(new)
+    return not all(same(row.get(k, ""), v) for k, v in fresh.items())
+
+
+def stale_bounds(path: pathlib.Path, bound_of: Callable[[dict], dict]) -> list[str]:
+    """run_ids of the ok rows in `path` (this schema) whose bound columns differ from `bound_of(row)`."""
+    return [r["run_id"] for r in read_runs(path) if r["legacy"] == "False" and _bounds_differ(r, bound_of(r))]
+
+
+def rewrite_bounds(path: pathlib.Path, bound_of: Callable[[dict], dict]) -> int:
+    """Replaces the bound columns of every ok row in `path` (this schema) with `bound_of(row)`, after a change to
+    the bound's model; measurements and conditions are kept as written. Returns the rows changed."""
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        fields = list(reader.fieldnames or [])
+        rows = list(reader)
+    if "optimizer" not in fields:
+        return 0  # legacy rows keep their payload-only bound
+    changed = 0
+    for row in rows:
+        if row.get("status") == "ok":
+            fresh = bound_of(row)
+            if _bounds_differ(row, fresh):
+                row.update({k: v for k, v in fresh.items()})
+                changed += 1
+    if changed:
+        tmp = path.with_suffix(".tmp")
+        with tmp.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=fields)
+            writer.writeheader()
+            writer.writerows(rows)
+        tmp.replace(path)
+    return changed
 
 
 def iteration_times(row: dict) -> list[float]:

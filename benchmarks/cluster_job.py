@@ -30,6 +30,7 @@ import bench_stats
 import emulated_cluster
 import emulated_compute
 import host_cpu
+import job_env
 import proc_monitor
 import wire_bound
 
@@ -121,6 +122,30 @@ def comm_bound_seconds(bytes_per_model: int, hosts: int, rate_bps: float | None,
     return share * bytes_per_model * 8 / rate_bps
 
 
+BOUND_COLUMNS = ("comm_bound_s", "bound_s", "bound_throughput", "pct_of_bound", "wire_bytes", "messages")
+
+
+def bound_columns(row: dict) -> dict:
+    """A row's bound (BOUND_COLUMNS) from its settings and measurements (model, kvstore, hosts, layout,
+    slice_size, bandwidth_bps, compute_s, workers, samples_per_batch, throughput): the same function at run time
+    and when `sweeps.py rebound` rewrites older rows after a change to the header model (wire_bound.py)."""
+    def number(key: str) -> float:
+        value = row.get(key)
+        return float(value) if value not in (None, "") else 0.0
+
+    sizes, nbytes = model_arrays(row["model"])
+    slice_size = int(number("slice_size")) or None
+    link = wire_bound.link_load(row["kvstore"], sizes, nbytes, int(row["hosts"]), row.get("layout") or "colocated",
+                                slice_size)
+    comm = link.seconds(number("bandwidth_bps") or None)
+    bound = max(number("compute_s"), comm)
+    bound_throughput = number("workers") * number("samples_per_batch") / bound if bound else float("inf")
+    throughput = number("throughput")
+    return {"comm_bound_s": round(comm, 4), "bound_s": round(bound, 4), "bound_throughput": round(bound_throughput, 2),
+            "pct_of_bound": round(100 * throughput / bound_throughput, 1) if bound else "",
+            "wire_bytes": round(link.wire), "messages": round(link.messages)}
+
+
 def calibrated_efficiency(model: str) -> float:
     return emulated_compute.efficiency_of(emulated_compute.load_description(model))
 
@@ -135,17 +160,11 @@ def _worker_argv(point: Point, out: pathlib.Path) -> list[str]:
 
 
 def _environment(point: Point, extra: dict) -> dict:
-    env = dict(os.environ)
-    if point.kvstore == "horovod":  # no parameter-server variables may leak into Horovod's ranks
-        env = {k: v for k, v in env.items() if not k.startswith(("P3_", "DMLC_"))}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), str(HERE), env.get("PYTHONPATH", "")) if p)
+    env = job_env.job_environment(point.kvstore, point.slice_size, paths=(str(HERE),))
     if point.kvstore != "horovod":
         env["P3_SECRET"] = secrets.token_hex(32)  # one per job, the same on every host
     # Hosts share 2 cores: one compute thread per process (the real-compute mode's fairness).
     env.update(OMP_NUM_THREADS="1", MXNET_CPU_WORKER_NTHREADS="1", PYTHONUNBUFFERED="1")
-    if point.slice_size:
-        env["P3_SLICE_SIZE"] = str(point.slice_size)
-        env["MXNET_KVSTORE_SLICE_THRESHOLD"] = str(point.slice_size)  # MXNet's P3 (worker side)
     env.update(extra)
     return env
 
@@ -208,7 +227,7 @@ def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: 
     for log in logs:
         log.close()
     wall = time.perf_counter() - start
-    sizes, nbytes = model_arrays(point.model)
+    nbytes = model_bytes(point.model)
     emulated = point.compute == "emulated"
     row = {"model": point.model, "kvstore": point.kvstore, "compute": point.compute, "hosts": hosts,
            "workers": point.workers, "servers": point.servers, "layout": point.layout,
@@ -241,23 +260,18 @@ def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: 
         row["status"] = f"failed({exit_code})"
         return row, {}
     first = next(r for r in results if r["rank"] == 0)
-    link = wire_bound.link_load(point.kvstore, sizes, nbytes, hosts, point.layout, point.slice_size)
-    comm = link.seconds(cluster.rate_bps)
-    compute = statistics.median(r["compute_s"] for r in results)
-    bound = max(compute, comm)
+    compute = round(statistics.median(r["compute_s"] for r in results), 4)
     throughput = sum(r["samples_per_batch"] / r["median_s"] for r in results)
-    bound_throughput = point.workers * first["samples_per_batch"] / bound if bound else float("inf")
     q1, _, q3 = bench_stats.quartiles(first["iter_s"])
     row.update(status="ok", unit=first["unit"], samples_per_batch=first["samples_per_batch"],
                median_s=round(first["median_s"], 4), q1_s=round(q1, 4), q3_s=round(q3, 4), iter_s=first["iter_s"],
-               throughput=round(throughput, 2), compute_s=round(compute, 4),
+               throughput=round(throughput, 2), compute_s=compute,
                payload_bound_s=round(max(compute, comm_bound_seconds(nbytes, hosts, cluster.rate_bps, point.layout)),
                                      4),
-               comm_bound_s=round(comm, 4), bound_s=round(bound, 4), bound_throughput=round(bound_throughput, 2),
-               pct_of_bound=round(100 * throughput / bound_throughput, 1) if bound else "",
-               wire_bytes=round(link.wire), messages=round(link.messages), optimizer=first["optimizer"],
-               update_on=first["update_on"],
+               optimizer=first["optimizer"], update_on=first["update_on"],
                **{k: v for k, v in first["versions"].items() if k in bench_rows.RUN_COLUMNS})
+    row.update(bound_columns(row))
+    bound_throughput, comm = row["bound_throughput"], row["comm_bound_s"]
     LOG.info("%s on %s: %.1f %s/s (bound %.1f, %.0f%%), median %.3f s/iter, compute %.3f s, link %.3f s, CPU per "
              "host %s%%", point.model, point.kvstore, throughput, first["unit"], bound_throughput,
              row["pct_of_bound"] or 0, first["median_s"], compute, comm, row["cpu_host_pct"])

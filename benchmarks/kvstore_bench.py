@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 
+import job_env
 import kvstore_worker
 import proc_monitor
 import run_guard
@@ -96,16 +97,6 @@ def job_command(args: argparse.Namespace, model: str, system: str, out: pathlib.
             "--kvstore", LAUNCHER_KVSTORE[system], "--timeout", str(args.timeout), "--", *worker]
 
 
-def job_environment(system: str, slice_size: int | None = None) -> dict[str, str]:
-    env = dict(os.environ)
-    if slice_size and system != "horovod":  # p3kv's slices; MXNet's P3 cuts its messages at the same size
-        env["P3_SLICE_SIZE"] = env["MXNET_KVSTORE_SLICE_THRESHOLD"] = str(slice_size)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-    if system == "horovod":  # no parameter-server variables may leak into Horovod's workers
-        for name in list(env):
-            if name.startswith(("P3_", "DMLC_")):
-                del env[name]
-    return env
 
 
 def stop_job(process: subprocess.Popen, monitor: proc_monitor.TreeMonitor) -> None:
@@ -130,8 +121,9 @@ def run_one(args: argparse.Namespace, model: str, system: str, repeat: int, scra
             "load_1m_before": round(os.getloadavg()[0], 2)}
     start = time.perf_counter()
     with log_path.open("w") as log:
-        process = subprocess.Popen(command, cwd=ROOT, env=job_environment(system, args.slice_size), stdout=log,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
+        env = job_env.job_environment(system, args.slice_size)
+        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
         monitor = proc_monitor.TreeMonitor(process.pid).start()
         try:
             exit_code = process.wait(timeout=args.timeout + 60)
@@ -267,11 +259,10 @@ def main(argv: list[str] | None = None) -> int:
             args.results_dir = HERE / "results" / f"kvstore_bench_slice{args.slice_size}"
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
-    try:
-        commit, dirty = run_guard.check_tree(args.allow_dirty)
-    except run_guard.Refused as e:
-        LOG.error("%s", e)
+    tree = run_guard.tree_or_refusal(args.allow_dirty)
+    if tree is None:
         return 2
+    commit, dirty = tree
     systems = list(dict.fromkeys(args.systems))
     skipped: dict[str, str] = {}
     if "horovod" in systems:

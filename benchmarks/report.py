@@ -477,6 +477,7 @@ SUMMARIES = {
     "kvstore-slice": ("kvstore_bench_slice10000/kvstore_bench.md",
                       "python benchmarks/kvstore_bench.py --systems p3-noopt --slice-size 10000"),
     "startup": ("startup.md", "make bench-startup"),
+    "link-overhead": ("link_overhead.md", "sudo .venv/bin/python benchmarks/link_overhead.py"),
 }
 
 
@@ -517,6 +518,15 @@ def render(text: str, results: pathlib.Path = RESULTS) -> str:
     return BLOCK.sub(replace, text)
 
 
+def stale_bound_rows(sweeps_dir: pathlib.Path) -> list[str]:
+    """"file:run_id" of every reviewed row whose stored bound is not what wire_bound.py gives now."""
+    import cluster_job
+    import sweeps
+
+    return [f"{p.name}:{run_id}" for p in sweeps.run_csvs(sweeps_dir)
+            for run_id in bench_rows.stale_bounds(p, cluster_job.bound_columns)]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--readme", type=pathlib.Path, default=README)
@@ -527,6 +537,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = args.readme.read_text()
     new = render(text, args.results_dir)
     if args.check:
+        stale = stale_bound_rows(args.results_dir / "sweeps")
+        if stale:
+            LOG.error("%d rows' bound columns differ from wire_bound.py as it is now (%s%s); run python "
+                      "benchmarks/sweeps.py rebound", len(stale), ", ".join(stale[:3]),
+                      ", ..." if len(stale) > 3 else "")
+            return 1
         if new != text:
             LOG.error("%s: benchmark blocks differ from the CSVs; run python benchmarks/report.py", args.readme)
             return 1

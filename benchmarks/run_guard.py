@@ -69,6 +69,15 @@ def check_tree(allow_dirty: bool, root: pathlib.Path = ROOT) -> tuple[str, bool]
     return commit, dirty
 
 
+def tree_or_refusal(allow_dirty: bool, root: pathlib.Path = ROOT) -> tuple[str, bool] | None:
+    """check_tree for a command's main(): a refusal is logged, and None tells main() to exit with status 2."""
+    try:
+        return check_tree(allow_dirty, root)
+    except Refused as e:
+        LOG.error("%s", e)
+        return None
+
+
 @dataclasses.dataclass(frozen=True)
 class Start:
     """What the machine looked like when a run was let start (recorded in its row)."""

@@ -108,11 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 1 or args.steps < 2:
         parser.error("--repeats must be >= 1 and --steps >= 2")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        commit, dirty = run_guard.check_tree(args.allow_dirty)
-    except run_guard.Refused as e:
-        LOG.error("%s", e)
+    tree = run_guard.tree_or_refusal(args.allow_dirty)
+    if tree is None:
         return 2
+    commit, dirty = tree
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     common = {"timestamp": stamp, "git_commit": commit, "git_dirty": dirty, "cpus": os.cpu_count()}
     shuffler = random.Random(args.seed)

@@ -11,6 +11,7 @@
                                               # (also fig_utilisation_links.png, see link_utilisation.py)
     python benchmarks/sweeps.py estimate      # how long each sweep takes (from the bound and older rows)
     python benchmarks/sweeps.py plot NAME     # redraw a figure from its CSV
+    python benchmarks/sweeps.py rebound       # rewrite the rows' bound columns after a change to wire_bound.py
 
 Every run trains with SGD (momentum 0.9, wd 1e-4: on the servers for p3kv and dist_sync, on the workers for MXNet's
 P3 and Horovod), 3 repeats in a freshly shuffled order, 2 warm-up + 20 timed iterations, under the run guard (clean
@@ -235,11 +236,11 @@ def plot(name: str, rows: Sequence[dict], path: pathlib.Path, include_smoke: boo
         fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 3.8), squeeze=False)
         for ax, panel in zip(axes[0], panels):
             mine = [p for p in points if panel_of(p) == panel]
-            order = list(SYSTEM_COLORS)
-            for kv in sorted({p["kvstore"] for p in mine}, key=lambda k: (order.index(k) if k in order else 99, k)):
+            order = list(SYSTEM_COLORS)  # every system has one (tests/test_sweeps.py): a new one must be added
+            for kv in sorted({p["kvstore"] for p in mine}, key=order.index):
                 series = sorted((p for p in mine if p["kvstore"] == kv), key=x_of)
                 errorbar(ax, [x_of(p) for p in series], series, report.LABEL.get(kv, kv),
-                         color=SYSTEM_COLORS.get(kv, "tab:olive"))
+                         color=SYSTEM_COLORS[kv])
             xs = sorted({x_of(p) for p in mine})
             ax.plot(xs, [statistics.median(p["bound_throughput"] * undilated(p) for p in mine if x_of(p) == x)
                          for x in xs], "k--", label="bound (headers incl.)")
@@ -304,6 +305,27 @@ def estimate_block(results_dir: pathlib.Path = RESULTS) -> str:
     return "\n".join([*lines, "", f"Estimated by `sweeps.py estimate` ({source}), on an idle 2-core machine."])
 
 
+def run_csvs(results_dir: pathlib.Path) -> list[pathlib.Path]:
+    """The run CSVs of the reviewed sweeps (not their _iterations files)."""
+    return [p for p in sorted(results_dir.glob("*.csv")) if not p.stem.endswith("_iterations")]
+
+
+def write_summary(name: str, results_dir: pathlib.Path, skipped: dict[str, str] | None = None) -> str:
+    """The sweep's summary table (results_dir/NAME.md) from its CSV; returns it."""
+    table = cluster_bench.summary([r for r in bench_rows.read_runs(results_dir / f"{name}.csv") if r["tag"] == name])
+    table += "".join(f"\n- {kv} skipped: {why}\n" for kv, why in (skipped or {}).items())
+    (results_dir / f"{name}.md").write_text(table)
+    return table
+
+
+def rebound(results_dir: pathlib.Path = RESULTS) -> dict[pathlib.Path, int]:
+    """Rewrites every reviewed row's bound from wire_bound.py as it is now (after a change to the header model):
+    {csv: rows changed}. `report.py --check` fails while a row's bound differs."""
+    import cluster_job
+
+    return {p: bench_rows.rewrite_bounds(p, cluster_job.bound_columns) for p in run_csvs(results_dir)}
+
+
 def plot_links(name: str, results_dir: pathlib.Path) -> None:
     """The utilisation sweep's second figure: host 0's link over time for every system (link_utilisation.py)."""
     if name != "utilisation":
@@ -316,7 +338,7 @@ def plot_links(name: str, results_dir: pathlib.Path) -> None:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("sweep", choices=[*SWEEPS, "estimate", "plot"])
+    parser.add_argument("sweep", choices=[*SWEEPS, "estimate", "plot", "rebound"])
     parser.add_argument("name", nargs="?", help="with plot: which sweep's figure to redraw")
     parser.add_argument("--models", nargs="+", default=MODELS, help="bandwidth sweep: which models")
     parser.add_argument("--kvstores", nargs="+", default=SYSTEMS, choices=list(cluster_bench.KVSTORES))
@@ -351,6 +373,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(f"{'all':12s} {sum(r[1] for r in rows) / 3600:5.1f} h   not yet run: "
                          f"{sum(r[2] for r in rows) / 3600:5.1f} h\n({source})\n")
         return 0
+    if args.sweep == "rebound":
+        for path, changed in rebound(args.results_dir).items():
+            LOG.info("%s: %d rows' bound rewritten", path.name, changed)
+            if changed and path.stem in SWEEPS:  # its summary and figure show the bound too
+                write_summary(path.stem, args.results_dir)
+                plot(path.stem, bench_rows.read_runs(path), args.results_dir / f"fig_{path.stem}.png")
+        return 0
     name = args.name if args.sweep == "plot" else args.sweep
     csv_path = args.results_dir / f"{name}.csv"
     figure = args.results_dir / f"fig_{name}.png"
@@ -376,10 +405,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except run_guard.Refused as e:
         LOG.error("%s", e)
         return 3
-    table = cluster_bench.summary([r for r in bench_rows.read_runs(csv_path) if r["tag"] == name])
-    table += "".join(f"\n- {kv} skipped: {why}\n" for kv, why in skipped.items())
-    (args.results_dir / f"{name}.md").write_text(table)
-    sys.stdout.write("\n" + table)
+    sys.stdout.write("\n" + write_summary(name, args.results_dir, skipped))
     plot(name, bench_rows.read_runs(csv_path), figure, include_smoke=args.smoke)
     plot_links(name, args.results_dir)
     return 0 if all(r["status"] == "ok" for r in rows) else 1

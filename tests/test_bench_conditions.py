@@ -115,6 +115,8 @@ def test_dirty_tree_is_refused_unless_allowed_and_recorded(tmp_path):
     with pytest.raises(run_guard.Refused, match="--allow-dirty"):
         run_guard.check_tree(False, root)
     assert run_guard.check_tree(True, root) == (commit, True)
+    assert run_guard.tree_or_refusal(False, root) is None  # a command's main() exits 2 on it
+    assert run_guard.tree_or_refusal(True, root) == (commit, True)
     row = cluster_bench.common_columns(cluster_bench.Conditions(allow_dirty=True, seed=5), commit, True)
     assert row["git_dirty"] is True and row["allow_dirty"] is True and row["seed"] == 5
 
@@ -195,11 +197,11 @@ def test_aggregate_pools_iterations_of_repeats_and_compares_systems():
 def test_bound_counts_frame_and_tcp_ip_headers():
     # 2 hosts, one 100,000-element float32 array, p3kv's 50,000-element slices: each link carries the whole model
     # each way in 2 messages of 64-byte headers; 1448-byte segments with 66 bytes of TCP/IPv4/Ethernet headers,
-    # and one 66-byte ACK per two segments of the reverse direction.
+    # and the measured rate of 66-byte pure ACKs per segment of the reverse direction.
     load = wire_bound.link_load("p3", [100_000], 400_000, hosts=2)
     framed = 400_000 + 2 * 64
     assert load.payload == 400_000 and load.messages == 2
-    assert load.wire == pytest.approx(framed + framed / 1448 * 66 * 1.5)
+    assert load.wire == pytest.approx(framed + framed / 1448 * 66 * (1 + wire_bound.ACKS_PER_SEGMENT))
     assert load.seconds(1e9) == pytest.approx(load.wire * 8 / 1e9)
     assert load.seconds(1e9) > cluster_bench.comm_bound_seconds(400_000, 2, 1e9)
     # dist_sync: arrays above 10^6 elements go to every server in parts; a push and a pull request per part.
@@ -241,6 +243,32 @@ def test_readme_blocks_are_what_the_csvs_give_now():
     names = set(report.BLOCK.findall(text) and [m["name"] for m in report.BLOCK.finditer(text)])
     assert {"status", "legacy", "bandwidth", "ablation", "slice", "scale", "sensitivity", "dilation"} <= names
     assert report.render(text) == text, "README benchmark blocks are stale: run python benchmarks/report.py"
+    assert report.stale_bound_rows(report.SWEEPS_DIR) == [], "run python benchmarks/sweeps.py rebound"
+
+
+def test_rebound_rewrites_only_the_bound_columns(tmp_path):
+    import cluster_job
+    settings = {"tag": "bandwidth", "model": "resnet50_v1", "kvstore": "p3", "status": "ok", "hosts": 4,
+                "workers": 4, "layout": "colocated", "bandwidth": "2gbit", "bandwidth_bps": 2e9, "slice_size": "",
+                "samples_per_batch": 32, "throughput": 100.0, "compute_s": 0.3, "median_s": 1.25, "optimizer": "sgd"}
+    good = {**settings, "run_id": "a", **cluster_job.bound_columns(settings)}
+    link_s = wire_bound.link_load("p3", *cluster_job.model_arrays("resnet50_v1"), 4).seconds(2e9)
+    assert good["bound_s"] == round(link_s, 4) and good["bound_throughput"] == round(128 / link_s, 2)
+    assert good["pct_of_bound"] == round(100 * 100.0 / good["bound_throughput"], 1)
+    stale = {**good, "run_id": "b", "bound_s": 9.0, "bound_throughput": 1.0, "pct_of_bound": 1e4}
+    csv_path = tmp_path / "bandwidth.csv"
+    bench_rows.write_run(csv_path, good, {0: [1.25, 1.25]})
+    bench_rows.write_run(csv_path, stale)
+    bench_rows.write_run(csv_path, {**stale, "run_id": "c", "status": "failed(1)"})  # failed rows are left alone
+    before = list(csv.DictReader(open(csv_path)))
+    assert report.stale_bound_rows(tmp_path) == ["bandwidth.csv:b"]
+    assert sweeps.rebound(tmp_path) == {csv_path: 1}
+    after = list(csv.DictReader(open(csv_path)))
+    assert after[0] == before[0] and after[2] == before[2]
+    assert {k: v for k, v in after[1].items() if before[1][k] != v} == {
+        "bound_s": str(good["bound_s"]), "bound_throughput": str(good["bound_throughput"]),
+        "pct_of_bound": str(good["pct_of_bound"])}
+    assert report.stale_bound_rows(tmp_path) == [] and sweeps.rebound(tmp_path) == {csv_path: 0}
 
 
 def test_report_rewrites_a_block(tmp_path):

@@ -173,6 +173,34 @@ def test_shape_files_have_a_profile_for_every_model():
         assert all(layer.forward_s > 0 for layer in layers[1:]) or model == "sockeye"
 
 
+@pytest.mark.system
+def test_link_overhead_probe_reads_what_the_token_bucket_charged(tmp_path):
+    _require_cluster()
+    import link_overhead
+    out = tmp_path / "results"
+    assert link_overhead.main(["--mib", "16", "--repeats", "2", "--bandwidth", "1gbit", "--results-dir", str(out),
+                               "--allow-dirty"]) == 0
+    rows = list(csv.DictReader(open(out / "link_overhead.csv")))
+    assert len(rows) == 2
+    for row in rows:
+        assert int(row["payload_bytes"]) == 16 << 20
+        # tc meters every segment's TCP/IP/Ethernet headers (a GSO packet as its segments): the bound's first term.
+        assert float(row["forward_per_payload"]) == pytest.approx(link_overhead.model_forward(), abs=0.005)
+        assert 0 < float(row["acks_per_segment"]) <= 0.55  # ACKs only: at most one per two segments
+    assert "pure ACKs per 1448-byte segment" in (out / "link_overhead.md").read_text()
+
+
+@pytest.mark.unit
+def test_the_bound_uses_the_measured_ack_rate():
+    import link_overhead
+    import wire_bound
+    rows = list(csv.DictReader(open(os.path.join(ROOT, "benchmarks", "results", "link_overhead.csv"))))
+    assert rows, "run sudo .venv/bin/python benchmarks/link_overhead.py"
+    measured = sorted(link_overhead.acks_per_segment(int(r["payload_bytes"]), int(r["reverse_metered_bytes"]))
+                      for r in rows)[len(rows) // 2]
+    assert wire_bound.ACKS_PER_SEGMENT == pytest.approx(measured, rel=0.1)
+
+
 @pytest.mark.unit
 def test_comm_bound():
     # 4 hosts, 100 MB model, 1 Gbit: each link carries 2 x 3/4 x 100 MB each way = 1.2 s.

@@ -97,9 +97,20 @@ def test_quartiles(times, expected):
 
 @pytest.mark.unit
 def test_slice_size_reaches_the_parameter_server_jobs_only(monkeypatch):
-    import kvstore_bench
+    import cluster_bench
+    import cluster_job
+    import job_env
     monkeypatch.delenv("P3_SLICE_SIZE", raising=False)
-    env = kvstore_bench.job_environment("p3-noopt", 10_000)
+    monkeypatch.setenv("DMLC_PS_ROOT_PORT", "9000")  # left in the caller's shell
+    env = job_env.job_environment("p3-noopt", 10_000)
     assert env["P3_SLICE_SIZE"] == env["MXNET_KVSTORE_SLICE_THRESHOLD"] == "10000"
-    assert "P3_SLICE_SIZE" not in kvstore_bench.job_environment("horovod", 10_000)
-    assert "P3_SLICE_SIZE" not in kvstore_bench.job_environment("p3")
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == ROOT
+    horovod = job_env.job_environment("horovod", 10_000)
+    assert not [k for k in horovod if k.startswith(("P3_", "DMLC_"))]
+    assert "MXNET_KVSTORE_SLICE_THRESHOLD" not in horovod
+    assert "P3_SLICE_SIZE" not in job_env.job_environment("p3")
+    # The emulated-cluster runner builds its jobs' environment with the same helper.
+    point = cluster_bench.Point(model="resnet50", kvstore="mxnet-p3", hosts=2, bandwidth="1gbit", slice_size=20_000)
+    env = cluster_job._environment(point, {})
+    assert env["MXNET_KVSTORE_SLICE_THRESHOLD"] == env["P3_SLICE_SIZE"] == "20000" and "P3_SECRET" in env
+    assert env["PYTHONPATH"].split(os.pathsep)[:2] == [ROOT, os.path.join(ROOT, "benchmarks")]
