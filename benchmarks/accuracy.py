@@ -298,7 +298,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     run_guard.add_arguments(p)
     p.add_argument("--targets", type=float, nargs="+", default=[0.8, 0.9], help="accuracies for time-to-accuracy")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds one job may take")
-    p.add_argument("--csv", type=pathlib.Path, default=RESULTS / "accuracy.csv")
+    p.add_argument("--csv", type=pathlib.Path, default=RESULTS / "accuracy" / "accuracy.csv")
     p.add_argument("--plot", type=pathlib.Path)
     p.add_argument("--summary", type=pathlib.Path)
     p.add_argument("--keep-logs", type=pathlib.Path, help="keep every host's output here")
