@@ -409,6 +409,32 @@ def server_slice_block(results: pathlib.Path) -> str:
     return "\n".join([head, "", *lines, "", *sentences])
 
 
+def startup_sentences(results: pathlib.Path) -> str:
+    """What importing mxnet at server start-up does to the first step and the job's CPU, per place of the
+    optimizer: medians over the repeats of results/startup.csv (startup_bench.py)."""
+    path = results / "startup.csv"
+    if not path.exists():
+        return "Not measured yet: `make bench-startup` writes `benchmarks/results/startup.csv`."
+    with open(path, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["status"] == "ok"]
+
+    def median(update: str, preload: str, column: str) -> float | None:
+        values = [float(r[column]) for r in rows if r["optimizer_on"] == update and r["preload_mxnet"] == preload]
+        return statistics.median(values) if values else None
+
+    lines = []
+    for update in ("servers", "workers"):
+        first = median(update, "1", "first_step_s"), median(update, "0", "first_step_s")
+        cpu = median(update, "1", "cpu_s"), median(update, "0", "cpu_s")
+        if None in first or None in cpu:
+            continue
+        lines.append(f"- Optimizer on the {update}: with the preload the first step comes "
+                     f"{'earlier' if first[0] < first[1] else 'later'} (median {first[0]:.2f} s against "
+                     f"{first[1]:.2f} s without), and the job uses {cpu[0]:.2f} s of CPU against {cpu[1]:.2f} s "
+                     f"({cpu[0] / cpu[1]:.2f}×).")
+    return "\n".join(lines) or "No completed jobs in `benchmarks/results/startup.csv`."
+
+
 # The runners whose own summaries the README shows: block name -> (summary file, command that writes it).
 def sim_validation_block(results: pathlib.Path) -> str:
     """Per system: how close the simulator came to the reviewed emulated-cluster points (results/sim_validation.csv,
@@ -416,7 +442,8 @@ def sim_validation_block(results: pathlib.Path) -> str:
     rows = _plain_rows(results / "sim_validation.csv")
     if not rows:
         return "Not run yet: `python -m benchmarks.sim.run validate` writes `benchmarks/results/sim_validation.csv`."
-    lines = ["| system | points | within 10% | median error | errors from … to | worst |", "|---|---|---|---|---|---|"]
+    lines = ["| system | points | within 10% | fast / slow | fast / slow by over 10% | median error | errors from … to "
+             "| worst |", "|---|---|---|---|---|---|---|---|"]
     groups: dict[str, list[dict]] = {}
     for r in rows:
         groups.setdefault(LABEL.get(r["kvstore"], r["kvstore"]), []).append(r)
@@ -429,7 +456,9 @@ def sim_validation_block(results: pathlib.Path) -> str:
         signed = [_float(r["rel_error"]) for r in mine]
         spread = f"{100 * min(signed):+.1f}% … {100 * max(signed):+.1f}%"
         worst_error = f"{100 * _float(worst['rel_error']):+.1f}%"
-        lines.append(f"| {label} | {len(mine)} | {sum(e <= 0.10 for e in errors)} | "
+        direction = f"{sum(e < 0 for e in signed)} / {sum(e > 0 for e in signed)}"
+        far = f"{sum(e < -0.10 for e in signed)} / {sum(e > 0.10 for e in signed)}"
+        lines.append(f"| {label} | {len(mine)} | {sum(e <= 0.10 for e in errors)} | {direction} | {far} | "
                      f"{100 * statistics.median(errors):.1f}% | {spread} | {worst_error}{where} |")
     return "\n".join(lines)
 
@@ -534,6 +563,7 @@ SUMMARIES = {
                       "python benchmarks/kvstore_bench.py --systems p3-noopt --slice-size 10000"),
     "startup": ("startup.md", "make bench-startup"),
     "link-overhead": ("link_overhead.md", "sudo .venv/bin/python benchmarks/link_overhead.py"),
+    "soak": ("soak.md", "python benchmarks/soak_bench.py --iters 3000"),
 }
 
 
@@ -552,6 +582,7 @@ def blocks(results: pathlib.Path = RESULTS) -> dict[str, Callable[[], str]]:
     named["sim-future"] = lambda: sim_future_block(results)
     named["sim-slice"] = lambda: sim_slice_block(results)
     named["server-slice"] = lambda: server_slice_block(results)
+    named["startup-effect"] = lambda: startup_sentences(results)
     for name, (file, command) in SUMMARIES.items():
         named[name] = (lambda f=file, c=command: summary_block(results / f, c))
     for name in ("demo", "bandwidth", "sensitivity", "dilation", "ablation", "slice", "scale", "utilisation"):
