@@ -172,6 +172,42 @@ def iteration_spread(jobs: Sequence[dict], system: str) -> bench_stats.Spread | 
     return bench_stats.spread(times) if any(times) else None
 
 
+def same_updates_sentence(runs: dict[tuple[str, int], list[dict]]) -> str | None:
+    """Whether p3kv and dist_sync drew the same curve in every repeat both ran: they compute the same updates, so
+    every evaluation's test accuracy and loss (as the CSV prints them) must match."""
+    repeats = sorted(r for s, r in runs if s == "p3" and ("dist_sync", r) in runs)
+    if not repeats:
+        return None
+
+    def curve(system: str, repeat: int) -> list[tuple[str, str, str]]:
+        return [(r["iteration"], r["test_accuracy"], r.get("test_loss")) for r in runs[(system, repeat)]]
+
+    differ = [r for r in repeats if curve("p3", r) != curve("dist_sync", r)]
+    evaluations = len(runs[("p3", repeats[0])])
+    if not differ:
+        return (f"In all {len(repeats)} repeats p3kv and dist_sync gave the same test accuracy and loss (as the CSV "
+                f"prints them) at every one of the {evaluations} evaluations: the same updates, as they must.")
+    return (f"p3kv and dist_sync drew different curves in repeat(s) {', '.join(map(str, differ))} of "
+            f"{len(repeats)}: they should compute the same updates.")
+
+
+def spread_sentences(runs: dict[tuple[str, int], list[dict]], jobs: Sequence[dict]) -> list[str]:
+    """Final accuracy over the repeats per system, and whether p3kv's and dist_sync's iteration IQRs overlap."""
+    finals = []
+    for system in dict.fromkeys(s for s, _ in runs):
+        values = [100 * float(run[-1]["test_accuracy"]) for (s, _), run in runs.items() if s == system]
+        span = f"{min(values):.1f}%" if min(values) == max(values) else f"{min(values):.1f}–{max(values):.1f}%"
+        finals.append(f"{LABELS.get(system, system)} {span}")
+    sentences = [f"Final test accuracy over the repeats: {', '.join(finals)}."]
+    p3, ds = iteration_spread(jobs, "p3"), iteration_spread(jobs, "dist_sync")
+    if p3 and ds:
+        overlap = p3.q1_s <= ds.q3_s and ds.q1_s <= p3.q3_s
+        sentences.append(f"Seconds per iteration: p3kv median {p3.median_s:.3f} (IQR {p3.q1_s:.3f}–{p3.q3_s:.3f}), "
+                         f"dist_sync {ds.median_s:.3f} (IQR {ds.q1_s:.3f}–{ds.q3_s:.3f}): the IQRs "
+                         + ("overlap." if overlap else "do not overlap."))
+    return sentences
+
+
 def summary(rows: Sequence[dict], targets: Sequence[float], jobs: Sequence[dict] = ()) -> str:
     """Markdown table per system: final accuracy, time to each target (medians over repeats), s/iter: median
     and interquartile range over all iterations of all repeats from the run rows `jobs` (bench_stats), or, for
@@ -224,8 +260,9 @@ def summary(rows: Sequence[dict], targets: Sequence[float], jobs: Sequence[dict]
     paper = (f"The paper (Fig. 15, {PAPER['setting']}): P3 {PAPER['final']['P3']:.0f}% vs ASGD "
              f"{PAPER['final']['ASGD']:.0f}% final top-1 accuracy; P3 reached 80% about {PAPER['to_80_speedup']:.0f}x "
              "as fast.")
-    return (settings + "\n\n" + "\n".join(lines) + "\n\n" + ("; ".join(notes) + ".\n\n" if notes else "") + paper
-            + "\n")
+    facts = [f for f in (same_updates_sentence(runs), *spread_sentences(runs, jobs)) if f]
+    return (settings + "\n\n" + "\n".join(lines) + "\n\n" + ("; ".join(notes) + ".\n\n" if notes else "")
+            + " ".join(facts) + "\n\n" + paper + "\n")
 
 
 def plot(rows: Sequence[dict], path: pathlib.Path, title: str, target: float) -> None:
@@ -298,7 +335,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     run_guard.add_arguments(p)
     p.add_argument("--targets", type=float, nargs="+", default=[0.8, 0.9], help="accuracies for time-to-accuracy")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds one job may take")
-    p.add_argument("--csv", type=pathlib.Path, default=RESULTS / "accuracy.csv")
+    p.add_argument("--csv", type=pathlib.Path, default=RESULTS / "accuracy" / "accuracy.csv")
     p.add_argument("--plot", type=pathlib.Path)
     p.add_argument("--summary", type=pathlib.Path)
     p.add_argument("--keep-logs", type=pathlib.Path, help="keep every host's output here")

@@ -6,8 +6,9 @@
 Every number in a block comes from the rows: per point (a model, link, host count, optimizer, ... and system)
 the median throughput over every timed iteration of every repeat, its interquartile range, the range of the
 per-repeat medians, n (repeats), the header-inclusive bound and the CPU the hosts used. Rows from before the
-reviewed schema (results/sweep_*.csv, demo.csv: no optimizer, one run, payload-only bound) are shown in their
-own blocks with optimizer "none" and n=1; rows marked smoke are never shown.
+reviewed schema (results/legacy/: no optimizer, one run, payload-only bound) are not results: the README's
+status table only names their files, and their tables go to results/legacy/README.md (the same blocks), with
+optimizer "none" and n=1. Rows marked smoke are never shown.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ LOG = logging.getLogger("report")
 HERE = pathlib.Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 SWEEPS_DIR = RESULTS / "sweeps"  # rows that satisfy the reviewed schema (optimizer, repeats, load, headers)
+LEGACY = "legacy"  # results/legacy/: rows from before that schema, and the figures drawn from them
+LEGACY_RUNS = ("demo", "sweep_bandwidth", "sweep_ablation", "sweep_slice", "sweep_scale", "sweep_utilisation",
+               "sweep_targets")
 README = HERE.parent / "README.md"
 # The models each --models sweep covers (sweeps.py runs these by default): a block names those without rows yet.
 SWEEP_MODELS = {"bandwidth": ("resnet50_v1", "inceptionv3", "sockeye", "vgg19")}
@@ -308,11 +312,10 @@ def reviewed_block(name: str, results: pathlib.Path) -> str:
 def legacy_block(results: pathlib.Path) -> str:
     """The rows measured before the reviewed settings: shown as they are, optimizer none, n=1."""
     parts = []
-    for name in ("demo", "sweep_bandwidth", "sweep_ablation", "sweep_slice", "sweep_scale", "sweep_utilisation",
-                 "sweep_targets"):
-        points = [p for p in aggregate(_rows(results / f"{name}.csv")) if p["legacy"]]
+    for name in LEGACY_RUNS:
+        points = [p for p in aggregate(_rows(results / LEGACY / f"{name}.csv")) if p["legacy"]]
         if points:
-            parts += [f"`benchmarks/results/{name}.csv` (bound: payload only):", "", point_table(points), ""]
+            parts += [f"`{name}.csv` (bound: payload only):", "", point_table(points), ""]
     if not parts:
         return "No rows from before the reviewed settings."
     return "\n".join(parts).rstrip()
@@ -322,7 +325,7 @@ def status_block(results: pathlib.Path) -> str:
     """Which result files satisfy the reviewed settings and which predate them."""
     lines = ["| file | rows (ok) | optimizer | repeats per point (n) | bound | satisfies 1–4 |",
              "|---|---|---|---|---|---|"]
-    files = sorted((results / "sweeps").glob("*.csv")) + [results / "demo.csv"] + sorted(results.glob("sweep_*.csv"))
+    files = sorted((results / "sweeps").glob("*.csv")) + [results / LEGACY / f"{n}.csv" for n in LEGACY_RUNS]
     for path in files:
         if path.name.endswith("_iterations.csv") or not path.exists():
             continue
@@ -353,6 +356,85 @@ def summary_block(path: pathlib.Path, command: str) -> str:
     return "\n".join(lines).strip()
 
 
+SERVER_TARGET = 2.0  # the hot-path issue's target: a slice's server CPU at most this many times the memory floor
+SERVER_OPTIMIZERS = (("none", "aggregate only"), ("sgd", "SGD momentum"), ("adam", "Adam"))
+
+
+def server_slice_block(results: pathlib.Path) -> str:
+    """server_bench.py's work / floor ratios, condensed: every optimizer at the default slice for each W, and the
+    other slice sizes at the smallest W; then the spread per optimizer and the points above the target."""
+    path = results / "server_slice.csv"
+    if not path.exists():
+        return "Not measured yet: `make bench-server` writes `benchmarks/results/server_slice.csv`."
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    ratio = {(r["optimizer"], int(r["count"]), int(r["workers"])): float(r["ratio_median"]) for r in rows}
+    counts = sorted({c for _, c, _ in ratio})
+    workers = sorted({w for _, _, w in ratio})
+    default = 50_000 if 50_000 in counts else counts[0]
+    others = [c for c in counts if c != default]
+    optimizers = [(o, label) for o, label in SERVER_OPTIMIZERS if any(k[0] == o for k in ratio)]
+
+    def cell(o: str, c: int, w: int) -> str:
+        return f"{ratio[(o, c, w)]:.2f}" if (o, c, w) in ratio else "-"
+
+    def size(c: int) -> str:
+        return f"{c // 1000}k" if c % 1000 == 0 else f"{c:,}"
+
+    lines = ["| slice, W | " + " | ".join(label for _, label in optimizers) + " |",
+             "|---|" + "---|" * len(optimizers)]
+    lines += [f"| {size(default)}, W={w} | " + " | ".join(cell(o, default, w) for o, _ in optimizers) + " |"
+              for w in workers]
+    if others:
+        lines.append(f"| {' / '.join(size(c) for c in others)}, W={workers[0]} | "
+                     + " | ".join(" / ".join(cell(o, c, workers[0]) for c in others) for o, _ in optimizers) + " |")
+    first = rows[0]
+    dirty = str(first.get("git_dirty", "")) == "True" or "git_dirty" not in first
+    busy = first.get("busy_pct_before")
+    head = (f"`benchmarks/results/server_slice.csv`, commit {first.get('commit', '?')[:12]}"
+            f"{' (the tree had uncommitted changes, or the run predates that column)' if dirty else ''}: "
+            f"median of {first.get('repeats', '?')} repeats of work / floor; "
+            + (f"CPUs {float(busy):.0f}% busy over a 5-second sample before it, " if busy not in (None, "") else
+               "no CPU sample before it (the run predates the run guard), ")
+            + f"1-minute load {first.get('load_1m_before', '?')} before, {first.get('load_1m_after', '?')} after.")
+    sentences = []
+    for o, label in optimizers:
+        values = [v for k, v in ratio.items() if k[0] == o]
+        above = sorted((k for k, v in ratio.items() if k[0] == o and v > SERVER_TARGET), key=lambda k: (k[1], k[2]))
+        where = ", ".join(f"{size(c)} with W={w} ({ratio[(o, c, w)]:.2f})" for _, c, w in above)
+        sentences.append(f"- {label}: {min(values):.2f}–{max(values):.2f}× the floor over the {len(values)} "
+                         "pairs of slice size and W; "
+                         + (f"above the {SERVER_TARGET:g}× target at {where}." if above else
+                            f"within the {SERVER_TARGET:g}× target everywhere."))
+    return "\n".join([head, "", *lines, "", *sentences])
+
+
+def startup_sentences(results: pathlib.Path) -> str:
+    """What importing mxnet at server start-up does to the first step and the job's CPU, per place of the
+    optimizer: medians over the repeats of results/startup.csv (startup_bench.py)."""
+    path = results / "startup.csv"
+    if not path.exists():
+        return "Not measured yet: `make bench-startup` writes `benchmarks/results/startup.csv`."
+    with open(path, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["status"] == "ok"]
+
+    def median(update: str, preload: str, column: str) -> float | None:
+        values = [float(r[column]) for r in rows if r["optimizer_on"] == update and r["preload_mxnet"] == preload]
+        return statistics.median(values) if values else None
+
+    lines = []
+    for update in ("servers", "workers"):
+        first = median(update, "1", "first_step_s"), median(update, "0", "first_step_s")
+        cpu = median(update, "1", "cpu_s"), median(update, "0", "cpu_s")
+        if None in first or None in cpu:
+            continue
+        lines.append(f"- Optimizer on the {update}: with the preload the first step comes "
+                     f"{'earlier' if first[0] < first[1] else 'later'} (median {first[0]:.2f} s against "
+                     f"{first[1]:.2f} s without), and the job uses {cpu[0]:.2f} s of CPU against {cpu[1]:.2f} s "
+                     f"({cpu[0] / cpu[1]:.2f}×).")
+    return "\n".join(lines) or "No completed jobs in `benchmarks/results/startup.csv`."
+
+
 # The runners whose own summaries the README shows: block name -> (summary file, command that writes it).
 def sim_validation_block(results: pathlib.Path) -> str:
     """Per system: how close the simulator came to the reviewed emulated-cluster points (results/sim_validation.csv,
@@ -360,7 +442,8 @@ def sim_validation_block(results: pathlib.Path) -> str:
     rows = _plain_rows(results / "sim_validation.csv")
     if not rows:
         return "Not run yet: `python -m benchmarks.sim.run validate` writes `benchmarks/results/sim_validation.csv`."
-    lines = ["| system | points | within 10% | median error | errors from … to | worst |", "|---|---|---|---|---|---|"]
+    lines = ["| system | points | within 10% | fast / slow | fast / slow by over 10% | median error | errors from … to "
+             "| worst |", "|---|---|---|---|---|---|---|---|"]
     groups: dict[str, list[dict]] = {}
     for r in rows:
         groups.setdefault(LABEL.get(r["kvstore"], r["kvstore"]), []).append(r)
@@ -373,7 +456,9 @@ def sim_validation_block(results: pathlib.Path) -> str:
         signed = [_float(r["rel_error"]) for r in mine]
         spread = f"{100 * min(signed):+.1f}% … {100 * max(signed):+.1f}%"
         worst_error = f"{100 * _float(worst['rel_error']):+.1f}%"
-        lines.append(f"| {label} | {len(mine)} | {sum(e <= 0.10 for e in errors)} | "
+        direction = f"{sum(e < 0 for e in signed)} / {sum(e > 0 for e in signed)}"
+        far = f"{sum(e < -0.10 for e in signed)} / {sum(e > 0.10 for e in signed)}"
+        lines.append(f"| {label} | {len(mine)} | {sum(e <= 0.10 for e in errors)} | {direction} | {far} | "
                      f"{100 * statistics.median(errors):.1f}% | {spread} | {worst_error}{where} |")
     return "\n".join(lines)
 
@@ -478,6 +563,7 @@ SUMMARIES = {
                       "python benchmarks/kvstore_bench.py --systems p3-noopt --slice-size 10000"),
     "startup": ("startup.md", "make bench-startup"),
     "link-overhead": ("link_overhead.md", "sudo .venv/bin/python benchmarks/link_overhead.py"),
+    "soak": ("soak.md", "python benchmarks/soak_bench.py --iters 3000"),
 }
 
 
@@ -495,6 +581,8 @@ def blocks(results: pathlib.Path = RESULTS) -> dict[str, Callable[[], str]]:
     named["sim-paper"] = lambda: sim_paper_block(results)
     named["sim-future"] = lambda: sim_future_block(results)
     named["sim-slice"] = lambda: sim_slice_block(results)
+    named["server-slice"] = lambda: server_slice_block(results)
+    named["startup-effect"] = lambda: startup_sentences(results)
     for name, (file, command) in SUMMARIES.items():
         named[name] = (lambda f=file, c=command: summary_block(results / f, c))
     for name in ("demo", "bandwidth", "sensitivity", "dilation", "ablation", "slice", "scale", "utilisation"):
@@ -534,8 +622,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="only compare; exit 1 if a block is stale")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    text = args.readme.read_text()
-    new = render(text, args.results_dir)
+    documents = [args.readme, args.results_dir / LEGACY / "README.md"]
+    rendered = {d: (d.read_text(), render(d.read_text(), args.results_dir)) for d in documents if d.exists()}
     if args.check:
         stale = stale_bound_rows(args.results_dir / "sweeps")
         if stale:
@@ -543,13 +631,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                       "benchmarks/sweeps.py rebound", len(stale), ", ".join(stale[:3]),
                       ", ..." if len(stale) > 3 else "")
             return 1
-        if new != text:
-            LOG.error("%s: benchmark blocks differ from the CSVs; run python benchmarks/report.py", args.readme)
+        stale_documents = [str(d) for d, (text, new) in rendered.items() if new != text]
+        if stale_documents:
+            LOG.error("%s: benchmark blocks differ from the CSVs; run python benchmarks/report.py",
+                      ", ".join(stale_documents))
             return 1
         return 0
-    if new != text:
-        args.readme.write_text(new)
-        LOG.info("rewrote the benchmark blocks of %s", args.readme)
+    for document, (text, new) in rendered.items():
+        if new != text:
+            document.write_text(new)
+            LOG.info("rewrote the benchmark blocks of %s", document)
     return 0
 
 

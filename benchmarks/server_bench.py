@@ -1,7 +1,8 @@
 """The server's CPU time per slice (aggregate W pushes + optimizer update) beside a memory-traffic floor measured
 in the same run (issue "Server hot path"; target: work <= 2x floor). Compiles benchmarks/server_slice_bench.cc
 with the extension's flags (setup.py: -O3 -Wall -Wextra, C++17) against the server's pure parts in cpp/src, runs
-it, and writes benchmarks/results/server_slice.{csv,md}. No network, no MXNet, one thread.
+it, and writes benchmarks/results/server_slice.{csv,md}. No network, no MXNet, one thread. Under the run guard
+(benchmarks/run_guard.py): a dirty tree or a busy machine is refused unless overridden, and the rows record it.
 
 Usage: python benchmarks/server_bench.py [--workers 2 4 8] [--counts 50000 10000 200000]
                                          [--optimizers none sgd adam] [--iters 5] [--repeats 5]
@@ -10,6 +11,7 @@ Usage: python benchmarks/server_bench.py [--workers 2 4 8] [--counts 50000 10000
 import argparse
 import csv
 import io
+import logging
 import os
 import pathlib
 import platform
@@ -18,6 +20,10 @@ import subprocess
 import sys
 
 HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import run_guard  # noqa: E402
+
+LOG = logging.getLogger("server_bench")
 ROOT = HERE.parent
 SOURCE = HERE / "server_slice_bench.cc"
 # The server's per-slice path and what it needs; nothing with sockets or threads.
@@ -62,14 +68,6 @@ def run(binary: pathlib.Path, args: list[str], timeout: float) -> tuple[list[str
     return comments, list(csv.DictReader(io.StringIO(table)))
 
 
-def git_state() -> tuple[str, bool]:
-    def git(*args: str) -> str:
-        done = subprocess.run(["git", *args], check=False, cwd=ROOT, capture_output=True, text=True, timeout=30)
-        return done.stdout.strip() if done.returncode == 0 else ""
-
-    return git("rev-parse", "HEAD") or "none", bool(git("status", "--porcelain", "--untracked-files=no"))
-
-
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -91,6 +89,8 @@ def markdown(rows: list[dict], comments: list[str], meta: dict) -> str:
         "",
         f"benchmarks/server_bench.py at commit {meta['commit']}{' (uncommitted changes)' if meta['dirty'] else ''}; "
         f"{meta['cpu']}, {meta['cpus']} CPUs; {meta['compiler']}; flags {' '.join(FLAGS)}. "
+        f"Started once a 5-second sample showed the CPUs {meta['busy_before']:.0f}% busy"
+        f"{' (--force: busy machine)' if meta['forced'] else ''}; "
         f"1-minute load average {meta['load_before']:.2f} before, {meta['load_after']:.2f} after.",
         "",
         "Method: one thread drives the server's own state machine (Aggregator with SliceOptimizer as its update "
@@ -119,7 +119,7 @@ def markdown(rows: list[dict], comments: list[str], meta: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workers", type=int, nargs="+", default=[2, 4, 8])
     ap.add_argument("--counts", type=int, nargs="+", default=[50_000, 10_000, 200_000])
@@ -132,24 +132,34 @@ def main() -> None:
     ap.add_argument("--binary", default=str(ROOT / "build" / "server_slice_bench"))
     ap.add_argument("--csv", default=str(HERE / "results" / "server_slice.csv"))
     ap.add_argument("--summary", default=str(HERE / "results" / "server_slice.md"))
+    run_guard.add_arguments(ap)
     args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    tree = run_guard.tree_or_refusal(args.allow_dirty)
+    if tree is None:
+        return 2
+    commit, dirty = tree
 
     binary = pathlib.Path(args.binary)
     binary.parent.mkdir(parents=True, exist_ok=True)
     build(binary)
     version = subprocess.run([compiler(), "--version"], capture_output=True, text=True, check=False)
-    commit, dirty = git_state()
+    try:  # after the build, whose compilers would otherwise be the load the sample sees
+        start = run_guard.wait_for_idle(args.max_busy, args.max_load, args.load_wait, args.force)
+    except run_guard.Refused as e:
+        LOG.error("%s", e)
+        return 2
     meta = {"commit": commit, "dirty": dirty, "cpu": cpu_model(), "cpus": os.cpu_count(),
             "compiler": version.stdout.splitlines()[0] if version.stdout else compiler(),
-            "load_before": os.getloadavg()[0]}
+            "load_before": os.getloadavg()[0], "busy_before": start.busy_pct, "forced": start.forced}
     bench_args = ["--workers", ",".join(map(str, args.workers)), "--counts", ",".join(map(str, args.counts)),
                   "--optimizers", ",".join(args.optimizers), "--elements", str(args.elements),
                   "--iters", str(args.iters), "--warmup", str(args.warmup), "--repeats", str(args.repeats)]
     comments, rows = run(binary, bench_args, args.timeout)
     meta["load_after"] = os.getloadavg()[0]
     for r in rows:
-        r.update(commit=commit, load_1m_before=round(meta["load_before"], 2),
-                 load_1m_after=round(meta["load_after"], 2))
+        r.update(commit=commit, git_dirty=dirty, busy_pct_before=round(start.busy_pct, 1), forced=start.forced,
+                 load_1m_before=round(meta["load_before"], 2), load_1m_after=round(meta["load_after"], 2))
     for path in (args.csv, args.summary):
         pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(args.csv, "w", newline="") as f:
@@ -159,8 +169,9 @@ def main() -> None:
     text = markdown(rows, comments, meta)
     with open(args.summary, "w") as f:
         f.write(text)
-    print(text)
+    sys.stdout.write(text)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

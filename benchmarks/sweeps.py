@@ -141,14 +141,14 @@ GATE_S = 5.0  # the run guard's idle sample before every run
 def measured_factors(results: pathlib.Path = cluster_bench.RESULTS) -> tuple[float, float, str]:
     """(seconds per job outside the timed iterations, measured s/iter over the bound, where they come from):
     what `estimate` scales the bound by. From the reviewed rows (results/sweeps/*.csv) once there are any, else
-    from the older rows of results/sweep_*.csv."""
+    from the older rows of results/legacy/sweep_*.csv."""
     def timed(paths):
         return [r for path in paths if not path.stem.endswith("_iterations") for r in bench_rows.read_runs(path)
                 if r.get("compute") == "emulated" and r.get("median_s") and r.get("bound_s") and r.get("wall_s")]
 
     source, rows = "the reviewed rows", timed(sorted((results / "sweeps").glob("*.csv")))
     if not rows:
-        source, rows = "the older rows", timed(sorted(results.glob("sweep_*.csv")))
+        source, rows = "the older rows", timed(sorted((results / "legacy").glob("sweep_*.csv")))
     if not rows:
         return 30.0, 1.15, "defaults"
     overhead = statistics.median(float(r["wall_s"]) - (int(r["warmup"]) + int(r["iters"])) * float(r["median_s"])

@@ -58,6 +58,30 @@ def test_summary_reports_time_to_accuracy_and_unreached_targets():
     assert "P3 93% vs ASGD 88%" in table  # the paper's numbers beside ours
 
 
+@pytest.mark.unit
+def test_summary_says_whether_the_sync_curves_match_and_the_spreads_overlap():
+    def run(system, repeat, accs):
+        return [{**_row(system, 5 * (i + 1), float(i + 1), acc), "repeat": repeat, "test_loss": "0.1"}
+                for i, acc in enumerate(accs)]
+
+    same = run("p3", 0, [0.5, 0.9]) + run("dist_sync", 0, [0.5, 0.9]) + run("dist_async", 0, [0.4, 0.8])
+    table = accuracy.summary(same, [0.8])
+    assert ("In all 1 repeats p3kv and dist_sync gave the same test accuracy and loss (as the CSV prints them) at "
+            "every one of the 2 evaluations") in table
+    assert ("Final test accuracy over the repeats: p3kv (P3) 90.0%, MXNet dist_sync 90.0%, MXNet dist_async (ASGD) "
+            "80.0%.") in table
+    apart = same + run("p3", 1, [0.5, 0.9]) + run("dist_sync", 1, [0.5, 0.91])
+    assert "drew different curves in repeat(s) 1 of 2" in accuracy.summary(apart, [0.8])
+    assert "p3kv (P3) 90.0%, MXNet dist_sync 90.0–91.0%" in accuracy.summary(apart, [0.8])
+
+    def job(system, times):
+        return {"kvstore": system, "status": "ok", "iter_s": str(times), "median_s": "1"}
+
+    fast, slow = job("p3", [0.9, 0.91, 0.92, 0.93]), job("dist_sync", [1.0, 1.01, 1.02, 1.03])
+    assert "the IQRs do not overlap." in accuracy.summary(same, [0.8], [fast, slow])
+    assert "the IQRs overlap." in accuracy.summary(same, [0.8], [fast, job("dist_sync", [0.9, 0.91, 0.92, 1.1])])
+
+
 @pytest.mark.system
 def test_two_host_run_sync_systems_match_and_async_runs(tmp_path):
     reason = emulated_cluster.why_unavailable()
