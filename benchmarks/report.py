@@ -366,8 +366,7 @@ def server_slice_block(results: pathlib.Path) -> str:
     path = results / "server_slice.csv"
     if not path.exists():
         return "Not measured yet: `make bench-server` writes `benchmarks/results/server_slice.csv`."
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = _plain_rows(path)
     ratio = {(r["optimizer"], int(r["count"]), int(r["workers"])): float(r["ratio_median"]) for r in rows}
     counts = sorted({c for _, c, _ in ratio})
     workers = sorted({w for _, _, w in ratio})
@@ -415,8 +414,7 @@ def startup_sentences(results: pathlib.Path) -> str:
     path = results / "startup.csv"
     if not path.exists():
         return "Not measured yet: `make bench-startup` writes `benchmarks/results/startup.csv`."
-    with open(path, newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r["status"] == "ok"]
+    rows = [r for r in _plain_rows(path) if r["status"] == "ok"]
 
     def median(update: str, preload: str, column: str) -> float | None:
         values = [float(r[column]) for r in rows if r["optimizer_on"] == update and r["preload_mxnet"] == preload]
