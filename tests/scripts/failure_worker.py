@@ -2,7 +2,8 @@
 
 Prints ``ready rank=R pid=P`` once it joined, then ``iteration N ok`` after each iteration whose broadcast equals
 the sum numpy computes. Worker r pushes ``(r + 1) * N + arange(SIZE)`` for iteration N, so the sum over W workers
-is ``N * W * (W + 1) / 2 + W * arange(SIZE)`` (exact in float32 at these sizes).
+is ``N * W * (W + 1) / 2 + W * arange(SIZE)``, exact in float32 while it stays below 2^24 (millions of
+iterations); past that it exits 6 with ``STOPPED ...`` rather than report a rounding as a wrong sum.
 
 Stops after --iterations iterations, or (with --stop-file) at the first iteration, no earlier than
 --min-iterations, at which worker 0 sees that file exist: worker 0 tells the others by pushing 1 on a control key,
@@ -30,6 +31,24 @@ import numpy as np
 from p3kv import P3Error, P3Worker
 
 SIZE = 3000  # several slices with a small P3_SLICE_SIZE, so every server holds part of the key
+EXACT = 2**24  # float32 holds every integer below this exactly
+
+
+def gradient(rank: int, iteration: int) -> np.ndarray:
+    """What worker `rank` pushes in `iteration`: float32 at every iteration. (np.float32 first: numpy 1.x casts a
+    Python int of 2^16 or more with a float32 array to float64, which the float32 key rightly refuses; a job
+    that ran past iteration 32768 used to fail there.)"""
+    return np.arange(SIZE, dtype=np.float32) + np.float32((rank + 1) * iteration)
+
+
+def expected_sum(size: int, iteration: int) -> np.ndarray:
+    """The sum of `size` workers' gradients in `iteration`."""
+    return np.arange(SIZE, dtype=np.float32) * np.float32(size) + np.float32(iteration * size * (size + 1) // 2)
+
+
+def exact(size: int, iteration: int) -> bool:
+    """Whether every element of the sum (and so of each gradient) is an integer float32 holds exactly."""
+    return iteration * size * (size + 1) // 2 + size * (SIZE - 1) < EXACT
 HOLD_LIMIT = 120.0  # seconds a worker waits for a --hold-close/--hold-exit file
 
 
@@ -73,7 +92,11 @@ def main() -> int:
         worker.wait()
         while not args.iterations or iteration < args.iterations:
             iteration += 1
-            grad = (rank + 1) * iteration + np.arange(SIZE, dtype=np.float32)
+            if not exact(size, iteration):
+                print(f"STOPPED iteration {iteration}: the expected sums are no longer exact in float32; run fewer "
+                      "iterations (--iterations or a stop file)", flush=True)
+                return 6
+            grad = gradient(rank, iteration)
             asked = rank == 0 and args.stop_file and iteration >= args.min_iterations and \
                 os.path.exists(args.stop_file)
             stop[:] = 1.0 if asked else 0.0
@@ -86,7 +109,7 @@ def main() -> int:
             started = time.monotonic()
             worker.wait("weight")
             worker.wait("stop")
-            expected = iteration * size * (size + 1) / 2 + size * np.arange(SIZE, dtype=np.float32)
+            expected = expected_sum(size, iteration)
             if not np.array_equal(weight, expected):
                 bad = np.flatnonzero(weight != expected)
                 print(f"WRONG iteration {iteration}: {len(bad)} elements differ, first at {bad[0]}: "
