@@ -16,9 +16,6 @@ namespace p3 {
 namespace {
 using Clock = std::chrono::steady_clock;
 constexpr size_t kAcceptsPerRound = 64;  // then serve the pending handshakes before accepting more
-// Refusal lines: a burst of this many, then this many per second; the rest are counted.
-constexpr double kLogBurst = 200;
-constexpr double kLogPerSecond = 20;
 
 std::string SourceOf(const std::string& peer) { return peer.substr(0, peer.rfind(':')); }
 
@@ -40,8 +37,7 @@ struct Gatekeeper::Pending {
 };
 
 Gatekeeper::Gatekeeper(Options options, Admit admit, Counters* counters)
-    : options_(std::move(options)), admit_(std::move(admit)), counters_(counters), log_tokens_(kLogBurst),
-      log_refill_(Clock::now()) {}
+    : options_(std::move(options)), admit_(std::move(admit)), counters_(counters), refusal_log_(Clock::now()) {}
 
 Gatekeeper::~Gatekeeper() {
   Stop();
@@ -68,19 +64,12 @@ void Gatekeeper::Stop() {
   thread_.join();
 }
 
-void Gatekeeper::LogRefusal(const std::string& line) {
-  const auto now = Clock::now();
-  log_tokens_ = std::min(kLogBurst, log_tokens_ + kLogPerSecond * std::chrono::duration<double>(now - log_refill_).count());
-  log_refill_ = now;
-  if (log_tokens_ < 1) {
-    ++unlogged_;
-    return;
-  }
-  log_tokens_ -= 1;
-  if (unlogged_ > 0) {
-    Log(LogLevel::kWarning, who_, "refused " + std::to_string(unlogged_) +
-        " more connections that were not logged one by one (a flood?)");
-    unlogged_ = 0;
+void Gatekeeper::LogRefusal(const std::string& source, const std::string& line) {
+  const RefusalLog::Decision d = refusal_log_.Refused(source, Clock::now());
+  if (!d.log) return;
+  if (d.unlogged > 0) {
+    Log(LogLevel::kWarning, who_, "refused " + std::to_string(d.unlogged) + " more connections from " +
+        (d.others ? "other addresses" : source) + " that were not logged one by one (a flood?)");
   }
   Log(LogLevel::kWarning, who_, line);
 }
@@ -88,7 +77,7 @@ void Gatekeeper::LogRefusal(const std::string& line) {
 void Gatekeeper::Refuse(Pending* p, const std::string& why) {
   refused_.fetch_add(1, std::memory_order_relaxed);
   counters_->rejected_frames.fetch_add(1, std::memory_order_relaxed);
-  LogRefusal("refused the connection from " + p->peer + ": " + why);
+  LogRefusal(p->source, "refused the connection from " + p->peer + ": " + why);
   p->socket.Close();  // at once: a refused connection keeps no descriptor
 }
 
@@ -98,7 +87,7 @@ bool Gatekeeper::AcceptNew(std::vector<std::unique_ptr<Pending>>* pending) {
     Status st = listener_->AcceptNow(&p->socket, &p->peer);
     if (st.code() == Status::Code::kTimeout) return true;
     if (!st.ok()) {
-      LogRefusal(st.message());
+      LogRefusal("(accept)", st.message());  // no peer yet: failed accepts share a budget of their own
       return false;
     }
     p->source = SourceOf(p->peer);

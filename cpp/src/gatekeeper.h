@@ -9,7 +9,8 @@
 //   pending one of the source address that holds the most, so peers on other hosts keep their place however
 //   fast one host floods; a node that loses its place retries (ConnectAuthenticated) until P3_CONNECT_TIMEOUT;
 // - a refused connection's descriptor is closed at once, and refusals are logged with the peer's address (one
-//   line each; beyond a burst, a count per interval, so a flood cannot fill the disk).
+//   line each; beyond a budget per source address and a shared one, a count, so a flood can neither fill the
+//   disk nor hide another host's refusals: refusal_log.h).
 #pragma once
 
 #include <atomic>
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "p3/counters.h"
+#include "refusal_log.h"
 #include "socket.h"
 #include "p3/status.h"
 
@@ -64,7 +66,8 @@ class Gatekeeper {
   // Reads what arrived; true when the connection is finished with (admitted or refused).
   bool Step(Pending* p);
   void Refuse(Pending* p, const std::string& why);
-  void LogRefusal(const std::string& line);
+  // Logs `line` unless `source` (an address) has spent its log budget, see refusal_log.h.
+  void LogRefusal(const std::string& source, const std::string& line);
 
   const Options options_;
   std::string who_;
@@ -75,10 +78,7 @@ class Gatekeeper {
   std::thread thread_;
   std::atomic<uint64_t> refused_{0};
   std::atomic<size_t> peak_pending_{0};
-  // Refusal log budget (gatekeeper thread only): a token bucket.
-  double log_tokens_;
-  std::chrono::steady_clock::time_point log_refill_;
-  uint64_t unlogged_ = 0;
+  RefusalLog refusal_log_;  // gatekeeper thread only
 };
 
 }  // namespace p3
