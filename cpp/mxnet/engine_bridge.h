@@ -23,9 +23,13 @@ class EngineBridge {
   static Status Load(const std::string& libmxnet_path, std::unique_ptr<EngineBridge>* out);
 
   // Pushes an asynchronous engine operation that reads `grad` and writes `out` (NDArray handles, CPU
-  // arrays; they may be the same array). When it runs, it pushes the gradient's slices with `priority`
-  // to `worker`; it completes when the servers' broadcast of every slice was written into `out`, or fails
-  // (the error surfaces as MXNetError when the script next reads `out`). Returns at once.
+  // arrays of the key's shape and dtype; `out` may be `grad` or any view of it: one engine variable is then
+  // only written). When it runs, it pushes the gradient's slices with `priority` to `worker`; it completes
+  // when the servers' broadcast of every slice was written into `out`, or fails (the error surfaces as
+  // MXNetError when the script next reads `out`). Whatever happens, this worker pushes once per call: when
+  // MXNet skips the operation (an array carries an earlier operation's failure) or `out` overlaps only part
+  // of `grad`, zeros go in place of the gradient, so the worker stays at the others' iteration. Returns at
+  // once; any thread.
   Status PushPull(Worker* worker, uint64_t key, void* grad, void* out, int32_t priority);
 
   // The resolved C API functions (mxnet_api.h), for other users of the same engine (emulated_compute.h).

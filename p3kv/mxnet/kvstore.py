@@ -21,6 +21,11 @@ What it does, and why:
   dist_sync never carries it). The lr scheduler is not compared: it runs on the servers.
 - type is 'p3' (MXNet's convention); p3kv.mxnet.hook makes Gluon and Module treat it as dist_sync.
 - Sparse arrays (row_sparse, csr) are refused: P3 sends every array dense, slice by slice.
+- `out` may be the gradient or any view of it (g.reshape(...), g[:], g.detach()): one engine variable, updated in
+  place. An `out` overlapping only part of the gradient fails that pushpull (MXNetError at the next wait).
+- Every pushpull pushes once, also when MXNet skips it because an operation its gradient depends on failed (the
+  script sees that error at its next wait and may train on): zeros go in place of the gradient, so this worker
+  stays at the others' iteration and that iteration's result lacks this worker's gradient (a warning names the key).
 - String keys (Module) are numbered in init order, as MXNet does, so optimizer indices match idx2name.
 - Arrays on GPUs, or several devices per worker, are staged through one CPU buffer per key (local sum,
   then the result copied to every device), all as engine operations.
