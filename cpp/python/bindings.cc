@@ -314,7 +314,9 @@ PYBIND11_MODULE(_p3, m) {
         d["value_copies"] = s.value_copies();
         return d;
       }, "Receive buffers reused from the pool / allocated, and updates that copied a value being broadcast")
-      .def("trace", [](const p3::Server& s) { return TraceToList(s.trace()); });
+      .def("trace", [](const p3::Server& s) { return TraceToList(s.trace()); })
+      .def("trace_dropped", [](const p3::Server& s) { return s.trace().dropped(); },
+           "Trace records overwritten because the trace's ring was full (the oldest go first)");
 
   py::class_<PyEngineBridge>(m, "EngineBridge")
       .def_static("load", [](const std::string& libmxnet_path) {
@@ -383,5 +385,7 @@ PYBIND11_MODULE(_p3, m) {
         return out;
       })
       .def("counters", [](const p3::Worker& w) { return CountersToDict(w.counters()); })
-      .def("trace", [](const p3::Worker& w) { return TraceToList(w.trace()); });
+      .def("trace", [](const p3::Worker& w) { return TraceToList(w.trace()); })
+      .def("trace_dropped", [](const p3::Worker& w) { return w.trace().dropped(); },
+           "Trace records overwritten because the trace's ring was full (the oldest go first)");
 }

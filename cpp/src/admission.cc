@@ -32,7 +32,9 @@ bool Admission::Admit(int worker, uint64_t bytes, Ticket* ticket) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] {
     const uint64_t out = outstanding_[w];
-    return aborted_ || out == 0 || out + bytes <= share_ || out == held_[w];
+    // A worker whose outstanding frames are all held is still read while they are under its share: the next
+    // frame may be the one that completes an iteration and releases them.
+    return aborted_ || out == 0 || out + bytes <= share_ || (out == held_[w] && out < share_);
   });
   if (aborted_) return false;
   outstanding_[w] += bytes;
@@ -75,6 +77,11 @@ void Admission::Abort() {
 uint64_t Admission::outstanding() const {
   std::lock_guard<std::mutex> lock(mu_);
   return std::accumulate(outstanding_.begin(), outstanding_.end(), uint64_t{0});
+}
+
+uint64_t Admission::held() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::accumulate(held_.begin(), held_.end(), uint64_t{0});
 }
 
 }  // namespace p3

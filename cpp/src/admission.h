@@ -2,9 +2,13 @@
 // receiver has read and the consumer has not yet aggregated counts against it, whether the frame waits in
 // the priority queue or is held for a later iteration. Each worker gets an equal share, so a fast worker
 // cannot use up the bound while a slow one's pushes, which every slice needs, wait behind it; a worker over its
-// share stops being read (TCP backpressure). A frame larger than the share is admitted alone, and a worker whose
-// every outstanding frame is held is never blocked: held frames wait for the other workers, so blocking their
-// sender could only deadlock. Held frames are bounded separately (the aggregator's per-slice cap).
+// share stops being read (TCP backpressure). A frame larger than the share is admitted alone.
+// Held frames (pushes for a later iteration, or before the slice's INIT is complete) count against the share
+// too: a worker that runs ahead is read while its held bytes are under its share, so the server holds at most
+// about one share (plus one frame) per worker, not up to the aggregator's per-slice cap of 8·W frames of every
+// slice. Its held frames wait for the other workers' pushes, which arrive on their own connections under their
+// own shares, so blocking it is safe as long as the workers push each key's iterations in order and declare
+// keys in the same order (what the aggregator requires anyway).
 #pragma once
 
 #include <condition_variable>
@@ -45,10 +49,13 @@ class Admission {
   bool Admit(int worker, uint64_t bytes, Ticket* ticket);
   // Consumer thread: the frame now waits for other workers' pushes (see the class comment).
   void MarkHeld(Ticket* ticket);
+  // The bytes each worker may have outstanding (queued and held).
+  uint64_t share() const { return share_; }
   // Any thread: wakes every waiting receiver; Admit fails from now on.
   void Abort();
-  // Any thread: payload bytes outstanding for all workers.
+  // Any thread: payload bytes outstanding for all workers, and those held for a later iteration.
   uint64_t outstanding() const;
+  uint64_t held() const;
 
  private:
   void Release(Ticket* t);

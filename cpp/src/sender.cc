@@ -51,6 +51,15 @@ struct Sender::Destination {
 
   bool HasWork() const { return !failed && (frame || !queue.empty()); }
   const Entry& Next() const { return frame ? *frame : queue.top(); }
+  // What the destination is scheduled by: its most urgent frame, queued or in progress. A partly written frame
+  // must finish before anything else goes on its connection, so it inherits the priority of the most urgent
+  // frame waiting behind it (priority inheritance); ranked by its own priority instead, a low frame cut off by a
+  // full buffer would let medium frames to every other peer go first while the node's most urgent one waits.
+  const Entry& Rank() const {
+    if (!frame) return queue.top();
+    if (queue.empty() || !LessUrgent()(*frame, queue.top())) return *frame;
+    return queue.top();
+  }
   Entry TakeNext() {
     // priority_queue::top is const; the entry is popped right after, so moving out of it is safe.
     Entry e = std::move(const_cast<Entry&>(queue.top()));
@@ -113,7 +122,7 @@ bool Sender::RunOnce() {
       if (!d->HasWork()) continue;
       work = true;
       if (!d->writable) continue;
-      if (next == nullptr || Destination::LessUrgent()(next->Next(), d->Next())) next = d.get();
+      if (next == nullptr || Destination::LessUrgent()(next->Rank(), d->Rank())) next = d.get();
     }
     if (!work && closed_) return false;  // drained
   }

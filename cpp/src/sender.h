@@ -6,7 +6,8 @@
 // Why one thread and not one per destination: the destinations share the NIC, and P3's point is that the
 // node's most urgent slice goes first; with small socket buffers, a slice queued now overtakes every less
 // urgent one still queued for any destination that can take bytes (at most one partly written frame per
-// destination is in the way).
+// destination is in the way). A destination is ranked by its most urgent frame, so a partly written low frame
+// is finished at the priority of the most urgent frame queued behind it (priority inheritance).
 #pragma once
 
 #include <cstddef>

@@ -27,7 +27,13 @@ ServerNode::ServerNode(NodeConfig config, Updater updater, RequestHandler on_req
     : Node(std::move(config), Role::kServer),
       updater_(std::move(updater)),
       on_request_(std::move(on_request)),
-      sender_(&trace_, [this](const OutMessage&, const Status& st) { Fail(st); }),
+      sender_(&trace_,
+              [this](const OutMessage&, const Status& st) {
+                Fail(st.code() == Status::Code::kTimeout
+                         ? st.WithContext("the worker is connected but stopped reading for longer than "
+                                          "P3_HEARTBEAT_TIMEOUT (hung or stopped process?)")
+                         : st);
+              }),
       // Keep freed receive buffers up to the queue bound: enough for every frame in flight to be reused.
       pool_(config_.server_queue_bytes),
       admission_(config_.server_queue_bytes, config_.num_worker),
@@ -118,6 +124,10 @@ Status ServerNode::OnHello(Socket* s, const std::string& peer, const uint8_t* he
   // A frame that has begun must be complete within P3_TIMEOUT (the bound of every wait): a worker stuck
   // mid-frame fails the job instead of holding its receiver for ever.
   conn->SetFrameDeadline(config_.timeout);
+  // A worker that is alive but stops reading (a hung receive thread) is caught within P3_HEARTBEAT_TIMEOUT, as a
+  // silent node is, instead of at P3_TIMEOUT: a send to it that makes no progress for that long fails the job
+  // naming it (Sender). A live worker always reads; only the server ever stops reading on purpose (backpressure).
+  conn->SetSendTimeout(config_.heartbeat_timeout);
   workers_[static_cast<size_t>(rank)] = conn;
   receivers_.push_back(Receiver{std::thread([this, rank, conn] { ReceiveLoop(rank, conn); }), conn});
   return Status::Ok();

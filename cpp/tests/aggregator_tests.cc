@@ -2,10 +2,12 @@
 // update, broadcast, rejection, copy on write), the memory bound's admission, the buffer pool and the per-key
 // step cache of SliceOptimizer. No network, no threads except where admission must block.
 // Built and run by tests/test_cpp_server_parts.py.
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <future>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -289,11 +291,11 @@ void TestAdmissionSharesTheBoundPerWorker() {
   CHECK(adm.outstanding() == 0);
 }
 
-void TestAdmissionNeverBlocksAWorkerWhoseFramesAreAllHeld() {
-  Admission adm(100, 2);
+void TestAdmissionReadsAWorkerWhoseHeldFramesAreUnderItsShare() {
+  Admission adm(100, 2);  // 50 bytes per worker
   Admission::Ticket held, next;
-  CHECK(adm.Admit(0, 50, &held));
-  adm.MarkHeld(&held);  // waits for worker 1: blocking worker 0 now could deadlock the job
+  CHECK(adm.Admit(0, 30, &held));
+  adm.MarkHeld(&held);  // waits for worker 1; the next frame may be the one that releases it
   auto admitted = std::async(std::launch::async, [&] { return adm.Admit(0, 50, &next); });
   CHECK(admitted.wait_for(std::chrono::seconds(5)) == std::future_status::ready && admitted.get());
   // Abort wakes a waiting receiver and refuses from then on.
@@ -302,6 +304,86 @@ void TestAdmissionNeverBlocksAWorkerWhoseFramesAreAllHeld() {
   CHECK(refused.wait_for(std::chrono::milliseconds(100)) == std::future_status::timeout);
   adm.Abort();
   CHECK(refused.wait_for(std::chrono::seconds(5)) == std::future_status::ready && !refused.get());
+}
+
+void TestHeldFramesCountAgainstTheWorkersShare() {
+  // A worker that pushes far ahead: every frame is held, and once its held bytes reach its share it is no
+  // longer read until the others catch up (before, a worker with nothing but held frames was never blocked).
+  Admission adm(100, 2);  // 50 bytes per worker
+  std::vector<Admission::Ticket> held(3);
+  for (Admission::Ticket& t : held) {
+    CHECK(adm.Admit(0, 20, &t));
+    adm.MarkHeld(&t);
+  }
+  CHECK(adm.outstanding() == 60 && adm.held() == 60);  // the third was admitted while 40 < 50 were held
+  Admission::Ticket fourth;
+  auto waiting = std::async(std::launch::async, [&] { return adm.Admit(0, 20, &fourth); });
+  CHECK(waiting.wait_for(std::chrono::milliseconds(200)) == std::future_status::timeout);
+  CHECK(adm.outstanding() <= adm.share() + 20);
+  // Worker 1 is read meanwhile (its own share): its push completes an iteration and releases a held frame.
+  Admission::Ticket other;
+  CHECK(adm.Admit(1, 50, &other));
+  other.Release();
+  held[0].Release();
+  held[1].Release();
+  CHECK(waiting.wait_for(std::chrono::seconds(5)) == std::future_status::ready && waiting.get());
+  fourth.Release();
+  held[2].Release();
+  CHECK(adm.outstanding() == 0 && adm.held() == 0);
+}
+
+void TestAggregatorHeldFramesStayWithinTheBound() {
+  // Through the aggregator: worker 0 pushes iterations 1..10 of a slice while worker 1 has pushed nothing; the
+  // receiver (here: this loop) admits each frame before it reaches the aggregator, as the server's does. The
+  // frames held at any time stay within worker 0's share plus one frame.
+  Admission adm(2 * 120, 2);  // 120 bytes per worker: 10 floats (40 bytes) per push, so 3 held, then a 4th
+  Recorder r;
+  Aggregator::Hooks hooks = r.Hooks();
+  hooks.held = [&](Frame* f) { adm.MarkHeld(&f->ticket); };
+  Aggregator a(2, hooks);
+  a.OnFrame(MakeFrame(Command::kInit, 0, 7, 0, 0, std::vector<float>(10, 0.0f)));
+  a.OnFrame(MakeFrame(Command::kInit, 1, 7, 0, 0, {}, 10));
+  std::atomic<int> admitted{0};
+  std::mutex mu;
+  std::vector<Frame> inbox;
+  std::thread receiver([&] {
+    for (uint64_t it = 1; it <= 10; ++it) {
+      Frame f = MakeFrame(Command::kPush, 0, 7, 0, it, std::vector<float>(10, 1.0f));
+      if (!adm.Admit(0, 40, &f.ticket)) return;
+      std::lock_guard<std::mutex> lock(mu);
+      inbox.push_back(std::move(f));
+      admitted.fetch_add(1);
+    }
+  });
+  // The consumer: aggregates whatever the receiver admitted, until the receiver is blocked.
+  auto consume = [&] {
+    std::vector<Frame> now;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      now.swap(inbox);
+    }
+    for (Frame& f : now) a.OnFrame(std::move(f));
+  };
+  for (int i = 0; i < 50; ++i) {
+    consume();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  CHECK(admitted.load() < 10);  // blocked: before, all 10 were admitted (and held)
+  CHECK(adm.outstanding() <= adm.share() + 40);
+  CHECK(a.held_frames() <= 4);
+  // Worker 1 catches up iteration by iteration; worker 0's frames flow again and every iteration completes.
+  for (uint64_t it = 1; it <= 10; ++it) {
+    a.OnFrame(MakeFrame(Command::kPush, 1, 7, 0, it, std::vector<float>(10, 2.0f)));
+    const auto start = std::chrono::steady_clock::now();
+    while (r.updates.size() < it && std::chrono::steady_clock::now() - start < std::chrono::seconds(5)) {
+      consume();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      CHECK(adm.outstanding() <= adm.share() + 40);
+    }
+  }
+  receiver.join();
+  CHECK(r.updates.size() == 10 && r.rejects.empty() && adm.outstanding() == 0);
+  for (const std::vector<float>& sum : r.aggregates) CHECK(sum == std::vector<float>(10, 3.0f));
 }
 
 void TestInitBeyondTheSliceBudgetIsRejectedBeforeAllocation() {
@@ -473,7 +555,9 @@ int main() {
       RUN(TestKeySlicesCountsTheKeysSlicesHere),
       RUN(TestFloat16IsSummedInFloat32AndRounded),
       RUN(TestAdmissionSharesTheBoundPerWorker),
-      RUN(TestAdmissionNeverBlocksAWorkerWhoseFramesAreAllHeld),
+      RUN(TestAdmissionReadsAWorkerWhoseHeldFramesAreUnderItsShare),
+      RUN(TestHeldFramesCountAgainstTheWorkersShare),
+      RUN(TestAggregatorHeldFramesStayWithinTheBound),
       RUN(TestBufferPoolReusesBuffersBySize),
       RUN(TestInitBeyondTheSliceBudgetIsRejectedBeforeAllocation),
       RUN(TestBufferPoolFillGrowsWithTheBytesThatArrive),

@@ -1,8 +1,11 @@
 // Tests of the Sender over loopback TCP: per-destination (priority, FIFO) order, node-wide priority across
 // destinations, a peer that stops reading stalls no one else, large frames written in pieces arrive intact,
 // Drain/Abort, and write errors. Built and run by tests/test_cpp_sender.py.
+#include <sys/socket.h>
+
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -12,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "codec.h"
 #include "connection.h"
 #include "p3/counters.h"
 #include "sender.h"
@@ -347,6 +351,111 @@ void TestLastWordsWaitForPartFrame() {
   CHECK(errors.Count() == 0);
 }
 
+
+// Bytes a connection with these socket buffers takes from a writer while nobody reads: written until the socket
+// refuses more, twice 50 ms apart (loopback moves bytes to the peer's buffer meanwhile).
+uint64_t Capacity(int buffer_bytes) {
+  p3::Counters counters;
+  Link probe = MakeLink("probe", &counters, buffer_bytes);
+  if (!probe.conn || !probe.conn->TryClaimWrites()) return 0;
+  OutMessage m = Frame(probe, 1, 0, 8u << 20);
+  uint8_t head[p3::kHeaderBytes];
+  p3::EncodeHeader(m.header, head);
+  uint64_t written = 0;
+  for (int idle = 0; idle < 2;) {
+    const uint64_t before = written;
+    if (!probe.conn->WriteSome(m.header, head, m.owned->data(), &written).ok()) break;
+    if (written == before) {
+      ++idle;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    } else {
+      idle = 0;
+    }
+  }
+  probe.conn->ReleaseWrites(true);
+  return written;
+}
+
+// Reads and drops every byte that has arrived at `peer`, until none came for 50 ms.
+void DrainArrived(Connection* peer) {
+  char scratch[65536];
+  for (int idle = 0; idle < 2;) {
+    const ssize_t n = recv(peer->fd(), scratch, sizeof scratch, MSG_DONTWAIT);
+    if (n > 0) {
+      idle = 0;
+      continue;
+    }
+    ++idle;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+void TestPartFrameInheritsMostUrgentPriority() {
+  // Destination X has a part-written low frame (priority 0) and the node's most urgent frame (10) queued behind
+  // it; Y has a part-written medium frame and more medium frames (5). When both can take bytes again at the same
+  // moment, X must go first: the connection is scheduled at 10, the priority of what waits behind its part frame.
+  // Ranked by the part frame itself (0), every medium frame to Y would go before the urgent one.
+  // The sender is held still while both sockets are emptied: its error handler, run on the sender thread when a
+  // third peer (Z) stalls past its send timeout, waits for the test.
+  constexpr int kBuffer = 4096;
+  const uint64_t capacity = Capacity(kBuffer);
+  CHECK(capacity > 0);
+  // Part frames whose rest (a quarter of what an empty socket takes) fits in one write once the socket is empty.
+  const size_t part_bytes = static_cast<size_t>(capacity + capacity / 4);
+  p3::Counters counters;
+  p3::Trace trace(true);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool paused = false, resume = false;
+  Sender sender(&trace, [&](const OutMessage&, const Status&) {
+    std::unique_lock<std::mutex> lock(mu);
+    paused = true;
+    cv.notify_all();
+    cv.wait_for(lock, std::chrono::seconds(20), [&] { return resume; });
+  });
+  Link x = MakeLink("worker 0", &counters, kBuffer), y = MakeLink("worker 1", &counters, kBuffer),
+       z = MakeLink("worker 2", &counters, kBuffer);
+  z.conn->SetSendTimeout(0.5);
+  sender.Start();
+  CHECK(sender.Enqueue(Frame(x, 1, 0, part_bytes, 0)));
+  CHECK(sender.Enqueue(Frame(y, 10, 5, part_bytes, 1)));
+  const auto start = Clock::now();
+  while (sender.Queued() > 0 && SecondsSince(start) < 10) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // both part-written, both sockets full
+  CHECK(sender.Enqueue(Frame(x, 2, 10, 100, 0)));
+  for (uint64_t k = 11; k < 14; ++k) CHECK(sender.Enqueue(Frame(y, k, 5, 100, 1)));
+  for (uint64_t k = 1000; k < 1032; ++k) CHECK(sender.Enqueue(Frame(z, k, -5, 65536, 2)));
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    CHECK(cv.wait_for(lock, std::chrono::seconds(10), [&] { return paused; }));
+  }
+  DrainArrived(x.peer.get());
+  DrainArrived(y.peer.get());
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    resume = true;
+  }
+  cv.notify_all();
+  std::vector<uint64_t> order;
+  const auto resumed = Clock::now();
+  while (SecondsSince(resumed) < 10) {
+    order.clear();
+    for (uint64_t k : SentKeys(trace)) {
+      if (k < 1000) order.push_back(k);
+    }
+    if (order.size() >= 3) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CHECK(order.size() >= 3);
+  if (order.size() >= 2) {
+    if (!(order[0] == 1 && order[1] == 2)) {
+      std::fprintf(stderr, "sent after the pause: %llu %llu (want 1 2: X's part frame, then the urgent frame)\n",
+                   static_cast<unsigned long long>(order[0]), static_cast<unsigned long long>(order[1]));
+    }
+    CHECK(order[0] == 1 && order[1] == 2);
+  }
+  sender.Abort();
+}
 }  // namespace
 
 int main() {
@@ -360,6 +469,7 @@ int main() {
       {"stalled_peer_times_out_naming_it", TestStalledPeerTimesOutNamingIt},
       {"large_frame_partially_written_arrives_intact", TestLargeFramePartiallyWrittenArrivesIntact},
       {"last_words_wait_for_part_frame", TestLastWordsWaitForPartFrame},
+      {"part_frame_inherits_most_urgent_priority", TestPartFrameInheritsMostUrgentPriority},
   };
   return p3test::RunTests(tests);
 }

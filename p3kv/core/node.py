@@ -9,6 +9,8 @@ import os
 from p3kv import _p3
 from p3kv.core.config import Config
 
+log = logging.getLogger("p3kv.node")
+
 _LEVELS = {"DEBUG": 0, "INFO": 1, "WARNING": 2, "ERROR": 3}
 
 
@@ -53,10 +55,12 @@ def node_config(config: Config) -> _p3.NodeConfig:
     return node
 
 
-def write_trace(prefix: str, role: str, rank: int, events: list) -> str:
+def write_trace(prefix: str, role: str, rank: int, events: list, dropped: int = 0) -> str:
     """Writes a node's trace events as Chrome-trace JSON (chrome://tracing, Perfetto); returns the path.
 
     Each event becomes an instant event on a row per peer; args carry key, slice, priority, iteration.
+    The node keeps only its latest events (a bounded ring): `dropped` older ones were overwritten, and the file
+    says so (otherData.dropped_records), as does a warning.
     """
     path = f"{prefix}.{role}{rank}.json"
     trace_events = [
@@ -74,7 +78,11 @@ def write_trace(prefix: str, role: str, rank: int, events: list) -> str:
     ]
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
-        json.dump({"traceEvents": trace_events, "displayTimeUnit": "ms"}, f)
+        json.dump({"traceEvents": trace_events, "displayTimeUnit": "ms",
+                   "otherData": {"dropped_records": int(dropped)}}, f)
+    if dropped:
+        log.warning("trace %s holds the latest %d events only: %d older ones were dropped (the trace keeps a "
+                    "bounded window)", path, len(trace_events), dropped)
     return path
 
 

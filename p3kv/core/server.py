@@ -53,7 +53,8 @@ class P3Server:
             self._core.run()
         finally:
             if self.config.trace:
-                node.write_trace(self.config.trace, "server", self._core.rank, self._core.trace())
+                node.write_trace(self.config.trace, "server", self._core.rank, self._core.trace(),
+                                 self._core.trace_dropped())
 
     def stop(self) -> None:
         """Any thread: makes run() return."""

@@ -165,7 +165,8 @@ class P3Worker:
             self._core.close(self.config.timeout if timeout is None else timeout)
         finally:
             if self.config.trace:
-                path = node.write_trace(self.config.trace, "worker", self.rank, self._core.trace())
+                path = node.write_trace(self.config.trace, "worker", self.rank, self._core.trace(),
+                                        self._core.trace_dropped())
                 log.info("trace written to %s", path)
 
     def check_arrays(self, key: int | str, grads=(), outs=()) -> None:
