@@ -1,4 +1,4 @@
-"""The accuracy benchmark (benchmarks/accuracy.py, accuracy_worker.py): its data split and shards, its
+"""The accuracy benchmark (benchmarks/suites/accuracy.py, accuracy_worker.py): its data split and shards, its
 time-to-accuracy summary, and a short run on 2 emulated hosts (root, network namespaces).
 
 p3kv and MXNet's dist_sync are both synchronous SGD with the update on the servers: fed the same batches from the
@@ -8,18 +8,13 @@ stale weights: it must run, its numbers are not expected to match. Speed ratios 
 
 import csv
 import math
-import os
-import sys
 
 import pytest
-from conftest import ROOT
 
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-
-import accuracy  # noqa: E402
-import accuracy_worker  # noqa: E402
-import bench_rows  # noqa: E402
-import emulated_cluster  # noqa: E402
+from benchmarks.analysis import bench_rows
+from benchmarks.emulation import emulated_cluster
+from benchmarks.suites import accuracy
+from benchmarks.workloads import accuracy_worker
 
 
 @pytest.mark.unit

@@ -8,25 +8,17 @@ import json
 import os
 import pathlib
 import subprocess
-import sys
 
 import pytest
 from conftest import ROOT
 
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-
-import bench_rows  # noqa: E402
-import bench_stats  # noqa: E402
-import cluster_bench  # noqa: E402
-import cluster_worker  # noqa: E402
-import emulated_compute  # noqa: E402
-import link_utilisation  # noqa: E402
-import report  # noqa: E402
-import run_guard  # noqa: E402
-import sweeps  # noqa: E402
+from benchmarks.analysis import bench_rows, bench_stats, link_utilisation
+from benchmarks.emulation import emulated_compute, run_guard, wire_bound
+from benchmarks.report import readme as report
+from benchmarks.suites import cluster_bench, sweeps
+from benchmarks.workloads import cluster_worker
 
 pytestmark = pytest.mark.unit
-import wire_bound  # noqa: E402
 
 
 def test_run_columns_record_optimizer_statistics_and_conditions():
@@ -244,15 +236,15 @@ def test_readme_blocks_are_what_the_csvs_give_now():
     assert {"status", "bandwidth", "ablation", "slice", "scale", "sensitivity", "dilation"} <= names
     # Rows from before the reviewed settings are not results: their tables live beside their CSVs, not here.
     assert "legacy" not in names
-    assert report.render(text) == text, "README benchmark blocks are stale: run python benchmarks/report.py"
+    assert report.render(text) == text, "README benchmark blocks are stale: run python -m benchmarks.report"
     legacy = (report.RESULTS / report.LEGACY / "README.md").read_text()
     assert {m["name"] for m in report.BLOCK.finditer(legacy)} == {"legacy"}
-    assert report.render(legacy) == legacy, "results/legacy/README.md is stale: run python benchmarks/report.py"
-    assert report.stale_bound_rows(report.SWEEPS_DIR) == [], "run python benchmarks/sweeps.py rebound"
+    assert report.render(legacy) == legacy, "results/legacy/README.md is stale: run python -m benchmarks.report"
+    assert report.stale_bound_rows(report.SWEEPS_DIR) == [], "run python -m benchmarks.suites.sweeps rebound"
 
 
 def test_rebound_rewrites_only_the_bound_columns(tmp_path):
-    import cluster_job
+    from benchmarks.suites import cluster_job
     settings = {"tag": "bandwidth", "model": "resnet50_v1", "kvstore": "p3", "status": "ok", "hosts": 4,
                 "workers": 4, "layout": "colocated", "bandwidth": "2gbit", "bandwidth_bps": 2e9, "slice_size": "",
                 "samples_per_batch": 32, "throughput": 100.0, "compute_s": 0.3, "median_s": 1.25, "optimizer": "sgd"}
@@ -283,7 +275,7 @@ def test_report_rewrites_a_block(tmp_path):
     assert report.main(["--readme", str(readme), "--results-dir", str(results), "--check"]) == 1
     assert report.main(["--readme", str(readme), "--results-dir", str(results)]) == 0
     text = readme.read_text()
-    assert "old numbers" not in text and "sweeps.py slice" in text and text.endswith("<!-- /bench:slice -->\nend\n")
+    assert "old numbers" not in text and "benchmarks.suites.sweeps slice" in text and text.endswith("<!-- /bench:slice -->\nend\n")
     assert report.main(["--readme", str(readme), "--results-dir", str(results), "--check"]) == 0
 
 
@@ -298,12 +290,12 @@ def test_a_partly_run_sweep_names_what_is_missing_and_how_idle_the_machine_was(t
     block = report.reviewed_block("bandwidth", tmp_path)
     assert "(2 runs; CPUs busy before a run at most 8% (5-second sample); highest 1-minute load before/after a " \
            "run 3.50, the runs' own included)" in block, block
-    assert "- Not measured yet: inceptionv3, sockeye, vgg19 (`sudo .venv/bin/python benchmarks/sweeps.py " \
+    assert "- Not measured yet: inceptionv3, sockeye, vgg19 (`sudo .venv/bin/python -m benchmarks.suites.sweeps " \
            "bandwidth --models inceptionv3 sockeye vgg19` appends them)." in block, block
 
 
 def test_resume_skips_the_runs_already_in_the_csv(tmp_path):
-    import sweeps
+    from benchmarks.suites import sweeps
 
     points = cluster_bench.interleave([cluster_bench.Point(model="resnet50_v1", kvstore=kv, tag="slice", slice_size=s,
                                                            bandwidth="2gbit", warmup=2, iters=20)
@@ -324,7 +316,7 @@ def test_resume_skips_the_runs_already_in_the_csv(tmp_path):
 
 
 def test_estimate_counts_every_sweep_in_full_and_what_is_left(tmp_path):
-    import sweeps
+    from benchmarks.suites import sweeps
 
     rows, source = sweeps.estimates(sweeps.parse_args(["estimate"]), tmp_path / "sweeps")
     assert [name for name, _, _ in rows] == list(sweeps.ALL)
@@ -335,7 +327,7 @@ def test_estimate_counts_every_sweep_in_full_and_what_is_left(tmp_path):
 
 
 def _args(**overrides):
-    import sweeps
+    from benchmarks.suites import sweeps
 
     args = argparse.Namespace(
         models=sweeps.MODELS, kvstores=list(sweeps.SYSTEMS), hosts=4, batch_size=32, gpu_scale=None,
@@ -347,8 +339,8 @@ def _args(**overrides):
 
 
 def test_sweep_definitions_cover_the_papers_evaluation():
-    import emulated_cluster
-    import sweeps
+    from benchmarks.emulation import emulated_cluster
+    from benchmarks.suites import sweeps
 
     args = _args()
     bandwidth = sweeps.sweep_bandwidth(args)

@@ -2,7 +2,7 @@
 
 The transport benchmark is not like-for-like: its p3kv rows drive p3kv's raw P3Worker on numpy arrays (no MXNet
 engine, no kvstore adapter), while the MXNet rows go through kv.pushpull and MXNet's engine; no system runs an
-optimizer. The `path` column and the table's labels say so; benchmarks/kvstore_bench.py is the like-for-like one.
+optimizer. The `path` column and the table's labels say so; benchmarks/suites/kvstore_bench.py is the like-for-like one.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def markdown(table: Sequence[dict], settings: str) -> str:
     lines = [
         "# Transport benchmark (push + broadcast of every array, no model compute, no optimizer)", "", settings, "",
         ("Not like-for-like: p3kv's rows drive its raw P3Worker on numpy arrays, the MXNet rows go through "
-         "kv.pushpull and MXNet's engine. benchmarks/kvstore_bench.py compares all systems through the engine "
+         "kv.pushpull and MXNet's engine. benchmarks/suites/kvstore_bench.py compares all systems through the engine "
          "with the same optimizer."), "",
         ("| model | kvstore | ok/runs | s/iter (median) | min-max of run medians | goodput Gbit/s "
          "| speedup vs dist_sync | server peak RSS MiB | wall s/run |"),

@@ -14,7 +14,7 @@ import json
 import pathlib
 from collections.abc import Callable, Sequence
 
-import bench_report
+from benchmarks.analysis import bench_report
 
 # Settings, measurements, then the conditions of the run (load, CPU per host, tree state) and the versions.
 RUN_COLUMNS = (

@@ -7,7 +7,7 @@ The timed window of a run is the last sum(iter_s) seconds before its last busy s
 of the link rate): its 20 timed iterations, without start-up and the initial broadcast. Within it, per host and
 direction, `busy` is the mean rate over the link rate and `idle` the share of 10-ms samples below 10% of it.
 
-    python benchmarks/link_utilisation.py    # the table for results/sweeps/utilisation.csv, and its figure
+    python -m benchmarks.analysis.link_utilisation    # the table for results/sweeps/utilisation.csv, and its figure
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ import statistics
 import sys
 from collections.abc import Sequence
 
-import bench_rows
-import emulated_cluster
+from benchmarks.analysis import bench_rows
+from benchmarks.emulation import emulated_cluster
+from benchmarks.paths import RESULTS
 
-HERE = pathlib.Path(__file__).resolve().parent
-SWEEPS = HERE / "results" / "sweeps"
+SWEEPS = RESULTS / "sweeps"
 IDLE = 0.10  # a direction moving less than this share of the link rate is idle
 
 
@@ -107,7 +107,7 @@ def plot(rows: Sequence[dict], folder: pathlib.Path, path: pathlib.Path, labels:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import report
+    from benchmarks.report import readme as report
 
     rows = [r for r in bench_rows.read_runs(SWEEPS / "utilisation.csv") if r.get("tag") == "utilisation"]
     for kv, s in summary(rows, SWEEPS / "utilisation").items():

@@ -32,6 +32,8 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
+from benchmarks import paths
+
 LOG = logging.getLogger("emulated_cluster")
 PREFIX = "p3c"  # namespace names: p3c<pid>x<n>h<i> and p3c<pid>x<n>br
 SUBNET = "10.77.0"
@@ -249,8 +251,9 @@ class EmulatedCluster:
     def start_sampler(self, path: str, interval: float = 0.01) -> None:
         """Starts sampling every host link's counters into `path` (CSV: time_s,host,tx_bytes,rx_bytes)."""
         self.stop_sampler()
-        argv = [sys.executable, os.path.abspath(__file__), "sample", "--out", path, "--interval", str(interval)]
-        self._sampler = subprocess.Popen(["ip", "netns", "exec", self.bridge_ns, *argv])
+        argv = [*paths.python_module("benchmarks.emulation.emulated_cluster"), "sample", "--out", path,
+                "--interval", str(interval)]
+        self._sampler = subprocess.Popen(["ip", "netns", "exec", self.bridge_ns, *argv], cwd=paths.ROOT)
 
     def stop_sampler(self) -> None:
         if self._sampler is None:

@@ -10,7 +10,7 @@ operation on the real arrays, the engine orders it with the kvstore's pushes exa
 of layer k releases its gradients to the push, and the next forward of layer k waits until the new weights of
 layer k have arrived. That ordering is what P3 exploits.
 
-The profile: forward time of a layer = its forward FLOPs (from benchmarks/shapes/<model>.json, counted at
+The profile: forward time of a layer = its forward FLOPs (from benchmarks/workloads/shapes/<model>.json, counted at
 batch 1 by make_shapes.py) x batch / (GPU peak FLOP/s x efficiency x scale); backward takes BACKWARD_FACTOR
 times its forward. The efficiency is per model: each shape file's "calibration" cites a published P100
 training throughput (fp32, batch 32 where published) and the efficiency that reproduces it here
@@ -22,10 +22,11 @@ direct count (VGG). A file without one falls back to EFFICIENCY. `scale` dilates
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 
-SHAPES_DIR = pathlib.Path(__file__).resolve().parent / "shapes"
+from benchmarks.paths import SHAPES_DIR
+from benchmarks.workloads import model_shapes
+
 GPU_PEAK_FLOPS = {"p100": 9.3e12, "v100": 15.7e12, "k80": 4.37e12, "t4": 8.1e12}  # fp32, vendor datasheets
 EFFICIENCY = 0.5  # models without a calibration
 BACKWARD_FACTOR = 2.0
@@ -48,14 +49,7 @@ def efficiency_of(description: dict, factor: float = 1.0) -> float:
 
 
 def load_description(model: str, shapes_dir: pathlib.Path = SHAPES_DIR) -> dict:
-    path = shapes_dir / f"{model}.json"
-    if not path.exists():
-        raise SystemExit(f"no shape file {path}: generate it with benchmarks/make_shapes.py --models {model}")
-    description = json.loads(path.read_text())
-    if "layers" not in description:
-        raise SystemExit(f"{path} has no per-layer profile (\"layers\"): regenerate it with "
-                         f"benchmarks/make_shapes.py --models {model}")
-    return description
+    return model_shapes.load(model, shapes_dir, layers=True)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-import proc_monitor
+from benchmarks.emulation import proc_monitor
 
 LOG = logging.getLogger("host_cpu")
 TICKS = os.sysconf("SC_CLK_TCK")

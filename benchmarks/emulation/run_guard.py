@@ -17,8 +17,10 @@ import subprocess
 import time
 from collections.abc import Callable
 
+from benchmarks.paths import ROOT
+
 LOG = logging.getLogger("run_guard")
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+
 # What the benchmarks themselves write: a sweep appends to its CSVs and rewrites the README's tables, and the next
 # sweep of `make sweeps` must not take that for an uncommitted change to the code it measures.
 OUTPUTS = ("benchmarks/results", "README.md")

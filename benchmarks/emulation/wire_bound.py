@@ -4,7 +4,7 @@ Payload alone understates the time a link needs: every message carries its syste
 TCP segment carries TCP/IP and Ethernet headers (tc's token bucket counts them: it meters whole frames, and a
 GSO packet as its segments). The link is full duplex and both directions carry the same traffic, so each
 direction also carries the pure ACKs of the other direction's segments: ACKS_PER_SEGMENT of them, measured on
-the emulated links by benchmarks/link_overhead.py (results/link_overhead.md; its test keeps the two equal).
+the emulated links by benchmarks/suites/link_overhead.py (results/link_overhead.md; its test keeps the two equal).
 
 Messages per iteration, per system (what a worker sends; it receives as many):
 * p3kv: one PUSH per slice (P3_SLICE_SIZE elements, 50,000 by default) and one broadcast back; a 64-byte header

@@ -1,7 +1,7 @@
 """The README's benchmark tables and the sentences around them, generated from the result CSVs.
 
-    python benchmarks/report.py            # rewrite every <!-- bench:NAME --> ... <!-- /bench:NAME --> block
-    python benchmarks/report.py --check    # exit 1 if a block differs from what the CSVs give now
+    python -m benchmarks.report            # rewrite every <!-- bench:NAME --> ... <!-- /bench:NAME --> block
+    python -m benchmarks.report --check    # exit 1 if a block differs from what the CSVs give now
 
 Every number in a block comes from the rows: per point (a model, link, host count, optimizer, ... and system)
 the median throughput over every timed iteration of every repeat, its interquartile range, the range of the
@@ -22,17 +22,15 @@ import statistics
 import sys
 from collections.abc import Callable, Sequence
 
-import bench_rows
-import bench_stats
+from benchmarks.analysis import bench_rows, bench_stats
+from benchmarks.paths import RESULTS, ROOT
 
 LOG = logging.getLogger("report")
-HERE = pathlib.Path(__file__).resolve().parent
-RESULTS = HERE / "results"
 SWEEPS_DIR = RESULTS / "sweeps"  # rows that satisfy the reviewed schema (optimizer, repeats, load, headers)
 LEGACY = "legacy"  # results/legacy/: rows from before that schema, and the figures drawn from them
 LEGACY_RUNS = ("demo", "sweep_bandwidth", "sweep_ablation", "sweep_slice", "sweep_scale", "sweep_utilisation",
                "sweep_targets")
-README = HERE.parent / "README.md"
+README = ROOT / "README.md"
 # The models each --models sweep covers (sweeps.py runs these by default): a block names those without rows yet.
 SWEEP_MODELS = {"bandwidth": ("resnet50_v1", "inceptionv3", "sockeye", "vgg19")}
 LABEL = {"p3": "p3kv", "dist_sync": "dist_sync", "mxnet-p3": "MXNet P3", "horovod": "Horovod",
@@ -249,8 +247,8 @@ def saturation_sentences(points: Sequence[dict], cpus: int) -> list[str]:
 
 
 def utilisation_sentences(rows: Sequence[dict], folder: pathlib.Path) -> list[str]:
-    """Per system, how busy the links were during the timed iterations (benchmarks/link_utilisation.py)."""
-    import link_utilisation
+    """Per system, how busy the links were during the timed iterations (benchmarks/analysis/link_utilisation.py)."""
+    from benchmarks.analysis import link_utilisation
 
     found = link_utilisation.summary(rows, folder)
     if not found:
@@ -272,8 +270,9 @@ def reviewed_block(name: str, results: pathlib.Path) -> str:
     path = results / "sweeps" / f"{name}.csv"
     points = aggregate(_rows(path))
     if not points:
-        return (f"Not measured yet with the reviewed settings: `sudo .venv/bin/python benchmarks/sweeps.py {name}` "
-                f"(or `make sweeps`) writes `benchmarks/results/sweeps/{name}.csv`.")
+        return ("Not measured yet with the reviewed settings: "
+                f"`sudo .venv/bin/python -m benchmarks.suites.sweeps {name}` (or `make sweeps`) writes "
+                f"`benchmarks/results/sweeps/{name}.csv`.")
     flags = []
     if any(p["dirty"] for p in points):
         flags.append("some rows ran on a dirty tree (--allow-dirty)")
@@ -294,7 +293,8 @@ def reviewed_block(name: str, results: pathlib.Path) -> str:
     extra = []
     missing = [m for m in SWEEP_MODELS.get(name, ()) if m not in {p["model"] for p in points}]
     if missing:
-        extra.append(f"- Not measured yet: {', '.join(missing)} (`sudo .venv/bin/python benchmarks/sweeps.py {name} "
+        extra.append(f"- Not measured yet: {', '.join(missing)} "
+                     f"(`sudo .venv/bin/python -m benchmarks.suites.sweeps {name} "
                      f"--models {' '.join(missing)}` appends them).")
     if name == "slice":
         extra += slice_sentences(points)
@@ -348,7 +348,7 @@ def status_block(results: pathlib.Path) -> str:
 def summary_block(path: pathlib.Path, command: str) -> str:
     """A runner's own summary (its markdown file, title line dropped), or how to produce it."""
     if not path.exists():
-        where = path.relative_to(HERE.parent) if path.is_relative_to(HERE.parent) else path
+        where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
         return f"Not measured yet: `{command}` writes `{where}`."
     lines = path.read_text().strip().splitlines()
     if lines and lines[0].startswith("# "):
@@ -497,8 +497,6 @@ def sim_paper_block(results: pathlib.Path) -> str:
     bandwidth, scale = _sim_rows(results, "bandwidth"), _sim_rows(results, "scale")
     if not bandwidth:
         return "Not run yet: `python -m benchmarks.sim.run bandwidth` writes `benchmarks/results/sim_paper_*.csv`."
-    if str(HERE.parent) not in sys.path:
-        sys.path.insert(0, str(HERE.parent))
     from benchmarks.sim import paper
 
     lines = ["| model | best p3kv / dist_sync (link) | paper | p3kv / Horovod there | p3kv / dist_sync at 8 "
@@ -558,15 +556,15 @@ SUMMARIES = {
     "kvstore": ("kvstore_bench.md", "make bench-kvstore"),
     "accuracy": ("accuracy/accuracy.md", "make bench-accuracy"),
     "kvstore-slice": ("kvstore_bench_slice10000/kvstore_bench.md",
-                      "python benchmarks/kvstore_bench.py --systems p3-noopt --slice-size 10000"),
+                      "python -m benchmarks.suites.kvstore_bench --systems p3-noopt --slice-size 10000"),
     "startup": ("startup.md", "make bench-startup"),
-    "link-overhead": ("link_overhead.md", "sudo .venv/bin/python benchmarks/link_overhead.py"),
-    "soak": ("soak.md", "python benchmarks/soak_bench.py --iters 3000"),
+    "link-overhead": ("link_overhead.md", "sudo .venv/bin/python -m benchmarks.suites.link_overhead"),
+    "soak": ("soak.md", "python -m benchmarks.suites.soak_bench --iters 3000"),
 }
 
 
 def _estimate_block(results: pathlib.Path) -> str:
-    import sweeps  # imports this module: loaded only when the block is written
+    from benchmarks.suites import sweeps  # imports this module: loaded only when the block is written
 
     return sweeps.estimate_block(results / "sweeps")
 
@@ -606,8 +604,7 @@ def render(text: str, results: pathlib.Path = RESULTS) -> str:
 
 def stale_bound_rows(sweeps_dir: pathlib.Path) -> list[str]:
     """"file:run_id" of every reviewed row whose stored bound is not what wire_bound.py gives now."""
-    import cluster_job
-    import sweeps
+    from benchmarks.suites import cluster_job, sweeps
 
     return [f"{p.name}:{run_id}" for p in sweeps.run_csvs(sweeps_dir)
             for run_id in bench_rows.stale_bounds(p, cluster_job.bound_columns)]
@@ -626,12 +623,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         stale = stale_bound_rows(args.results_dir / "sweeps")
         if stale:
             LOG.error("%d rows' bound columns differ from wire_bound.py as it is now (%s%s); run python "
-                      "benchmarks/sweeps.py rebound", len(stale), ", ".join(stale[:3]),
+                      "benchmarks/suites/sweeps.py rebound", len(stale), ", ".join(stale[:3]),
                       ", ..." if len(stale) > 3 else "")
             return 1
         stale_documents = [str(d) for d, (text, new) in rendered.items() if new != text]
         if stale_documents:
-            LOG.error("%s: benchmark blocks differ from the CSVs; run python benchmarks/report.py",
+            LOG.error("%s: benchmark blocks differ from the CSVs; run python -m benchmarks.report",
                       ", ".join(stale_documents))
             return 1
         return 0

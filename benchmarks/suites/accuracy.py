@@ -1,24 +1,25 @@
 """Time-to-accuracy of p3kv vs MXNet dist_sync vs MXNet dist_async (ASGD) on an emulated cluster (root).
 
-    sudo .venv/bin/python benchmarks/accuracy.py --hosts 4 --bandwidth 100mbit --compute-s 0.3 --iters 150
+    sudo .venv/bin/python -m benchmarks.suites.accuracy --hosts 4 --bandwidth 100mbit --compute-s 0.3 --iters 150
 
 The paper's accuracy experiment (appendix B.2, Fig. 15: ResNet-110 on CIFAR-10, 4 machines, 1 Gbps; P3 reached
 93% top-1 and ASGD 88%, and P3 reached 80% about 6x sooner) in miniature: a Gluon MLP on scikit-learn's bundled
-digits (benchmarks/accuracy_worker.py: fixed seeds, SGD momentum + weight decay on the servers, per-layer emulated
-compute), N hosts as network namespaces with capped links (benchmarks/emulated_cluster.py), one worker and one
+digits (benchmarks/workloads/accuracy_worker.py: fixed seeds, SGD momentum + weight decay on the servers, per-layer
+emulated
+compute), N hosts as network namespaces with capped links (benchmarks/emulation/emulated_cluster.py), one worker and one
 server per host, the scheduler on host 0. Each system runs as its own job; with --repeats the order is shuffled
 every round. Rank 0's held-out test accuracy every --eval-every iterations against wall-clock time goes to --csv
 (one row per evaluation), a figure with the paper's numbers beside ours to --plot, a table to --summary.
 
 The emulated-cluster runner's machinery, not a copy of it: each round's order of systems is
 cluster_bench.interleave's (freshly shuffled per repeat, seeded by --order-seed, position recorded); the run guard
-(benchmarks/run_guard.py) refuses a dirty tree unless --allow-dirty and waits before every job for an idle
+(benchmarks/emulation/run_guard.py) refuses a dirty tree unless --allow-dirty and waits before every job for an idle
 machine (--max-busy over a 5-second sample, --max-load if given; up to --load-wait seconds), then refuses unless
 --force, all recorded; and every
-job also becomes one row of the emulated runner's columns (benchmarks/bench_rows.py: optimizer, conditions,
+job also becomes one row of the emulated runner's columns (benchmarks/analysis/bench_rows.py: optimizer, conditions,
 versions) in <csv stem>_runs.csv, its workers' timed iterations in <csv stem>_runs_iterations.csv. The table's
 seconds per iteration are the median and interquartile range over every iteration of every repeat
-(benchmarks/bench_stats.py), as the emulated runner's tables give them.
+(benchmarks/analysis/bench_stats.py), as the emulated runner's tables give them.
 
 p3kv and dist_sync compute the same updates (same data, seeds and optimizer; synchronous), so their curves per
 iteration are the same and only their speed differs; dist_async applies each worker's gradient alone on stale
@@ -41,19 +42,14 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-import bench_report
-import bench_rows
-import bench_stats
-import cluster_bench
-import cluster_job
-import emulated_cluster
-import run_guard
-from cluster_job import Point
+from benchmarks import paths
+from benchmarks.analysis import bench_report, bench_rows, bench_stats
+from benchmarks.emulation import emulated_cluster, run_guard
+from benchmarks.paths import RESULTS, ROOT
+from benchmarks.suites import cluster_bench, cluster_job
+from benchmarks.suites.cluster_job import Point
 
 LOG = logging.getLogger("accuracy")
-HERE = pathlib.Path(__file__).resolve().parent
-ROOT = HERE.parent
-RESULTS = HERE / "results"
 SYSTEMS = {"p3": "p3", "dist_sync": "dist_sync", "dist_async": "dist_sync"}  # system -> the launcher's --kvstore
 LABELS = {"p3": "p3kv (P3)", "dist_sync": "MXNet dist_sync", "dist_async": "MXNet dist_async (ASGD)"}
 # The paper's Fig. 15 (appendix B.2), as its text states them.
@@ -72,8 +68,9 @@ BASE_PORT = 9500
 
 
 def worker_argv(args: argparse.Namespace, system: str, out: pathlib.Path) -> list[str]:
-    return [sys.executable, str(HERE / "accuracy_worker.py"), "--system", system, "--iters", str(args.iters),
-            "--eval-every", str(args.eval_every), "--batch-size", str(args.batch_size), "--hidden", str(args.hidden),
+    return [*paths.python_module("benchmarks.workloads.accuracy_worker"), "--system", system,
+            "--iters", str(args.iters), "--eval-every", str(args.eval_every), "--batch-size", str(args.batch_size),
+            "--hidden", str(args.hidden),
             "--layers", str(args.layers), "--lr", str(args.lr), "--momentum", str(args.momentum), "--wd",
             str(args.wd), "--seed", str(args.seed), "--compute-s", str(args.compute_s), "--out", str(out)]
 
@@ -92,7 +89,7 @@ def run_system(cluster: emulated_cluster.EmulatedCluster, args: argparse.Namespa
     name = f"{system}.{repeat}.{port}"
     run_id = f"{time.strftime('%Y%m%dT%H%M%S')}.{name}"  # unique across invocations appending to one CSV
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), str(HERE), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     env["P3_SECRET"] = secrets.token_hex(32)
     # Hosts share the machine's cores: one compute thread per process.
     env.update(OMP_NUM_THREADS="1", MXNET_CPU_WORKER_NTHREADS="1", PYTHONUNBUFFERED="1")

@@ -1,30 +1,31 @@
 """Throughput of p3kv vs MXNet dist_sync vs MXNet's built-in P3 vs Horovod on an emulated cluster (runs as root).
 
-    python benchmarks/cluster_bench.py --model resnet50_v1 --hosts 4 --bandwidth 1gbit \\
+    python -m benchmarks.suites.cluster_bench --model resnet50_v1 --hosts 4 --bandwidth 1gbit \\
         --kvstore p3 dist_sync mxnet-p3 horovod --compute emulated --gpu-scale 0.1 --iters 20 --repeats 3
 
 Builds N hosts as network namespaces on a bridge with every link capped at --bandwidth
-(benchmarks/emulated_cluster.py) and runs, for every --kvstore, the paper's layout: one server and one worker
+(benchmarks/emulation/emulated_cluster.py) and runs, for every --kvstore, the paper's layout: one server and one worker
 per host, the scheduler on host 0, each host's processes started by its own `python -m p3kv.launch` inside its
 namespace. Horovod has no servers: the same launcher (`--kvstore horovod`) starts one rank per host with Horovod's
 Gloo environment and its rendezvous on host 0, ring allreduce over the same capped links. Workers
-run benchmarks/cluster_worker.py (see there for the compute modes and where each system runs the optimizer:
+run benchmarks/workloads/cluster_worker.py (see there for the compute modes and where each system runs the optimizer:
 SGD with momentum and weight decay by default, --optimizer none for the transport-only comparison).
 
 Statistics: --repeats rounds; in each, every point's systems run in a freshly shuffled order (seeded by
 --seed, recorded with the position of each run). Every timed iteration of every rank is kept
 (<csv stem>_iterations.csv beside --csv); the summary gives the median and interquartile range over all timed
-iterations of all repeats and the range of the per-repeat medians (benchmarks/bench_stats.py).
+iterations of all repeats and the range of the per-repeat medians (benchmarks/analysis/bench_stats.py).
 
-Conditions (benchmarks/run_guard.py): refuses a dirty git tree unless --allow-dirty; before each run waits up
+Conditions (benchmarks/emulation/run_guard.py): refuses a dirty git tree unless --allow-dirty; before each run waits up
 to --load-wait seconds for the 1-minute load to fall below --max-load, then refuses unless --force. Load before
-and after each run, the CPU utilisation of every emulated host (benchmarks/host_cpu.py) and the overrides are
+and after each run, the CPU utilisation of every emulated host (benchmarks/emulation/host_cpu.py) and the overrides are
 in every row.
 
 Throughput is samples/s (tokens/s for Sockeye) summed over workers: each worker's batch over its median
 iteration time after --warmup. Beside it, the physical bound: max(compute time per iteration, the time the
 iteration's bytes need on the busiest capped link), the bytes counting every message's frame header and the
-TCP/IP/Ethernet headers (benchmarks/wire_bound.py). Rows go to --csv through benchmarks/bench_rows.py.
+TCP/IP/Ethernet headers (benchmarks/emulation/wire_bound.py). Rows go to --csv through
+benchmarks/analysis/bench_rows.py.
 Kvstores: p3, dist_sync, mxnet-p3, horovod, and p3kv's ablations p3-slicing-only (P3_PRIORITY=none: slices
 first come first served), p3-priority-split (no slicing, but arrays above 10^6 elements cut into one key per
 server, as MXNet's dist_sync splits them: the fair priority-only variant) and p3-priority-only (no slicing at
@@ -47,15 +48,12 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-import bench_rows
-import emulated_cluster
-import run_guard
-from cluster_job import KVSTORES, Point, comm_bound_seconds, model_arrays, model_bytes, run_point  # noqa: F401
+from benchmarks.analysis import bench_rows
+from benchmarks.emulation import emulated_cluster, run_guard
+from benchmarks.paths import RESULTS, ROOT  # noqa: F401  (ROOT: the tests' and deploy's)
+from benchmarks.suites.cluster_job import KVSTORES, Point, comm_bound_seconds, model_arrays, model_bytes, run_point  # noqa: F401
 
 LOG = logging.getLogger("cluster_bench")
-HERE = pathlib.Path(__file__).resolve().parent
-ROOT = HERE.parent
-RESULTS = HERE / "results"
 SYSTEMS = ("p3", "dist_sync", "mxnet-p3", "horovod")
 MODELS = ("resnet50_v1", "inceptionv3", "vgg19", "sockeye")
 MODEL_ALIASES = {"resnet50": "resnet50_v1"}
@@ -152,7 +150,7 @@ def run_points(points: Sequence[Point], csv_path: pathlib.Path, conditions: Cond
 
 def summary(rows: Sequence[dict]) -> str:
     """Markdown table of the points in `rows` (see report.point_table)."""
-    import report
+    from benchmarks.report import readme as report
 
     return report.point_table(report.aggregate(rows, include_smoke=True)) + "\n"
 
@@ -160,7 +158,8 @@ def summary(rows: Sequence[dict]) -> str:
 def plot_comparison(rows: Sequence[dict], path: pathlib.Path, title: str) -> None:
     """Bar chart of throughput per kvstore (median over all iterations, IQR as error bars), the bound as a line."""
     import matplotlib
-    import report
+
+    from benchmarks.report import readme as report
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -25,18 +25,13 @@ import sys
 import threading
 import time
 
-import bench_rows
-import bench_stats
-import emulated_cluster
-import emulated_compute
-import host_cpu
-import job_env
-import proc_monitor
-import wire_bound
+from benchmarks import paths
+from benchmarks.analysis import bench_rows, bench_stats
+from benchmarks.emulation import emulated_cluster, emulated_compute, host_cpu, proc_monitor, wire_bound
+from benchmarks.paths import ROOT
+from benchmarks.workloads import job_env, model_shapes
 
 LOG = logging.getLogger("cluster_job")
-HERE = pathlib.Path(__file__).resolve().parent
-ROOT = HERE.parent
 # What --kvstore names: (the launcher's --kvstore, extra environment, extra worker flags).
 KVSTORES = {
     "p3": ("p3", {}, []),
@@ -97,16 +92,7 @@ class Point:
 
 def model_arrays(model: str) -> tuple[list[int], int]:
     """(elements of every array, model bytes)."""
-    description = json.loads((HERE / "shapes" / f"{model}.json").read_text())
-    itemsize = {"float32": 4, "float16": 2, "float64": 8}
-    sizes, total = [], 0
-    for p in description["params"]:
-        n = 1
-        for d in p["shape"]:
-            n *= d
-        sizes.append(n)
-        total += n * itemsize.get(p["dtype"], 4)
-    return sizes, total
+    return model_shapes.array_sizes(model)
 
 
 def model_bytes(model: str) -> int:
@@ -152,15 +138,16 @@ def calibrated_efficiency(model: str) -> float:
 
 def _worker_argv(point: Point, out: pathlib.Path) -> list[str]:
     extra = [point.servers and str(point.servers) if a == "SERVERS" else a for a in KVSTORES[point.kvstore][2]]
-    return [sys.executable, str(HERE / "cluster_worker.py"), "--model", point.model, "--compute", point.compute,
-            "--batch-size", str(point.batch_size), "--warmup", str(point.warmup), "--iters", str(point.iters),
+    return [*paths.python_module("benchmarks.workloads.cluster_worker"), "--model", point.model,
+            "--compute", point.compute, "--batch-size", str(point.batch_size), "--warmup", str(point.warmup),
+            "--iters", str(point.iters),
             "--gpu", point.gpu, "--gpu-scale", str(point.gpu_scale), "--efficiency-factor",
             str(point.efficiency_factor), "--optimizer", point.optimizer, "--log-interval", str(point.log_interval),
             "--out", str(out), *extra]
 
 
 def _environment(point: Point, extra: dict) -> dict:
-    env = job_env.job_environment(point.kvstore, point.slice_size, paths=(str(HERE),))
+    env = job_env.job_environment(point.kvstore, point.slice_size)
     if point.kvstore != "horovod":
         env["P3_SECRET"] = secrets.token_hex(32)  # one per job, the same on every host
     # Hosts share 2 cores: one compute thread per process (the real-compute mode's fairness).

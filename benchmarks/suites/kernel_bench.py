@@ -1,15 +1,15 @@
 """Nanoseconds per element of each native optimizer kernel on one 50,000-element slice (the paper's slice
 size), single thread. Writes benchmarks/results/kernels.md.
 
-Usage: python benchmarks/kernel_bench.py [--repeats N]
+Usage: python -m benchmarks.suites.kernel_bench [--repeats N]
 """
 
 import argparse
-import os
 import time
 
 import numpy as np
 
+from benchmarks.paths import RESULTS
 from p3kv import _p3
 
 SLICE = 50_000
@@ -52,7 +52,7 @@ def time_kernel(spec, dtype, repeats):
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--repeats", type=int, default=50)
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "kernels.md"))
+    ap.add_argument("--out", default=str(RESULTS / "kernels.md"))
     args = ap.parse_args()
     cols = [f"{d}{' mp' if mp else ''}" for d, mp in DTYPES]
     rows = []
@@ -67,7 +67,7 @@ def main():
         rows.append(f"| {name} | " + " | ".join(cells) + " |")
         print(rows[-1], flush=True)
     text = (f"# Optimizer kernel speed\n\nns per element, one {SLICE}-element slice, one thread, best of "
-            f"{args.repeats} (benchmarks/kernel_bench.py; includes the Python call, about 1 us per slice). "
+            f"{args.repeats} (benchmarks/suites/kernel_bench.py; includes the Python call, about 1 us per slice). "
             "n/a: MXNet keeps float32 state for this optimizer and cannot update plain float16 weights.\n\n"
             "| kernel | " + " | ".join(cols) + " |\n|---|" + "---|" * len(cols) + "\n" + "\n".join(rows) + "\n")
     with open(args.out, "w") as f:

@@ -1,9 +1,9 @@
 """Like-for-like kvstore benchmark: p3kv, MXNet dist_sync, MXNet's P3 and Horovod, same work through MXNet's engine.
 
-    python benchmarks/kvstore_bench.py --models resnet50_v1 vgg19 --repeats 3 --warmup 3 --iters 20
+    python -m benchmarks.suites.kvstore_bench --models resnet50_v1 vgg19 --repeats 3 --warmup 3 --iters 20
 
 Each (repeat, model, system) is one job: `python -m p3kv.launch -n W -s S --kvstore ...` (p3, p3-noopt,
-dist_sync, mxnet-p3) or `horovodrun -np W --gloo` (horovod, no servers), running benchmarks/kvstore_worker.py
+dist_sync, mxnet-p3) or `horovodrun -np W --gloo` (horovod, no servers), running benchmarks/workloads/kvstore_worker.py
 on every worker: a pushpull (or allreduce) of every parameter array of the model per iteration, in backward
 order with priority -layer, plus the same SGD (momentum 0.9, wd 1e-4, rescale_grad 1/W) wherever each system
 runs it (see kvstore_worker.py). p3-noopt is p3kv whose servers only sum, so p3 / p3-noopt is the cost of
@@ -37,14 +37,12 @@ import sys
 import tempfile
 import time
 
-import job_env
-import kvstore_worker
-import proc_monitor
-import run_guard
+from benchmarks import paths
+from benchmarks.emulation import proc_monitor, run_guard
+from benchmarks.paths import RESULTS, ROOT, SHAPES_DIR
+from benchmarks.workloads import job_env, kvstore_worker
 
 LOG = logging.getLogger("kvstore_bench")
-HERE = pathlib.Path(__file__).resolve().parent
-ROOT = HERE.parent
 SYSTEMS = kvstore_worker.SYSTEMS
 LAUNCHER_KVSTORE = {"p3": "p3", "p3-noopt": "p3", "dist_sync": "dist_sync", "mxnet-p3": "mxnet-p3"}
 LABEL = {"p3": "p3kv + SGD (servers)", "p3-noopt": "p3kv, no optimizer (servers only sum)",
@@ -83,7 +81,7 @@ def horovodrun() -> str | None:
 
 def job_command(args: argparse.Namespace, model: str, system: str, out: pathlib.Path,
                 weights: pathlib.Path | None) -> list[str]:
-    worker = [sys.executable, str(HERE / "kvstore_worker.py"), "--system", system, "--model", model,
+    worker = [*paths.python_module("benchmarks.workloads.kvstore_worker"), "--system", system, "--model", model,
               "--shapes-dir", str(args.shapes_dir), "--warmup", str(args.warmup), "--iters", str(args.iters),
               "--seed", str(args.seed), "--out", str(out)]
     if args.max_keys:
@@ -191,7 +189,7 @@ def _f(value, digits: int = 4) -> str:
 
 
 def markdown(summary: list[dict], settings: str, skipped: dict[str, str]) -> str:
-    lines = ["# Like-for-like kvstore benchmark (benchmarks/kvstore_bench.py)", "", settings, "",
+    lines = ["# Like-for-like kvstore benchmark (benchmarks/suites/kvstore_bench.py)", "", settings, "",
              "s/iter: median over every timed iteration of every repeat; IQR = q3 - q1; runs = range of the "
              "per-run medians. vs X = X's median / this median (above 1: faster than X).", "",
              "| model | system | s/iter (median) | IQR | runs | vs dist_sync | vs Horovod | iterations |",
@@ -239,12 +237,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="elements per slice (p3kv) and per message (MXNet's P3); default: theirs (50,000 and "
                         "40,000). Results then go to results/kvstore_bench_slice<N>/ (the simulator fits on it)")
     parser.add_argument("--max-keys", type=int, default=None, help="only the first N arrays of each model (tests)")
-    parser.add_argument("--shapes-dir", type=pathlib.Path, default=HERE / "shapes")
+    parser.add_argument("--shapes-dir", type=pathlib.Path, default=SHAPES_DIR)
     run_guard.add_arguments(parser)
     parser.add_argument("--require-horovod", action="store_true",
                         help="fail when Horovod cannot run here (default: skip it with a message, also in the table)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds one job may take")
-    parser.add_argument("--results-dir", type=pathlib.Path, default=HERE / "results")
+    parser.add_argument("--results-dir", type=pathlib.Path, default=RESULTS)
     parser.add_argument("--save-weights", type=pathlib.Path, default=None,
                         help="worker 0 of each job writes its final weights to DIR/<model>.<system>.<repeat>.npz")
     parser.add_argument("--keep-logs", type=pathlib.Path, default=None, help="keep each job's output here")
@@ -255,8 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.slice_size is not None:
         if args.slice_size < 1:
             parser.error("--slice-size must be >= 1")
-        if args.results_dir == HERE / "results":
-            args.results_dir = HERE / "results" / f"kvstore_bench_slice{args.slice_size}"
+        if args.results_dir == RESULTS:
+            args.results_dir = RESULTS / f"kvstore_bench_slice{args.slice_size}"
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     tree = run_guard.tree_or_refusal(args.allow_dirty)

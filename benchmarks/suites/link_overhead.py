@@ -12,7 +12,7 @@ the hosts' links capped, and reads what each host's tbf charged (`tc -s qdisc`, 
 * forward (host 0's egress): payload + segment headers; the bound's model: payload x (1 + 66/1448);
 * reverse (host 1's egress): the pure ACKs alone (66 bytes each), counted per 1448-byte forward segment.
 
-    sudo .venv/bin/python benchmarks/link_overhead.py            # 3 repeats of 256 MiB at 2 Gbit
+    sudo .venv/bin/python -m benchmarks.suites.link_overhead            # 3 repeats of 256 MiB at 2 Gbit
     -> benchmarks/results/link_overhead.csv, link_overhead.md
 
 Needs root and iproute2, like every emulated-cluster run.
@@ -32,12 +32,10 @@ import subprocess
 import sys
 import time
 
-import emulated_cluster
-import run_guard
-import wire_bound
+from benchmarks.emulation import emulated_cluster, run_guard, wire_bound
+from benchmarks.paths import RESULTS
 
 LOG = logging.getLogger("link_overhead")
-HERE = pathlib.Path(__file__).resolve().parent
 PORT = 9411
 CHUNK = 1 << 20
 COLUMNS = ("timestamp", "repeat", "bandwidth", "payload_bytes", "seconds", "forward_metered_bytes",
@@ -132,7 +130,7 @@ def summary(rows: list[dict]) -> str:
         f"{bound_share:.4f} | {delayed_share:.4f} |", "",
         f"{int(rows[0]['payload_bytes']) >> 20} MiB per run, one TCP connection, over a {rows[0]['bandwidth']} "
         "emulated link; bytes as the token bucket metered them (`tc -s qdisc`). Measured by "
-        "`benchmarks/link_overhead.py`.", ""])
+        "`benchmarks/suites/link_overhead.py`.", ""])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bandwidth", default="2gbit")
     parser.add_argument("--mib", type=int, default=256, help="payload per run")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--results-dir", type=pathlib.Path, default=HERE / "results")
+    parser.add_argument("--results-dir", type=pathlib.Path, default=RESULTS)
     parser.add_argument("--allow-dirty", action="store_true", help="run on an uncommitted tree (recorded)")
     args = parser.parse_args(argv)
     if args.command == "receive":

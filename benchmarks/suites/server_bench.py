@@ -1,10 +1,11 @@
 """The server's CPU time per slice (aggregate W pushes + optimizer update) beside a memory-traffic floor measured
-in the same run (issue "Server hot path"; target: work <= 2x floor). Compiles benchmarks/server_slice_bench.cc
+in the same run (issue "Server hot path"; target: work <= 2x floor). Compiles benchmarks/suites/server_slice_bench.cc
 with the extension's flags (setup.py: -O3 -Wall -Wextra, C++17) against the server's pure parts in cpp/src, runs
 it, and writes benchmarks/results/server_slice.{csv,md}. No network, no MXNet, one thread. Under the run guard
-(benchmarks/run_guard.py): a dirty tree or a busy machine is refused unless overridden, and the rows record it.
+(benchmarks/emulation/run_guard.py): a dirty tree or a busy machine is refused unless overridden, and the rows record
+it.
 
-Usage: python benchmarks/server_bench.py [--workers 2 4 8] [--counts 50000 10000 200000]
+Usage: python -m benchmarks.suites.server_bench [--workers 2 4 8] [--counts 50000 10000 200000]
                                          [--optimizers none sgd adam] [--iters 5] [--repeats 5]
 """
 
@@ -19,12 +20,12 @@ import shutil
 import subprocess
 import sys
 
+from benchmarks.emulation import run_guard
+from benchmarks.paths import RESULTS, ROOT
+
 HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import run_guard  # noqa: E402
 
 LOG = logging.getLogger("server_bench")
-ROOT = HERE.parent
 SOURCE = HERE / "server_slice_bench.cc"
 # The server's per-slice path and what it needs; nothing with sockets or threads.
 UNITS = ("aggregator.cc", "admission.cc", "buffer_pool.cc", "slice_optimizer.cc", "optimizer.cc", "dtype.cc",
@@ -87,7 +88,8 @@ def markdown(rows: list[dict], comments: list[str], meta: dict) -> str:
     lines = [
         "# Server hot path: CPU per slice vs. memory-traffic floor",
         "",
-        f"benchmarks/server_bench.py at commit {meta['commit']}{' (uncommitted changes)' if meta['dirty'] else ''}; "
+        f"benchmarks/suites/server_bench.py at commit {meta['commit']}"
+        f"{' (uncommitted changes)' if meta['dirty'] else ''}; "
         f"{meta['cpu']}, {meta['cpus']} CPUs; {meta['compiler']}; flags {' '.join(FLAGS)}. "
         f"Started once a 5-second sample showed the CPUs {meta['busy_before']:.0f}% busy"
         f"{' (--force: busy machine)' if meta['forced'] else ''}; "
@@ -130,8 +132,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--binary", default=str(ROOT / "build" / "server_slice_bench"))
-    ap.add_argument("--csv", default=str(HERE / "results" / "server_slice.csv"))
-    ap.add_argument("--summary", default=str(HERE / "results" / "server_slice.md"))
+    ap.add_argument("--csv", default=str(RESULTS / "server_slice.csv"))
+    ap.add_argument("--summary", default=str(RESULTS / "server_slice.md"))
     run_guard.add_arguments(ap)
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")

@@ -1,9 +1,9 @@
 """Soak benchmark: does any p3kv process grow in memory over a long run?
 
-    python benchmarks/soak_bench.py                      # 1,000 iterations, 2 workers + 2 servers
-    python benchmarks/soak_bench.py --iters 300          # shorter
+    python -m benchmarks.suites.soak_bench                      # 1,000 iterations, 2 workers + 2 servers
+    python -m benchmarks.suites.soak_bench --iters 300          # shorter
 
-One job of ``python -m p3kv.launch`` runs benchmarks/bench_worker.py (ResNet-50-shaped traffic: one push +
+One job of ``python -m p3kv.launch`` runs benchmarks/workloads/bench_worker.py (ResNet-50-shaped traffic: one push +
 broadcast of every array per iteration, no model compute) for --iters iterations. Every --interval seconds the
 resident set (VmRSS) of every descendant of the launcher with a P3_ROLE (scheduler, servers, workers) is read
 from /proc. Writes results/soak.csv (time_s, role, pid, rss_mib: one row per process and sample) and
@@ -33,11 +33,11 @@ import tempfile
 import threading
 import time
 
-import proc_monitor
+from benchmarks import paths
+from benchmarks.emulation import proc_monitor
+from benchmarks.paths import RESULTS, ROOT
 
 LOG = logging.getLogger("soak_bench")
-HERE = pathlib.Path(__file__).resolve().parent
-ROOT = HERE.parent
 ROLES = ("scheduler", "server", "worker")
 
 
@@ -101,8 +101,8 @@ def run_job(args: argparse.Namespace, scratch: pathlib.Path) -> tuple[int, float
     out = scratch / "result.jsonl"
     log_path = scratch / "job.log"
     command = [sys.executable, "-m", "p3kv.launch", "-n", str(args.workers), "-s", str(args.servers),
-               "--timeout", str(args.timeout), "--", sys.executable, str(HERE / "bench_worker.py"), "--model",
-               args.model, "--warmup", "0", "--iters", str(args.iters), "--out", str(out)]
+               "--timeout", str(args.timeout), "--", *paths.python_module("benchmarks.workloads.bench_worker"),
+               "--model", args.model, "--warmup", "0", "--iters", str(args.iters), "--out", str(out)]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     env.setdefault("BENCH_LOG_LEVEL", "WARNING")  # no line per iteration: 1,000 of them per worker
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=10, help="samples averaged for start and end")
     parser.add_argument("--tolerance", type=float, default=5.0, help="percent growth still called flat")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds the job may take")
-    parser.add_argument("--results-dir", type=pathlib.Path, default=HERE / "results")
+    parser.add_argument("--results-dir", type=pathlib.Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.iters < 1 or not 0 <= args.warmup_fraction < 1:
         parser.error("--iters must be >= 1 and --warmup-fraction in [0, 1)")

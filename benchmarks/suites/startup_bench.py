@@ -1,8 +1,9 @@
 """What P3_PRELOAD_MXNET costs and saves: a job's first step and its CPU, servers importing mxnet at start-up or not.
 
-    python benchmarks/startup_bench.py --repeats 5
+    python -m benchmarks.suites.startup_bench --repeats 5
 
-Each job is `python -m p3kv.launch -n 2 -s 2 -- python benchmarks/startup_worker.py` on loopback: a Gluon Trainer
+Each job is `python -m p3kv.launch -n 2 -s 2 -- python -m benchmarks.workloads.startup_worker` on loopback: a Gluon
+Trainer
 (SGD momentum 0.9, wd 1e-4) on kvstore 'p3', 5 steps. Four conditions: the optimizer on the servers
 (update_on_kvstore=True: worker 0 ships it right after the rendezvous and every server must import mxnet to
 unpickle it) or on the workers (update_on_kvstore=False: the servers only sum and never need mxnet), times
@@ -31,12 +32,10 @@ import sys
 import tempfile
 import time
 
-import proc_monitor
-import run_guard
+from benchmarks.emulation import proc_monitor, run_guard
+from benchmarks.paths import RESULTS, ROOT
 
 LOG = logging.getLogger("startup_bench")
-HERE = pathlib.Path(__file__).resolve().parent
-ROOT = HERE.parent
 CONDITIONS = [(update, preload) for update in ("servers", "workers") for preload in (1, 0)]
 COLUMNS = ("timestamp", "git_commit", "git_dirty", "cpus", "repeat", "position", "optimizer_on", "preload_mxnet",
            "status", "imported_s", "first_step_s", "last_step_s", "later_step_s", "wall_s", "cpu_s",
@@ -51,7 +50,7 @@ def children_cpu() -> float:
 def run_one(update: str, preload: int, steps: int, timeout: float, scratch: pathlib.Path, tag: str) -> dict:
     out, log_path = scratch / f"{tag}.json", scratch / f"{tag}.log"
     command = [sys.executable, "-m", "p3kv.launch", "-n", "2", "-s", "2", "--", sys.executable,
-               str(HERE / "startup_worker.py"), "--out", str(out), "--steps", str(steps),
+               "-m", "benchmarks.workloads.startup_worker", "--out", str(out), "--steps", str(steps),
                "--update-on-kvstore", "1" if update == "servers" else "0"]
     env = dict(os.environ, P3_PRELOAD_MXNET=str(preload),
                PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
@@ -102,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0, help="seeds the run order")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds one job may take")
-    parser.add_argument("--results-dir", type=pathlib.Path, default=HERE / "results")
+    parser.add_argument("--results-dir", type=pathlib.Path, default=RESULTS)
     run_guard.add_arguments(parser)
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.steps < 2:

@@ -1,24 +1,24 @@
 """The paper's evaluation (section 5), reproduced in shape on an emulated cluster; one command per sweep.
 
-    python benchmarks/sweeps.py bandwidth     # throughput vs link rate, 4 models, 6 points each, all 4 systems
-    python benchmarks/sweeps.py slice         # p3kv's slice size 5k ... 1M at a link-bound point
-    python benchmarks/sweeps.py ablation      # VGG-19 at 30 Gbps-equiv.: slicing only, priority only, both
-    python benchmarks/sweeps.py scale         # 2 / 4 / 8 hosts, all 4 systems
-    python benchmarks/sweeps.py sensitivity   # the calibrated efficiency x0.5, x1, x2 at the headline points
-    python benchmarks/sweeps.py dilation      # the least dilation 2 cores allow (CPU per host vs --gpu-scale)
-    python benchmarks/sweeps.py demo          # make demo's comparison
-    python benchmarks/sweeps.py utilisation   # tx/rx of every link over time, dist_sync vs p3kv vs Horovod
+    python -m benchmarks.suites.sweeps bandwidth     # throughput vs link rate, 4 models, 6 points each, all 4 systems
+    python -m benchmarks.suites.sweeps slice         # p3kv's slice size 5k ... 1M at a link-bound point
+    python -m benchmarks.suites.sweeps ablation      # VGG-19 at 30 Gbps-equiv.: slicing only, priority only, both
+    python -m benchmarks.suites.sweeps scale         # 2 / 4 / 8 hosts, all 4 systems
+    python -m benchmarks.suites.sweeps sensitivity   # the calibrated efficiency x0.5, x1, x2 at the headline points
+    python -m benchmarks.suites.sweeps dilation      # the least dilation 2 cores allow (CPU per host vs --gpu-scale)
+    python -m benchmarks.suites.sweeps demo          # make demo's comparison
+    python -m benchmarks.suites.sweeps utilisation   # tx/rx of every link over time, dist_sync vs p3kv vs Horovod
                                               # (also fig_utilisation_links.png, see link_utilisation.py)
-    python benchmarks/sweeps.py estimate      # how long each sweep takes (from the bound and older rows)
-    python benchmarks/sweeps.py plot NAME     # redraw a figure from its CSV
-    python benchmarks/sweeps.py rebound       # rewrite the rows' bound columns after a change to wire_bound.py
+    python -m benchmarks.suites.sweeps estimate      # how long each sweep takes (from the bound and older rows)
+    python -m benchmarks.suites.sweeps plot NAME     # redraw a figure from its CSV
+    python -m benchmarks.suites.sweeps rebound       # rewrite the rows' bound columns after a change to wire_bound.py
 
 Every run trains with SGD (momentum 0.9, wd 1e-4: on the servers for p3kv and dist_sync, on the workers for MXNet's
 P3 and Horovod), 3 repeats in a freshly shuffled order, 2 warm-up + 20 timed iterations, under the run guard (clean
 tree, idle machine; see cluster_bench.py). Each sweep appends to results/sweeps/<name>.csv (and
 <name>_iterations.csv; delete them to start over; --resume runs only the runs they lack) and draws
-results/sweeps/fig_<name>.png with the IQR as error bars; `python benchmarks/report.py` then rewrites the README's
-tables. Compute is emulated with each model's calibrated P100 efficiency (benchmarks/shapes/*.json) and time
+results/sweeps/fig_<name>.png with the IQR as error bars; `python -m benchmarks.report` then rewrites the README's
+tables. Compute is emulated with each model's calibrated P100 efficiency (benchmarks/workloads/shapes/*.json) and time
 dilated by --gpu-scale: a P100 at scale s on links of rate b has the compute/network ratio of real P100s on links
 of rate b/s ("P100-equivalent"), which is how every point below is chosen. Each point uses the least dilation its
 link allows: links up to --link-max (2 Gbit: what 2 cores move without saturating, see `dilation`) run undilated
@@ -37,13 +37,10 @@ import statistics
 import sys
 from collections.abc import Sequence
 
-import bench_rows
-import cluster_bench
-import emulated_cluster
-import emulated_compute
-import report
-import run_guard
-import wire_bound
+from benchmarks.analysis import bench_rows
+from benchmarks.emulation import emulated_cluster, emulated_compute, run_guard, wire_bound
+from benchmarks.report import readme as report
+from benchmarks.suites import cluster_bench
 
 LOG = logging.getLogger("sweeps")
 RESULTS = cluster_bench.RESULTS / "sweeps"
@@ -321,7 +318,7 @@ def write_summary(name: str, results_dir: pathlib.Path, skipped: dict[str, str] 
 def rebound(results_dir: pathlib.Path = RESULTS) -> dict[pathlib.Path, int]:
     """Rewrites every reviewed row's bound from wire_bound.py as it is now (after a change to the header model):
     {csv: rows changed}. `report.py --check` fails while a row's bound differs."""
-    import cluster_job
+    from benchmarks.suites import cluster_job
 
     return {p: bench_rows.rewrite_bounds(p, cluster_job.bound_columns) for p in run_csvs(results_dir)}
 
@@ -330,7 +327,7 @@ def plot_links(name: str, results_dir: pathlib.Path) -> None:
     """The utilisation sweep's second figure: host 0's link over time for every system (link_utilisation.py)."""
     if name != "utilisation":
         return
-    import link_utilisation
+    from benchmarks.analysis import link_utilisation
 
     rows = [r for r in bench_rows.read_runs(results_dir / "utilisation.csv") if r.get("tag") == name]
     link_utilisation.plot(rows, results_dir / "utilisation", results_dir / "fig_utilisation_links.png", report.LABEL)

@@ -1,15 +1,15 @@
 """Transport benchmark: p3kv's raw P3Worker against MXNet dist_sync and MXNet's P3 kv.pushpull, real model shapes.
 
-    python benchmarks/transport_bench.py --models resnet50_v1 vgg19 --kvstores p3 dist_sync mxnet-p3 \\
+    python -m benchmarks.suites.transport_bench --models resnet50_v1 vgg19 --kvstores p3 dist_sync mxnet-p3 \\
         --workers 2 --servers 2 --warmup 2 --iters 10 --repeats 3
 
-Each (repeat, model, kvstore) is one job of ``python -m p3kv.launch`` running benchmarks/bench_worker.py on
+Each (repeat, model, kvstore) is one job of ``python -m p3kv.launch`` running benchmarks/workloads/bench_worker.py on
 every worker (no model compute: one push + broadcast of every array per iteration, in backward order, priority
 -key, no optimizer anywhere).
 
 Not like-for-like: for p3 the worker drives p3kv's raw P3Worker on numpy arrays (no MXNet engine, no kvstore
 adapter), while dist_sync and mxnet-p3 go through kv.pushpull and MXNet's engine. Read it as the cost of each
-transport, not of each kvstore; benchmarks/kvstore_bench.py runs every system through the engine with the same
+transport, not of each kvstore; benchmarks/suites/kvstore_bench.py runs every system through the engine with the same
 optimizer. Every row says which path it measured (column `path`).
 
 Runs are interleaved (every kvstore once per repeat, in rotated order) because a small machine is noisy. Rows
@@ -30,12 +30,12 @@ import sys
 import tempfile
 import time
 
-import bench_report
-import proc_monitor
+from benchmarks import paths
+from benchmarks.analysis import bench_report
+from benchmarks.emulation import proc_monitor
+from benchmarks.paths import RESULTS, ROOT
 
 LOG = logging.getLogger("transport_bench")
-HERE = pathlib.Path(__file__).resolve().parent
-ROOT = HERE.parent
 KVSTORES = ("p3", "dist_sync", "mxnet-p3")
 MODE_OF = {"p3": "p3kv", "dist_sync": "dist_sync", "mxnet-p3": "mxnet-p3"}
 
@@ -49,8 +49,8 @@ def git_state() -> tuple[str, bool]:
 
 
 def worker_command(args: argparse.Namespace, model: str, out: pathlib.Path) -> list[str]:
-    command = [sys.executable, str(HERE / "bench_worker.py"), "--model", model, "--warmup", str(args.warmup),
-               "--iters", str(args.iters), "--out", str(out)]
+    command = [*paths.python_module("benchmarks.workloads.bench_worker"), "--model", model,
+               "--warmup", str(args.warmup), "--iters", str(args.iters), "--out", str(out)]
     if args.slice_size:
         command += ["--slice-size", str(args.slice_size)]
     return command
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slice-size", type=int, default=None,
                         help="elements per slice for p3 and mxnet-p3 (default: each system's own default)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds one job may take")
-    parser.add_argument("--results-dir", type=pathlib.Path, default=HERE / "results")
+    parser.add_argument("--results-dir", type=pathlib.Path, default=RESULTS)
     parser.add_argument("--keep-logs", type=pathlib.Path, default=None, help="keep each job's output here")
     parser.add_argument("--log-tail", type=int, default=40, help="output lines shown when a job fails")
     args = parser.parse_args(argv)

@@ -1,4 +1,4 @@
-"""One worker of the accuracy benchmark (started by benchmarks/accuracy.py through the launcher).
+"""One worker of the accuracy benchmark (started by benchmarks/suites/accuracy.py through the launcher).
 
 Trains a small MLP in Gluon on scikit-learn's bundled handwritten digits (`load_digits`: 1797 8x8 images, shipped
 inside the package, nothing downloaded) with SGD momentum + weight decay on the servers, and measures held-out
@@ -13,7 +13,8 @@ per-iteration losses and accuracies (tests/test_accuracy.py checks it). Each wor
 
 Emulated compute (--compute-s, seconds per iteration on a virtual device, split over the layers by parameter
 count, backward twice forward): an engine operation per layer that takes its time and computes nothing
-(p3kv's EngineBridge.emulate_compute, as in benchmarks/emulated_compute.py). It reads the layer's weights in the
+(p3kv's EngineBridge.emulate_compute, as in benchmarks/emulation/emulated_compute.py). It reads the layer's weights in
+the
 forward pass and writes its gradients in the backward pass, so pushes wait for it and the next forward of layer
 k waits for layer k's new weights, as on a GPU; the real MLP is tiny and costs almost no CPU.
 
@@ -30,7 +31,7 @@ import logging
 import sys
 import time
 
-import worker_results
+from benchmarks.workloads import worker_output
 
 LOG = logging.getLogger("accuracy_worker")
 SYSTEMS = ("p3", "dist_sync", "dist_async")
@@ -202,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
               "params": int(sum(p.data().size for p in net.collect_params().values())),
               "train_s": train_s, "losses": losses, "iter_s": iter_s,
               "evals": evals, "weight_checksum": float(sum(np.abs(p.data().asnumpy()).sum() for p in params)),
-              "versions": worker_results.versions("mxnet", "p3kv", "scikit-learn", "numpy")}
+              "versions": worker_output.versions("mxnet", "p3kv", "scikit-learn", "numpy")}
     with open(f"{args.out}.rank{rank}.json", "w") as f:
         json.dump(result, f)
     LOG.info("rank %d: %d iterations in %.1f s", rank, args.iters, result["train_s"])

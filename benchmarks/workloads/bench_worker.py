@@ -2,9 +2,9 @@
 
 Run under the launcher, in any of three modes::
 
-    python -m p3kv.launch -n 2 -s 2 --kvstore p3 -- python benchmarks/bench_worker.py --model resnet50_v1
-    python -m p3kv.launch -n 2 -s 2 --kvstore dist_sync -- python benchmarks/bench_worker.py ...
-    python -m p3kv.launch -n 2 -s 2 --kvstore mxnet-p3 -- python benchmarks/bench_worker.py ...
+    python -m p3kv.launch -n 2 -s 2 --kvstore p3 -- python -m benchmarks.workloads.bench_worker --model resnet50_v1
+    python -m p3kv.launch -n 2 -s 2 --kvstore dist_sync -- python -m benchmarks.workloads.bench_worker ...
+    python -m p3kv.launch -n 2 -s 2 --kvstore mxnet-p3 -- python -m benchmarks.workloads.bench_worker ...
 
 The mode is P3_BASELINE (``dist_sync`` or ``mxnet-p3``, set by the launcher) or p3kv when it is unset. Each
 iteration pushes every array in backward order (last layer first) with priority -key, keys being forward order
@@ -17,7 +17,6 @@ gradient array too, so gradients are refilled first.)
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import pathlib
@@ -26,10 +25,11 @@ import sys
 import time
 
 import numpy as np
-import worker_results
+
+from benchmarks.paths import SHAPES_DIR
+from benchmarks.workloads import model_shapes, worker_output
 
 LOG = logging.getLogger("bench_worker")
-SHAPES_DIR = pathlib.Path(__file__).resolve().parent / "shapes"
 MODES = ("p3kv", "dist_sync", "mxnet-p3")
 # Environment that changes what the MXNet baselines do; recorded with every result.
 MXNET_KNOBS = ("DMLC_PS_VAN_TYPE", "DMLC_PS_WATER_MARK", "MXNET_KVSTORE_SLICE_THRESHOLD",
@@ -38,10 +38,7 @@ MXNET_P3_DEFAULT_SLICE = 40_000  # P3StoreDist's default for MXNET_KVSTORE_SLICE
 
 
 def load_shapes(model: str, shapes_dir: pathlib.Path = SHAPES_DIR) -> list[dict]:
-    path = shapes_dir / f"{model}.json"
-    if not path.exists():
-        raise SystemExit(f"no shape file {path}: generate it with benchmarks/make_shapes.py --models {model}")
-    return json.loads(path.read_text())["params"]
+    return model_shapes.load(model, shapes_dir)["params"]
 
 
 def mode_from_env() -> str:
@@ -179,7 +176,7 @@ def run(args: argparse.Namespace) -> dict | None:
         # bytes pushed plus bytes received by one worker per second, in Gbit/s
         "goodput": 2 * n_bytes * 8 / median / 1e9,
         "slice_size": runner.slice_size, "env": {k: os.environ.get(k) for k in MXNET_KNOBS},
-        "versions": worker_results.versions("numpy", "mxnet", "p3kv"),
+        "versions": worker_output.versions("numpy", "mxnet", "p3kv"),
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     LOG.info("rank %d: median %.4f s/iter, mean %.4f, goodput %.2f Gbit/s", runner.rank, median, mean,
@@ -205,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     row = run(args)
     if row is not None and args.out is not None:
-        worker_results.append_line(args.out, row)
+        worker_output.append_line(args.out, row)
         LOG.info("wrote %s", args.out)
     return 0
 

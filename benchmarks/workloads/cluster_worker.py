@@ -1,12 +1,12 @@
-"""One worker of the emulated-cluster benchmark (started by benchmarks/cluster_bench.py through the launcher).
+"""One worker of the emulated-cluster benchmark (started by benchmarks/suites/cluster_bench.py through the launcher).
 
 Trains --model through MXNet's kvstore interface: kvstore 'p3' in p3kv jobs, 'dist_sync' in the baselines
 (P3_BASELINE=dist_sync, or mxnet-p3: dist_sync with ps-lite's P3 van). Two compute modes:
 
 * ``emulated``: the model's real parameter arrays; every layer's forward/backward is an engine operation that
-  takes its profiled time (benchmarks/emulated_compute.py).
+  takes its profiled time (benchmarks/emulation/emulated_compute.py).
 * ``none``: as emulated with zero-time layers: push + pull only.
-* ``real``: the real network (benchmarks/real_models.py) trained with gluon.Trainer (SGD) on synthetic data.
+* ``real``: the real network (benchmarks/workloads/real_models.py) trained with gluon.Trainer (SGD) on synthetic data.
 
 Optimizer (--optimizer sgd, the default): SGD with momentum 0.9 and weight decay 1e-4, where each system runs
 it in practice: on the servers for p3kv and dist_sync (kv.set_optimizer: update_on_kvstore), on the workers for
@@ -38,7 +38,7 @@ import statistics
 import sys
 import time
 
-import worker_results
+from benchmarks.workloads import worker_output
 
 LOG = logging.getLogger("cluster_worker")
 MODES = ("p3kv", "dist_sync", "mxnet-p3", "horovod")
@@ -107,8 +107,9 @@ def split_big_arrays(description: dict, parts: int, bound: int = BIG_ARRAY) -> d
 
 class EmulatedTraining:
     def __init__(self, args: argparse.Namespace, mode: str):
-        import emulated_compute
         import mxnet as mx
+
+        from benchmarks.emulation import emulated_compute
 
         description = emulated_compute.load_description(args.model)
         if args.split_big_arrays > 1:
@@ -178,8 +179,9 @@ class EmulatedTraining:
 class RealTraining:
     def __init__(self, args: argparse.Namespace, mode: str):
         import mxnet as mx
-        import real_models
         from mxnet import autograd, gluon
+
+        from benchmarks.workloads import real_models
 
         self.mx, self.autograd = mx, autograd
         self.model = real_models.build(args.model, args.batch_size, mx.cpu())
@@ -293,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
               "compute": args.compute, "batch_size": args.batch_size, "samples_per_batch": training.samples,
               "unit": training.unit, "compute_s": training.compute_s, "iter_s": times,
               "median_s": statistics.median(times) if times else None,
-              "versions": worker_results.versions("mxnet", "p3kv", "gluoncv", "sockeye", "numpy", "horovod")}
+              "versions": worker_output.versions("mxnet", "p3kv", "gluoncv", "sockeye", "numpy", "horovod")}
     with open(f"{args.out}.rank{rank}.json", "w") as f:
         json.dump(result, f)
     LOG.info("rank %d: median %.4f s/iter, %.1f %s/s", rank, result["median_s"] or 0,

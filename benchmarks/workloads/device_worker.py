@@ -1,8 +1,10 @@
 """cluster_worker.py's real-compute mode on the host's accelerator: the worker `fab bench` runs on real clusters.
 
-    python benchmarks/device_worker.py --model resnet50_v1 --compute real --out PREFIX ...   (cluster_worker's options)
+    python -m benchmarks.workloads.device_worker --model resnet50_v1 --compute real --out PREFIX ...
+    (cluster_worker's options)
 
-The same training loop, timing and result file as benchmarks/cluster_worker.py (imported, not copied), with two
+The same training loop, timing and result file as benchmarks/workloads/cluster_worker.py (imported, not copied), with
+two
 differences: the model and its batch live on the first GPU the worker sees when the host has one (the launcher gives
 parameter-server workers no local rank: run one worker per GPU host, or pick the GPU with the hosts file's gpus=,
 which sets CUDA_VISIBLE_DEVICES; Horovod ranks take the GPU of their local rank), else on the CPU; and --model
@@ -18,10 +20,10 @@ from __future__ import annotations
 import os
 import sys
 
-import cluster_worker
 import mxnet as mx
 import numpy as np
-import real_models
+
+from benchmarks.workloads import cluster_worker, real_models
 
 TINY = "tiny-mlp"
 

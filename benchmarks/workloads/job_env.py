@@ -8,9 +8,8 @@ change what the baseline runs. A slice size reaches both slicing systems, p3kv (
 from __future__ import annotations
 
 import os
-import pathlib
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+from benchmarks.paths import ROOT
 
 
 def job_environment(system: str, slice_size: int | None = None, paths: tuple[str, ...] = (),

@@ -1,14 +1,16 @@
 """One worker of the like-for-like kvstore benchmark: every system through MXNet's engine, same optimizer.
 
-Run by benchmarks/kvstore_bench.py, one system per job::
+Run by benchmarks/suites/kvstore_bench.py, one system per job::
 
-    python -m p3kv.launch -n 2 -s 2 --kvstore p3 -- python benchmarks/kvstore_worker.py --system p3
-    python -m p3kv.launch -n 2 -s 2 --kvstore p3 -- python benchmarks/kvstore_worker.py --system p3-noopt
-    python -m p3kv.launch -n 2 -s 2 --kvstore dist_sync -- python benchmarks/kvstore_worker.py --system dist_sync
-    python -m p3kv.launch -n 2 -s 2 --kvstore mxnet-p3 -- python benchmarks/kvstore_worker.py --system mxnet-p3
-    horovodrun -np 2 -H localhost:2 --gloo python benchmarks/kvstore_worker.py --system horovod
+    python -m p3kv.launch -n 2 -s 2 --kvstore p3 -- python -m benchmarks.workloads.kvstore_worker --system p3
+    python -m p3kv.launch -n 2 -s 2 --kvstore p3 -- python -m benchmarks.workloads.kvstore_worker --system p3-noopt
+    python -m p3kv.launch -n 2 -s 2 --kvstore dist_sync -- \
+        python -m benchmarks.workloads.kvstore_worker --system dist_sync
+    python -m p3kv.launch -n 2 -s 2 --kvstore mxnet-p3 -- \
+        python -m benchmarks.workloads.kvstore_worker --system mxnet-p3
+    horovodrun -np 2 -H localhost:2 --gloo python -m benchmarks.workloads.kvstore_worker --system horovod
 
-Every iteration hands every parameter array of the model (benchmarks/shapes/<model>.json) to the system in
+Every iteration hands every parameter array of the model (benchmarks/workloads/shapes/<model>.json) to the system in
 backward order (last array first) with priority -layer (layer in forward order: the first layer is the most
 urgent), as MXNet engine operations on mx.nd arrays, then waits once on every weight. The same SGD (momentum
 0.9, wd 1e-4, rescale_grad 1/W) runs
@@ -27,7 +29,6 @@ to --out.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import pathlib
@@ -35,10 +36,11 @@ import sys
 import time
 
 import numpy as np
-import worker_results
+
+from benchmarks.paths import SHAPES_DIR
+from benchmarks.workloads import model_shapes, worker_output
 
 LOG = logging.getLogger("kvstore_worker")
-SHAPES_DIR = pathlib.Path(__file__).resolve().parent / "shapes"
 SYSTEMS = ("p3", "p3-noopt", "dist_sync", "mxnet-p3", "horovod")
 SERVER_SIDE = ("p3", "dist_sync")  # the optimizer runs on the servers
 # Environment that changes what a system does; recorded with every result.
@@ -52,10 +54,7 @@ WEIGHT_DECAY = 1e-4
 
 def load_model(model: str, shapes_dir: pathlib.Path, max_keys: int | None) -> tuple[list[dict], list[int]]:
     """The model's arrays in forward order and each array's layer index (forward order too)."""
-    path = shapes_dir / f"{model}.json"
-    if not path.exists():
-        raise SystemExit(f"no shape file {path}: generate it with benchmarks/make_shapes.py --models {model}")
-    spec = json.loads(path.read_text())
+    spec = model_shapes.load(model, shapes_dir)
     params = spec["params"]
     layer_of = list(range(len(params)))  # no layer table: one layer per array
     for layer, entry in enumerate(spec.get("layers", [])):
@@ -204,7 +203,7 @@ def run(args: argparse.Namespace) -> dict | None:
         f"sgd(lr={LEARNING_RATE},momentum={MOMENTUM},wd={WEIGHT_DECAY},rescale_grad=1/{system.num_workers})",
         "update_on": "none" if args.system == "p3-noopt" else ("servers" if args.system in SERVER_SIDE else "workers"),
         "times_s": times, "env": {k: os.environ.get(k) for k in KNOBS},
-        "versions": worker_results.versions("numpy", "mxnet", "p3kv", "horovod", p3kv_path=True),
+        "versions": worker_output.versions("numpy", "mxnet", "p3kv", "horovod", p3kv_path=True),
     }
     system.close()
     return row if rank == 0 else None
@@ -213,7 +212,7 @@ def run(args: argparse.Namespace) -> dict | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--system", choices=SYSTEMS, required=True)
-    parser.add_argument("--model", default="resnet50_v1", help="a benchmarks/shapes/<model>.json")
+    parser.add_argument("--model", default="resnet50_v1", help="a benchmarks/workloads/shapes/<model>.json")
     parser.add_argument("--shapes-dir", type=pathlib.Path, default=SHAPES_DIR)
     parser.add_argument("--max-keys", type=int, default=None, help="only the first N arrays (tests)")
     parser.add_argument("--warmup", type=int, default=3)
@@ -229,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     row = run(args)
     if row is not None and args.out is not None:
-        worker_results.append_line(args.out, row)
+        worker_output.append_line(args.out, row)
     return 0
 
 

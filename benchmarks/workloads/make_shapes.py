@@ -1,4 +1,5 @@
-"""Write each benchmark model's trainable parameters and per-layer forward FLOPs to benchmarks/shapes/<model>.json.
+"""Write each benchmark model's trainable parameters and per-layer forward FLOPs to
+benchmarks/workloads/shapes/<model>.json.
 
 The transport benchmark only needs each array's name, shape and dtype, and the emulated compute mode only each
 layer's parameters and FLOPs, so the JSON files are committed and the benchmarks run without gluoncv or
@@ -6,7 +7,7 @@ sockeye. The networks are real_models.py's (gluoncv's resnet50_v1, vgg19, incept
 transformer). Regenerate with::
 
     pip install -e '.[bench,sockeye]' && pip install --no-deps gluoncv==0.10.5.post0 sockeye==2.3.24
-    python benchmarks/make_shapes.py --models resnet50_v1 vgg19 inceptionv3 sockeye
+    python -m benchmarks.workloads.make_shapes --models resnet50_v1 vgg19 inceptionv3 sockeye
 
 Forward order matters: P3 gives every array the priority of its layer in forward order (first layer most
 urgent). It is the order in which one imperative forward pass first reads each parameter (Parameter.data(),
@@ -45,10 +46,11 @@ import sys
 
 import mxnet as mx
 import numpy as np
-import real_models
+
+from benchmarks.paths import SHAPES_DIR
+from benchmarks.workloads import real_models
 
 LOG = logging.getLogger("make_shapes")
-SHAPES_DIR = pathlib.Path(__file__).resolve().parent / "shapes"
 NORM_FLOPS = 5  # per element: mean, variance, normalize, scale, shift
 SOFTMAX_FLOPS = 5  # per element: max, subtract, exp, sum, divide
 # model -> {layer name: name prefix of the first layer that uses its output}; see the module docstring.
@@ -291,7 +293,7 @@ def describe(model: str) -> dict:
         "generated_with": versions,
         "fwd_flops_total": int(sum(layer["fwd_flops"] for layer in layers)),
         **sample,
-        "flops": "forward FLOPs per sample, multiply-add = 2; see benchmarks/make_shapes.py",
+        "flops": "forward FLOPs per sample, multiply-add = 2; see benchmarks/workloads/make_shapes.py",
         "flops_ignored": ignored,
         "num_layers": len(layers),
         "params": entries,

@@ -1,4 +1,4 @@
-"""One worker of benchmarks/startup_bench.py: a Gluon Trainer on kvstore 'p3' whose first step it times from the
+"""One worker of benchmarks/suites/startup_bench.py: a Gluon Trainer on kvstore 'p3' whose first step it times from the
 job's launch (STARTUP_T0, seconds since the epoch). Worker 0 writes one JSON line to --out.
 
 usage: startup_worker.py --out FILE --update-on-kvstore 1|0 [--steps N]
