@@ -19,6 +19,7 @@ import sys
 from collections.abc import Sequence
 
 from benchmarks.analysis import bench_rows
+from benchmarks.analysis.points import LABEL
 from benchmarks.emulation import emulated_cluster
 from benchmarks.paths import RESULTS
 
@@ -107,13 +108,11 @@ def plot(rows: Sequence[dict], folder: pathlib.Path, path: pathlib.Path, labels:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from benchmarks.report import readme as report
-
     rows = [r for r in bench_rows.read_runs(SWEEPS / "utilisation.csv") if r.get("tag") == "utilisation"]
     for kv, s in summary(rows, SWEEPS / "utilisation").items():
-        sys.stdout.write(f"{report.LABEL.get(kv, kv)}: links {100 * s['busy']:.0f}% busy, {100 * s['idle']:.0f}% "
+        sys.stdout.write(f"{LABEL.get(kv, kv)}: links {100 * s['busy']:.0f}% busy, {100 * s['idle']:.0f}% "
                          f"of samples idle (median of {s['n']} runs)\n")
-    plot(rows, SWEEPS / "utilisation", SWEEPS / "fig_utilisation_links.png", report.LABEL)
+    plot(rows, SWEEPS / "utilisation", SWEEPS / "fig_utilisation_links.png", LABEL)
     return 0
 
 

@@ -49,6 +49,7 @@ import time
 from collections.abc import Sequence
 
 from benchmarks.analysis import bench_rows
+from benchmarks.analysis.points import aggregate, point_table
 from benchmarks.emulation import emulated_cluster, run_guard
 from benchmarks.paths import RESULTS, ROOT  # noqa: F401  (ROOT: the tests' and deploy's)
 from benchmarks.suites.cluster_job import KVSTORES, Point, comm_bound_seconds, model_arrays, model_bytes, run_point  # noqa: F401
@@ -149,22 +150,18 @@ def run_points(points: Sequence[Point], csv_path: pathlib.Path, conditions: Cond
 
 
 def summary(rows: Sequence[dict]) -> str:
-    """Markdown table of the points in `rows` (see report.point_table)."""
-    from benchmarks.report import readme as report
-
-    return report.point_table(report.aggregate(rows, include_smoke=True)) + "\n"
+    """Markdown table of the points in `rows` (see point_table)."""
+    return point_table(aggregate(rows, include_smoke=True)) + "\n"
 
 
 def plot_comparison(rows: Sequence[dict], path: pathlib.Path, title: str) -> None:
     """Bar chart of throughput per kvstore (median over all iterations, IQR as error bars), the bound as a line."""
     import matplotlib
 
-    from benchmarks.report import readme as report
-
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    points = report.aggregate(rows, include_smoke=True)
+    points = aggregate(rows, include_smoke=True)
     if not points:
         return
     kvs = [p["kvstore"] for p in points]

@@ -38,14 +38,14 @@ import sys
 from collections.abc import Sequence
 
 from benchmarks.analysis import bench_rows
+from benchmarks.analysis.points import LABEL, aggregate, link_label, optimizer_label
 from benchmarks.emulation import emulated_cluster, emulated_compute, run_guard, wire_bound
-from benchmarks.report import readme as report
 from benchmarks.suites import cluster_bench
 
 LOG = logging.getLogger("sweeps")
 RESULTS = cluster_bench.RESULTS / "sweeps"
 SYSTEMS = list(cluster_bench.SYSTEMS)
-MODELS = list(report.SWEEP_MODELS["bandwidth"])
+MODELS = ["resnet50_v1", "inceptionv3", "sockeye", "vgg19"]  # the bandwidth sweep's, and the README block's
 LINK_MAX_GBPS = 2.0  # the fastest emulated link; faster P100-equivalents are reached by dilation
 # P100-equivalent Gbps per model: >= 6 points over 1-30, ResNet-50 at 4 (the paper's headline) and VGG-19 at 15.
 EQUIVALENTS = {"resnet50_v1": [1, 2, 4, 10, 20, 30], "inceptionv3": [1, 2, 4, 10, 20, 30],
@@ -181,7 +181,7 @@ def _signature(settings: dict) -> tuple:
     return (str(settings["tag"]), str(settings["model"]), str(settings["kvstore"]), int(settings["hosts"]),
             str(settings["layout"]), str(settings["bandwidth"]), str(settings["compute"]),
             int(settings["batch_size"]), number(settings["gpu_scale"]), number(settings["efficiency_factor"]),
-            number(settings["slice_size"]), report.optimizer_label(str(settings["optimizer"])),
+            number(settings["slice_size"]), optimizer_label(str(settings["optimizer"])),
             int(settings["warmup"]), int(settings["iters"]), int(settings["repeat"]))
 
 
@@ -212,7 +212,7 @@ def plot(name: str, rows: Sequence[dict], path: pathlib.Path, include_smoke: boo
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    points = report.aggregate([r for r in rows if r.get("tag") == name], include_smoke)
+    points = aggregate([r for r in rows if r.get("tag") == name], include_smoke)
     if not points:
         LOG.warning("no rows for sweep %s: nothing to plot", name)
         return
@@ -236,7 +236,7 @@ def plot(name: str, rows: Sequence[dict], path: pathlib.Path, include_smoke: boo
             order = list(SYSTEM_COLORS)  # every system has one (tests/test_sweeps.py): a new one must be added
             for kv in sorted({p["kvstore"] for p in mine}, key=order.index):
                 series = sorted((p for p in mine if p["kvstore"] == kv), key=x_of)
-                errorbar(ax, [x_of(p) for p in series], series, report.LABEL.get(kv, kv),
+                errorbar(ax, [x_of(p) for p in series], series, LABEL.get(kv, kv),
                          color=SYSTEM_COLORS[kv])
             xs = sorted({x_of(p) for p in mine})
             ax.plot(xs, [statistics.median(p["bound_throughput"] * undilated(p) for p in mine if x_of(p) == x)
@@ -257,7 +257,7 @@ def plot(name: str, rows: Sequence[dict], path: pathlib.Path, include_smoke: boo
         fig, ax = plt.subplots(figsize=(7, 3.8))
         if name == "slice":
             points = sorted(points, key=lambda p: int(p["slice_size"]))
-        labels = [str(p[key]) if key == "slice_size" else report.LABEL.get(p[key], p[key])
+        labels = [str(p[key]) if key == "slice_size" else LABEL.get(p[key], p[key])
                   for p in points]
         errors = [[p["throughput"] - p["low"] for p in points], [p["high"] - p["throughput"] for p in points]]
         bars = ax.bar(range(len(points)), [p["throughput"] for p in points], yerr=errors, capsize=4,
@@ -268,7 +268,7 @@ def plot(name: str, rows: Sequence[dict], path: pathlib.Path, include_smoke: boo
                    label="bound (headers incl.)")
         first = points[0]
         note = {"ablation": PAPER_ABLATION, "slice": PAPER_SLICE}.get(name, "")
-        ax.set_title(f"{first['model']}, {first['hosts']} hosts, {report._link(first)}\n{note}", fontsize=9)
+        ax.set_title(f"{first['model']}, {first['hosts']} hosts, {link_label(first)}\n{note}", fontsize=9)
         ax.set_ylabel(f"{first['unit']}/s (emulated time, --gpu-scale {first['gpu_scale']:g})" if first["gpu_scale"]
                       else f"{first['unit']}/s")
         ax.legend(fontsize=8)
@@ -317,7 +317,7 @@ def write_summary(name: str, results_dir: pathlib.Path, skipped: dict[str, str] 
 
 def rebound(results_dir: pathlib.Path = RESULTS) -> dict[pathlib.Path, int]:
     """Rewrites every reviewed row's bound from wire_bound.py as it is now (after a change to the header model):
-    {csv: rows changed}. `report.py --check` fails while a row's bound differs."""
+    {csv: rows changed}. `python -m benchmarks.report --check` fails while a row's bound differs."""
     from benchmarks.suites import cluster_job
 
     return {p: bench_rows.rewrite_bounds(p, cluster_job.bound_columns) for p in run_csvs(results_dir)}
@@ -330,7 +330,7 @@ def plot_links(name: str, results_dir: pathlib.Path) -> None:
     from benchmarks.analysis import link_utilisation
 
     rows = [r for r in bench_rows.read_runs(results_dir / "utilisation.csv") if r.get("tag") == name]
-    link_utilisation.plot(rows, results_dir / "utilisation", results_dir / "fig_utilisation_links.png", report.LABEL)
+    link_utilisation.plot(rows, results_dir / "utilisation", results_dir / "fig_utilisation_links.png", LABEL)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
