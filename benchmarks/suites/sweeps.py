@@ -27,6 +27,7 @@ records its scale and the CPU utilisation of every host, so a point where the CP
 shows.
 """
 
+
 from __future__ import annotations
 
 import argparse
@@ -38,32 +39,40 @@ import sys
 from collections.abc import Sequence
 
 from benchmarks.analysis import bench_rows
-from benchmarks.analysis.points import LABEL, aggregate, link_label, optimizer_label
+from benchmarks.analysis.points import optimizer_label
 from benchmarks.emulation import emulated_cluster, emulated_compute, run_guard, wire_bound
 from benchmarks.suites import cluster_bench
+from benchmarks.suites.sweep_plots import SYSTEM_COLORS, plot, plot_links  # noqa: F401  (SYSTEM_COLORS: the tests')
 
 LOG = logging.getLogger("sweeps")
 RESULTS = cluster_bench.RESULTS / "sweeps"
+
+
 SYSTEMS = list(cluster_bench.SYSTEMS)
 MODELS = ["resnet50_v1", "inceptionv3", "sockeye", "vgg19"]  # the bandwidth sweep's, and the README block's
+
+
 LINK_MAX_GBPS = 2.0  # the fastest emulated link; faster P100-equivalents are reached by dilation
+
+
 # P100-equivalent Gbps per model: >= 6 points over 1-30, ResNet-50 at 4 (the paper's headline) and VGG-19 at 15.
 EQUIVALENTS = {"resnet50_v1": [1, 2, 4, 10, 20, 30], "inceptionv3": [1, 2, 4, 10, 20, 30],
                "sockeye": [1, 2, 4, 10, 20, 30], "vgg19": [2, 5, 10, 15, 20, 30]}
+
+
 SLICE_POINT = ("resnet50_v1", 2)  # link-bound: 0.62 s of traffic vs 0.16 s of compute per iteration, 4 hosts
 SLICE_SIZES = [5_000, 20_000, 50_000, 200_000, 1_000_000]
+
+
 ABLATION = ("vgg19", 30, ["dist_sync", "p3-priority-split", "p3-slicing-only", "p3"])
 SCALE = (["resnet50_v1", "sockeye", "vgg19"], 10, [2, 4, 8])
+
+
 SENSITIVITY = ([("resnet50_v1", 4), ("vgg19", 15)], [0.5, 1.0, 2.0])
 DILATION = ("resnet50_v1", 10, [0.1, 0.2, 0.3, 0.5, 1.0])
+
+
 UTILISATION = ("sockeye", 10, ["dist_sync", "p3", "horovod"])
-# What the paper reports (section 5), shown on the figures.
-PAPER_BANDWIDTH = {"resnet50_v1": "paper: +26% at 4 Gbps", "inceptionv3": "paper: +18% (max)",
-                   "vgg19": "paper: +66% at 15 Gbps", "sockeye": "paper: +38% (max)"}
-PAPER_ABLATION = "paper (VGG-19, 30 Gbps): slicing alone +49%"
-PAPER_SLICE = "paper: optimum at 50,000"
-PAPER_SCALE = {"vgg19": "paper: +61% at 8 machines", "sockeye": "paper: +18% at 8 machines",
-               "resnet50_v1": "paper: about equal at 10 Gbps"}
 
 
 def link(equivalent_gbps: float, scale: float) -> str:
@@ -129,9 +138,9 @@ def sweep_utilisation(args):
 SWEEPS = {"bandwidth": sweep_bandwidth, "slice": sweep_slice, "ablation": sweep_ablation, "scale": sweep_scale,
           "sensitivity": sweep_sensitivity, "dilation": sweep_dilation, "demo": sweep_demo,
           "utilisation": sweep_utilisation}
+
+
 ALL = ("demo", "bandwidth", "slice", "ablation", "scale", "sensitivity", "dilation", "utilisation")
-
-
 GATE_S = 5.0  # the run guard's idle sample before every run
 
 
@@ -192,93 +201,6 @@ def not_yet_run(points: Sequence[cluster_bench.Point], csv_path: pathlib.Path) -
     return [p for p in points if _signature(dataclasses.asdict(p)) not in done]
 
 
-def undilated(p: dict) -> float:
-    """What a point's rates are multiplied by to read as real P100s': 1 / --gpu-scale (emulated time runs slower by
-    that factor), 1 where compute is not dilated."""
-    return 1.0 / p["gpu_scale"] if p.get("gpu_scale") else 1.0
-
-
-# One colour per system in every panel and figure, so that a system reads the same across them.
-SYSTEM_COLORS = {"p3": "tab:orange", "dist_sync": "tab:green", "mxnet-p3": "tab:blue", "horovod": "tab:red",
-                 "p3-slicing-only": "tab:purple", "p3-priority-split": "tab:brown", "p3-priority-only": "tab:gray"}
-
-
-def plot(name: str, rows: Sequence[dict], path: pathlib.Path, include_smoke: bool = False) -> None:
-    """The sweep's figure: medians with the IQR as error bars, the header-inclusive bound dashed (smoke rows
-    only for a smoke run's own figure). The line figures plot P100-equivalent rates (measured / --gpu-scale), so
-    points at different dilations compare: the emulated wall-clock rate falls with the dilation."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    points = aggregate([r for r in rows if r.get("tag") == name], include_smoke)
-    if not points:
-        LOG.warning("no rows for sweep %s: nothing to plot", name)
-        return
-
-    def errorbar(ax, xs, mine, label, **style):
-        ax.errorbar(xs, [p["throughput"] * undilated(p) for p in mine],
-                    yerr=[[(p["throughput"] - p["low"]) * undilated(p) for p in mine],
-                          [(p["high"] - p["throughput"]) * undilated(p) for p in mine]],
-                    marker="o", capsize=3, label=label, **style)
-
-    if name in ("bandwidth", "scale", "sensitivity", "dilation"):
-        x_of = {"bandwidth": lambda p: p["p100_equiv_gbps"], "scale": lambda p: p["hosts"],
-                "sensitivity": lambda p: float(p["efficiency_factor"]), "dilation": lambda p: p["gpu_scale"]}[name]
-        panel_of = {"bandwidth": lambda p: p["model"], "scale": lambda p: p["model"],
-                    "sensitivity": lambda p: f"{p['model']}, {p['p100_equiv_gbps']:g} Gbps-equiv.",
-                    "dilation": lambda p: f"{p['model']}, {p['p100_equiv_gbps']:g} Gbps-equiv."}[name]
-        panels = list(dict.fromkeys(panel_of(p) for p in points))
-        fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 3.8), squeeze=False)
-        for ax, panel in zip(axes[0], panels):
-            mine = [p for p in points if panel_of(p) == panel]
-            order = list(SYSTEM_COLORS)  # every system has one (tests/test_sweeps.py): a new one must be added
-            for kv in sorted({p["kvstore"] for p in mine}, key=order.index):
-                series = sorted((p for p in mine if p["kvstore"] == kv), key=x_of)
-                errorbar(ax, [x_of(p) for p in series], series, LABEL.get(kv, kv),
-                         color=SYSTEM_COLORS[kv])
-            xs = sorted({x_of(p) for p in mine})
-            ax.plot(xs, [statistics.median(p["bound_throughput"] * undilated(p) for p in mine if x_of(p) == x)
-                         for x in xs], "k--", label="bound (headers incl.)")
-            if name in ("bandwidth", "sensitivity", "dilation"):
-                ax.set_xscale("log")
-                ax.set_xticks(xs, [f"{x:g}" for x in xs])
-                ax.minorticks_off()
-            ax.set_xlabel({"bandwidth": "P100-equivalent Gbps", "scale": "hosts (1 worker + 1 server each)",
-                           "sensitivity": "efficiency x calibrated", "dilation": "--gpu-scale (1 = undilated)"}[name])
-            ax.set_ylabel(f"P100-equivalent {mine[0]['unit']}/s\n(measured / --gpu-scale)", fontsize=8)
-            extra = PAPER_BANDWIDTH.get(mine[0]["model"], "") if name == "bandwidth" else (
-                PAPER_SCALE.get(mine[0]["model"], "") if name == "scale" else "")
-            ax.set_title(f"{panel}\n{extra}", fontsize=9)
-            ax.legend(fontsize=7)
-    else:  # one bar per system (ablation, demo, utilisation) or per slice size
-        key = "slice_size" if name == "slice" else "kvstore"
-        fig, ax = plt.subplots(figsize=(7, 3.8))
-        if name == "slice":
-            points = sorted(points, key=lambda p: int(p["slice_size"]))
-        labels = [str(p[key]) if key == "slice_size" else LABEL.get(p[key], p[key])
-                  for p in points]
-        errors = [[p["throughput"] - p["low"] for p in points], [p["high"] - p["throughput"] for p in points]]
-        bars = ax.bar(range(len(points)), [p["throughput"] for p in points], yerr=errors, capsize=4,
-                      color="tab:blue")
-        ax.bar_label(bars, fmt="%.1f", label_type="center")
-        ax.set_xticks(range(len(points)), labels, fontsize=7, rotation=15)
-        ax.axhline(statistics.median(p["bound_throughput"] for p in points), color="k", linestyle="--",
-                   label="bound (headers incl.)")
-        first = points[0]
-        note = {"ablation": PAPER_ABLATION, "slice": PAPER_SLICE}.get(name, "")
-        ax.set_title(f"{first['model']}, {first['hosts']} hosts, {link_label(first)}\n{note}", fontsize=9)
-        ax.set_ylabel(f"{first['unit']}/s (emulated time, --gpu-scale {first['gpu_scale']:g})" if first["gpu_scale"]
-                      else f"{first['unit']}/s")
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    LOG.info("wrote %s", path)
-
-
 def estimates(args: argparse.Namespace, results_dir: pathlib.Path) -> tuple[list[tuple[str, float, float]], str]:
     """Per sweep: (name, seconds for all its runs, seconds for the runs its CSV in `results_dir` lacks), and
     where the factors the bound is scaled by come from (see measured_factors)."""
@@ -321,16 +243,6 @@ def rebound(results_dir: pathlib.Path = RESULTS) -> dict[pathlib.Path, int]:
     from benchmarks.suites import cluster_job
 
     return {p: bench_rows.rewrite_bounds(p, cluster_job.bound_columns) for p in run_csvs(results_dir)}
-
-
-def plot_links(name: str, results_dir: pathlib.Path) -> None:
-    """The utilisation sweep's second figure: host 0's link over time for every system (link_utilisation.py)."""
-    if name != "utilisation":
-        return
-    from benchmarks.analysis import link_utilisation
-
-    rows = [r for r in bench_rows.read_runs(results_dir / "utilisation.csv") if r.get("tag") == name]
-    link_utilisation.plot(rows, results_dir / "utilisation", results_dir / "fig_utilisation_links.png", LABEL)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
