@@ -3,6 +3,7 @@ house limit, and every module importable by its package name (the way the suites
 
 import ast
 import pathlib
+import re
 
 import pytest
 
@@ -98,3 +99,25 @@ def test_no_benchmarks_file_is_past_the_line_limit():
                 if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert {k: v for k, v in too_long.items() if k not in LONG_FILES} == {}, \
         f"split these (STYLE.md: one concept per file) or list them in LONG_FILES with the reason: {too_long}"
+
+
+def test_python_m_benchmarks_lists_every_suite_with_a_command_that_exists():
+    import subprocess
+    import sys
+
+    from benchmarks.suites.catalogue import SUITES
+
+    root = BENCHMARKS.parent
+    done = subprocess.run([sys.executable, "-m", "benchmarks"], cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    targets = set(re.findall(r"^([\w-]+):", (root / "Makefile").read_text(), re.MULTILINE))
+    for suite in SUITES:
+        assert f"\n{suite.name} " in done.stdout, suite.name
+        make = re.match(r"make ([\w-]+)", suite.command)
+        module = re.search(r"-m (benchmarks[\w.]+)", suite.command)
+        assert make or module, suite.command
+        if make:
+            assert make[1] in targets, f"{suite.name}: no make target {make[1]}"
+        if module:
+            assert (root / (module[1].replace(".", "/") + ".py")).is_file(), suite.command
+    assert "bandwidth" in done.stdout and " h " in done.stdout  # the sweeps' estimates, one per sweep
