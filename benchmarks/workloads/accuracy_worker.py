@@ -26,7 +26,6 @@ Each rank writes <out>.rank<r>.json.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import time
@@ -124,9 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--wd", type=float, default=1e-4)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--compute-s", type=float, default=0.0, help="emulated compute per iteration (seconds)")
-    p.add_argument("--out", required=True, help="result path prefix: writes <out>.rank<r>.json")
+    worker_output.add_out_argument(p, per_rank=True)
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(asctime)s %(name)s %(message)s")
+    worker_output.start_logging(rank_lines=True)
 
     import mxnet as mx
     import numpy as np
@@ -204,8 +203,7 @@ def main(argv: list[str] | None = None) -> int:
               "train_s": train_s, "losses": losses, "iter_s": iter_s,
               "evals": evals, "weight_checksum": float(sum(np.abs(p.data().asnumpy()).sum() for p in params)),
               "versions": worker_output.versions("mxnet", "p3kv", "scikit-learn", "numpy")}
-    with open(f"{args.out}.rank{rank}.json", "w") as f:
-        json.dump(result, f)
+    worker_output.write_rank(args.out, rank, result)
     LOG.info("rank %d: %d iterations in %.1f s", rank, args.iters, result["train_s"])
     return 0
 

@@ -189,17 +189,14 @@ def run(args: argparse.Namespace) -> dict | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="resnet50_v1", help="resnet50_v1, vgg19, inceptionv3 (a shapes/*.json)")
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--iters", type=int, default=10)
+    worker_output.add_iteration_arguments(parser, warmup=2, iters=10)
     parser.add_argument("--slice-size", type=int, default=None,
                         help="elements per slice for p3kv and mxnet-p3 (default: each system's own default)")
-    parser.add_argument("--out", type=pathlib.Path, default=None, help="worker 0 appends its JSON line here")
+    worker_output.add_out_argument(parser)
     parser.add_argument("--shapes-dir", type=pathlib.Path, default=SHAPES_DIR)
     args = parser.parse_args(argv)
-    if args.iters < 1 or args.warmup < 0:
-        parser.error("--iters must be >= 1 and --warmup >= 0")
-    logging.basicConfig(level=os.environ.get("BENCH_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    worker_output.check_iterations(parser, args)
+    worker_output.start_logging()
     row = run(args)
     if row is not None and args.out is not None:
         worker_output.append_line(args.out, row)

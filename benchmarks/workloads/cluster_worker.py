@@ -30,7 +30,6 @@ consecutive forward completions. Each rank writes <out>.rank<r>.json with its it
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import os
@@ -249,8 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True)
     parser.add_argument("--compute", choices=("emulated", "real", "none"), default="emulated")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--iters", type=int, default=20)
+    worker_output.add_iteration_arguments(parser, warmup=3, iters=20)
     parser.add_argument("--gpu", default="p100")
     parser.add_argument("--gpu-scale", type=float, default=1.0)
     parser.add_argument("--efficiency-factor", type=float, default=1.0,
@@ -261,9 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split-big-arrays", type=int, default=0, metavar="N",
                         help="cut arrays above 10^6 elements into N keys (the fair priority-only ablation)")
     parser.add_argument("--log-interval", type=int, default=5)
-    parser.add_argument("--out", required=True, help="result path prefix: writes <out>.rank<r>.json")
+    worker_output.add_out_argument(parser, per_rank=True)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(asctime)s %(name)s %(message)s")
+    worker_output.start_logging(rank_lines=True)
     mode = mode_from_env(args.system if args.system != "auto" else None)
     start = time.perf_counter()
     training = (RealTraining if args.compute == "real" else EmulatedTraining)(args, mode)
@@ -296,8 +294,7 @@ def main(argv: list[str] | None = None) -> int:
               "unit": training.unit, "compute_s": training.compute_s, "iter_s": times,
               "median_s": statistics.median(times) if times else None,
               "versions": worker_output.versions("mxnet", "p3kv", "gluoncv", "sockeye", "numpy", "horovod")}
-    with open(f"{args.out}.rank{rank}.json", "w") as f:
-        json.dump(result, f)
+    worker_output.write_rank(args.out, rank, result)
     LOG.info("rank %d: median %.4f s/iter, %.1f %s/s", rank, result["median_s"] or 0,
              training.samples / result["median_s"] if result["median_s"] else 0, training.unit)
     return 0

@@ -215,17 +215,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="resnet50_v1", help="a benchmarks/workloads/shapes/<model>.json")
     parser.add_argument("--shapes-dir", type=pathlib.Path, default=SHAPES_DIR)
     parser.add_argument("--max-keys", type=int, default=None, help="only the first N arrays (tests)")
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--iters", type=int, default=20)
+    worker_output.add_iteration_arguments(parser, warmup=3, iters=20)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=pathlib.Path, default=None, help="worker 0 appends its JSON line here")
+    worker_output.add_out_argument(parser)
     parser.add_argument("--save-weights", type=pathlib.Path, default=None,
                         help="worker 0 writes its final weights here (.npz, key k as 'k<k>')")
     args = parser.parse_args(argv)
-    if args.iters < 1 or args.warmup < 0:
-        parser.error("--iters must be >= 1 and --warmup >= 0")
-    logging.basicConfig(level=os.environ.get("BENCH_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    worker_output.check_iterations(parser, args)
+    worker_output.start_logging()
     row = run(args)
     if row is not None and args.out is not None:
         worker_output.append_line(args.out, row)

@@ -5,7 +5,6 @@ usage: startup_worker.py --out FILE --update-on-kvstore 1|0 [--steps N]
 """
 
 import argparse
-import json
 import os
 import time
 
@@ -14,6 +13,7 @@ import numpy as np
 from mxnet import autograd, gluon
 
 import p3kv  # noqa: F401  (makes kvstore='p3' available)
+from benchmarks.workloads import worker_output
 
 WIDTH = 1024  # 4 Dense layers of 1024: about 3 M parameters, enough slices for every server
 BATCH = 16
@@ -22,7 +22,7 @@ BATCH = 16
 def main() -> None:
     t0 = float(os.environ["STARTUP_T0"])
     p = argparse.ArgumentParser()
-    p.add_argument("--out", required=True)
+    worker_output.add_out_argument(p, required=True)
     p.add_argument("--update-on-kvstore", type=int, choices=(0, 1), required=True)
     p.add_argument("--steps", type=int, default=5)
     args = p.parse_args()
@@ -49,10 +49,9 @@ def main() -> None:
             param.data().wait_to_read()
         stamps.append(time.time() - t0)
     if trainer._kvstore.rank == 0:
-        with open(args.out, "w") as f:
-            json.dump({"imported_s": imported, "first_step_s": stamps[0], "last_step_s": stamps[-1],
-                       "later_step_s": (stamps[-1] - stamps[0]) / max(1, len(stamps) - 1)}, f)
-            f.write("\n")
+        worker_output.append_line(args.out, {"imported_s": imported, "first_step_s": stamps[0],
+                                             "last_step_s": stamps[-1],
+                                             "later_step_s": (stamps[-1] - stamps[0]) / max(1, len(stamps) - 1)})
 
 
 if __name__ == "__main__":
