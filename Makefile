@@ -62,7 +62,7 @@ demo: bench-setup
 
 # Every sweep of the paper's evaluation with the reviewed settings (optimizer on, 3 shuffled repeats of 2 warm-up +
 # 20 timed iterations, all four systems), then the README's tables: an estimated 11.5 hours on an idle 2-core
-# machine in full (`make sweeps-estimate` gives each sweep's time, in full and for what is not measured yet). Each sweep is also its own command (benchmarks/suites/sweeps.py NAME);
+# machine in full (`make sweeps-estimate` gives each sweep's time, in full and for what is not measured yet). Each sweep is also its own command (python -m benchmarks.suites.sweeps NAME);
 # SWEEP_FLAGS passes options to every one (e.g. --force, --repeats 5). With --resume (the default here) a sweep
 # runs only what its CSV in benchmarks/results/sweeps/ lacks, so an interrupted `make sweeps` continues where it
 # stopped; to measure everything again, move benchmarks/results/sweeps/ aside first.
