@@ -24,7 +24,6 @@ import argparse
 import csv
 import json
 import logging
-import os
 import pathlib
 import socket
 import statistics
@@ -32,6 +31,7 @@ import subprocess
 import sys
 import time
 
+from benchmarks import paths
 from benchmarks.emulation import emulated_cluster, run_guard, wire_bound
 from benchmarks.paths import RESULTS
 
@@ -83,16 +83,16 @@ def send(address: str, nbytes: int) -> None:
 
 def one_run(cluster: emulated_cluster.EmulatedCluster, nbytes: int) -> tuple[int, int, float]:
     """(forward metered bytes, reverse metered bytes, seconds) of one transfer of `nbytes`."""
-    here = os.path.abspath(__file__)
+    here = paths.python_module("benchmarks.suites.link_overhead")  # this module's receive and send commands
     before = (metered_bytes(cluster, 0), metered_bytes(cluster, 1))
-    receiver = cluster.popen(1, [sys.executable, here, "receive", "--address", cluster.address(1),
-                                 "--bytes", str(nbytes)], stdout=subprocess.PIPE, text=True)
+    receiver = cluster.popen(1, [*here, "receive", "--address", cluster.address(1), "--bytes", str(nbytes)],
+                             stdout=subprocess.PIPE, text=True, cwd=paths.ROOT)
     try:
         if receiver.stdout.readline().strip() != "listening":
             raise RuntimeError("the receiver did not start")
         start = time.monotonic()
-        cluster.run(0, [sys.executable, here, "send", "--address", cluster.address(1), "--bytes", str(nbytes)],
-                    check=True, timeout=300)
+        cluster.run(0, [*here, "send", "--address", cluster.address(1), "--bytes", str(nbytes)],
+                    check=True, timeout=300, cwd=paths.ROOT)
         seconds = time.monotonic() - start
         if receiver.wait(timeout=60) != 0:
             raise RuntimeError(f"the receiver exited with {receiver.returncode}")
