@@ -57,36 +57,36 @@ test-unit: setup
 # a busy machine or a dirty tree: DEMO_FLAGS=--force / --allow-dirty override (recorded in every row).
 DEMO_FLAGS ?=
 demo: bench-setup
-	$(SUDO) $(PY) benchmarks/sweeps.py demo $(DEMO_FLAGS)
-	$(PY) benchmarks/report.py
+	$(SUDO) $(PY) -m benchmarks.suites.sweeps demo $(DEMO_FLAGS)
+	$(PY) -m benchmarks.report
 
 # Every sweep of the paper's evaluation with the reviewed settings (optimizer on, 3 shuffled repeats of 2 warm-up +
 # 20 timed iterations, all four systems), then the README's tables: an estimated 11.5 hours on an idle 2-core
-# machine in full (`make sweeps-estimate` gives each sweep's time, in full and for what is not measured yet). Each sweep is also its own command (benchmarks/sweeps.py NAME);
+# machine in full (`make sweeps-estimate` gives each sweep's time, in full and for what is not measured yet). Each sweep is also its own command (python -m benchmarks.suites.sweeps NAME);
 # SWEEP_FLAGS passes options to every one (e.g. --force, --repeats 5). With --resume (the default here) a sweep
 # runs only what its CSV in benchmarks/results/sweeps/ lacks, so an interrupted `make sweeps` continues where it
 # stopped; to measure everything again, move benchmarks/results/sweeps/ aside first.
 SWEEPS := demo bandwidth slice ablation scale sensitivity dilation utilisation
 SWEEP_FLAGS ?= --resume
 sweeps: bench-setup
-	for s in $(SWEEPS); do $(SUDO) $(PY) benchmarks/sweeps.py $$s $(SWEEP_FLAGS) || exit 1; done
-	$(PY) benchmarks/report.py
+	for s in $(SWEEPS); do $(SUDO) $(PY) -m benchmarks.suites.sweeps $$s $(SWEEP_FLAGS) || exit 1; done
+	$(PY) -m benchmarks.report
 
 # The paper's accuracy claim in miniature (p3kv vs dist_sync vs dist_async on scikit-learn's digits, 4 emulated
 # hosts on 100 Mbit links, 3 shuffled repeats; 25 minutes here): results/accuracy/accuracy.{csv,md,png}.
 ACCURACY := benchmarks/results/accuracy
 bench-accuracy: setup
-	$(SUDO) $(PY) benchmarks/accuracy.py --hosts 4 --bandwidth 100mbit --iters 150 --compute-s 0.3 --repeats 3 \
+	$(SUDO) $(PY) -m benchmarks.suites.accuracy --hosts 4 --bandwidth 100mbit --iters 150 --compute-s 0.3 --repeats 3 \
 		--targets 0.8 0.9 0.95 --csv $(ACCURACY)/accuracy.csv --plot $(ACCURACY)/accuracy.png \
 		--summary $(ACCURACY)/accuracy.md
-	$(PY) benchmarks/report.py
+	$(PY) -m benchmarks.report
 
 sweeps-estimate: setup
-	$(PY) benchmarks/sweeps.py estimate
+	$(PY) -m benchmarks.suites.sweeps estimate
 
 # The README's benchmark tables and sentences from the result CSVs (make test checks they are current).
 bench-report: setup
-	$(PY) benchmarks/report.py
+	$(PY) -m benchmarks.report
 
 bench: sweeps
 
@@ -110,20 +110,20 @@ bench-setup: setup
 # Like-for-like: every system pushes ResNet-50's and VGG-19's arrays through MXNet's engine and runs the same
 # SGD (2 workers + 2 servers, Horovod 2 workers). Refuses to start on a busy machine (see --max-load, --force).
 bench-kvstore: bench-setup
-	$(PY) benchmarks/kvstore_bench.py --models resnet50_v1 vgg19 --repeats 3 --warmup 3 --iters 20
-	$(PY) benchmarks/report.py
+	$(PY) -m benchmarks.suites.kvstore_bench --models resnet50_v1 vgg19 --repeats 3 --warmup 3 --iters 20
+	$(PY) -m benchmarks.report
 
 # Transport only, on loopback (no namespaces, no root): p3kv's raw numpy P3Worker (no MXNet engine, no optimizer)
 # against MXNet's kvstores through the engine; not like-for-like, see bench-kvstore for that.
 bench-transport: setup
-	$(PY) benchmarks/transport_bench.py --models resnet50_v1 vgg19 --kvstores p3 dist_sync mxnet-p3 --iters 10 --repeats 2
+	$(PY) -m benchmarks.suites.transport_bench --models resnet50_v1 vgg19 --kvstores p3 dist_sync mxnet-p3 --iters 10 --repeats 2
 
 # Server hot path (issue "Server hot path"): C++ only, one thread, about a minute on 2 cores; needs g++, not MXNet.
 bench-server: setup
-	$(PY) benchmarks/server_bench.py --repeats 5
+	$(PY) -m benchmarks.suites.server_bench --repeats 5
 
 bench-startup: setup
-	$(PY) benchmarks/startup_bench.py --repeats 5
+	$(PY) -m benchmarks.suites.startup_bench --repeats 5
 
 clean:
 	rm -rf build *.egg-info p3kv/_p3*.so $(VENV)

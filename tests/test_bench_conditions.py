@@ -8,25 +8,19 @@ import json
 import os
 import pathlib
 import subprocess
-import sys
 
 import pytest
 from conftest import ROOT
 
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-
-import bench_rows  # noqa: E402
-import bench_stats  # noqa: E402
-import cluster_bench  # noqa: E402
-import cluster_worker  # noqa: E402
-import emulated_compute  # noqa: E402
-import link_utilisation  # noqa: E402
-import report  # noqa: E402
-import run_guard  # noqa: E402
-import sweeps  # noqa: E402
+from benchmarks.analysis import bench_rows, bench_stats, link_utilisation
+from benchmarks.analysis import points as point_stats
+from benchmarks.emulation import emulated_compute, run_guard, wire_bound
+from benchmarks.report import loopback_blocks, sentences, sweep_blocks
+from benchmarks.report import readme as report
+from benchmarks.suites import cluster_bench, sweeps
+from benchmarks.workloads import cluster_worker
 
 pytestmark = pytest.mark.unit
-import wire_bound  # noqa: E402
 
 
 def test_run_columns_record_optimizer_statistics_and_conditions():
@@ -179,18 +173,18 @@ def test_aggregate_pools_iterations_of_repeats_and_compares_systems():
 
     rows = [row("p3", 0, [1.0, 1.0]), row("p3", 1, [0.5, 0.5]), row("dist_sync", 0, [2.0, 2.0, 2.0]),
             {**row("dist_sync", 1, [9.0]), "smoke": "True"}]
-    p3, ds = report.aggregate(rows)
+    p3, ds = point_stats.aggregate(rows)
     assert (p3["kvstore"], p3["n"], p3["iterations"]) == ("p3", 2, 4)
     assert p3["throughput"] == pytest.approx(8 / 0.75) and p3["p100_equiv_gbps"] == 2.0
     assert (p3["low"], p3["high"]) == (pytest.approx(8 / 1.0), pytest.approx(8 / 0.5))
     assert ds["n"] == 1 and ds["throughput"] == 4.0  # the smoke row is never counted
     assert p3["vs_dist_sync"] == pytest.approx(8 / 0.75 / 4)
     assert p3["cpu_host_max_pct"] == 70 and p3["optimizer"] == "sgd"
-    table = report.point_table([p3, ds])
+    table = point_stats.point_table([p3, ds])
     # P100-equivalent: 10.7 images/s of emulated time at --gpu-scale 0.5.
     assert ("| m | 2 | 1gbit (2 Gbps) | sgd | p3kv | 10.7 images/s | 21.3 | 8.0–16.0 | 8.0–16.0 | 2 | 53% | 2.67× |"
             in table)
-    assert report.verdicts([p3, ds]) == ["- m, 2 hosts, 1gbit (2 Gbps), optimizer sgd: p3kv 10.7 images/s, 53% of "
+    assert sentences.verdicts([p3, ds]) == ["- m, 2 hosts, 1gbit (2 Gbps), optimizer sgd: p3kv 10.7 images/s, 53% of "
                                          "the bound, ahead of dist_sync (2.67×)."]
 
 
@@ -244,15 +238,15 @@ def test_readme_blocks_are_what_the_csvs_give_now():
     assert {"status", "bandwidth", "ablation", "slice", "scale", "sensitivity", "dilation"} <= names
     # Rows from before the reviewed settings are not results: their tables live beside their CSVs, not here.
     assert "legacy" not in names
-    assert report.render(text) == text, "README benchmark blocks are stale: run python benchmarks/report.py"
+    assert report.render(text) == text, "README benchmark blocks are stale: run python -m benchmarks.report"
     legacy = (report.RESULTS / report.LEGACY / "README.md").read_text()
     assert {m["name"] for m in report.BLOCK.finditer(legacy)} == {"legacy"}
-    assert report.render(legacy) == legacy, "results/legacy/README.md is stale: run python benchmarks/report.py"
-    assert report.stale_bound_rows(report.SWEEPS_DIR) == [], "run python benchmarks/sweeps.py rebound"
+    assert report.render(legacy) == legacy, "results/legacy/README.md is stale: run python -m benchmarks.report"
+    assert report.stale_bound_rows(report.SWEEPS_DIR) == [], "run python -m benchmarks.suites.sweeps rebound"
 
 
 def test_rebound_rewrites_only_the_bound_columns(tmp_path):
-    import cluster_job
+    from benchmarks.suites import cluster_job
     settings = {"tag": "bandwidth", "model": "resnet50_v1", "kvstore": "p3", "status": "ok", "hosts": 4,
                 "workers": 4, "layout": "colocated", "bandwidth": "2gbit", "bandwidth_bps": 2e9, "slice_size": "",
                 "samples_per_batch": 32, "throughput": 100.0, "compute_s": 0.3, "median_s": 1.25, "optimizer": "sgd"}
@@ -283,7 +277,8 @@ def test_report_rewrites_a_block(tmp_path):
     assert report.main(["--readme", str(readme), "--results-dir", str(results), "--check"]) == 1
     assert report.main(["--readme", str(readme), "--results-dir", str(results)]) == 0
     text = readme.read_text()
-    assert "old numbers" not in text and "sweeps.py slice" in text and text.endswith("<!-- /bench:slice -->\nend\n")
+    assert "old numbers" not in text and "benchmarks.suites.sweeps slice" in text
+    assert text.endswith("<!-- /bench:slice -->\nend\n")
     assert report.main(["--readme", str(readme), "--results-dir", str(results), "--check"]) == 0
 
 
@@ -295,15 +290,15 @@ def test_a_partly_run_sweep_names_what_is_missing_and_how_idle_the_machine_was(t
     for repeat, (kv, busy) in enumerate([("p3", "2.5"), ("dist_sync", "7.9")]):
         bench_rows.write_run(tmp_path / "sweeps" / "bandwidth.csv",
                              {**base, "kvstore": kv, "repeat": repeat, "busy_pct_before": busy})
-    block = report.reviewed_block("bandwidth", tmp_path)
+    block = sweep_blocks.reviewed_block("bandwidth", tmp_path)
     assert "(2 runs; CPUs busy before a run at most 8% (5-second sample); highest 1-minute load before/after a " \
            "run 3.50, the runs' own included)" in block, block
-    assert "- Not measured yet: inceptionv3, sockeye, vgg19 (`sudo .venv/bin/python benchmarks/sweeps.py " \
+    assert "- Not measured yet: inceptionv3, sockeye, vgg19 (`sudo .venv/bin/python -m benchmarks.suites.sweeps " \
            "bandwidth --models inceptionv3 sockeye vgg19` appends them)." in block, block
 
 
 def test_resume_skips_the_runs_already_in_the_csv(tmp_path):
-    import sweeps
+    from benchmarks.suites import sweeps
 
     points = cluster_bench.interleave([cluster_bench.Point(model="resnet50_v1", kvstore=kv, tag="slice", slice_size=s,
                                                            bandwidth="2gbit", warmup=2, iters=20)
@@ -324,7 +319,7 @@ def test_resume_skips_the_runs_already_in_the_csv(tmp_path):
 
 
 def test_estimate_counts_every_sweep_in_full_and_what_is_left(tmp_path):
-    import sweeps
+    from benchmarks.suites import sweeps
 
     rows, source = sweeps.estimates(sweeps.parse_args(["estimate"]), tmp_path / "sweeps")
     assert [name for name, _, _ in rows] == list(sweeps.ALL)
@@ -335,7 +330,7 @@ def test_estimate_counts_every_sweep_in_full_and_what_is_left(tmp_path):
 
 
 def _args(**overrides):
-    import sweeps
+    from benchmarks.suites import sweeps
 
     args = argparse.Namespace(
         models=sweeps.MODELS, kvstores=list(sweeps.SYSTEMS), hosts=4, batch_size=32, gpu_scale=None,
@@ -347,8 +342,8 @@ def _args(**overrides):
 
 
 def test_sweep_definitions_cover_the_papers_evaluation():
-    import emulated_cluster
-    import sweeps
+    from benchmarks.emulation import emulated_cluster
+    from benchmarks.suites import sweeps
 
     args = _args()
     bandwidth = sweeps.sweep_bandwidth(args)
@@ -399,7 +394,7 @@ def test_link_utilisation_measures_the_timed_window_per_host_and_direction(tmp_p
     assert measured == {"busy": pytest.approx((1 + 0 + 0 + 0.5) / 4), "idle": pytest.approx(0.5)}
     assert link_utilisation.summary([row, {**row, "repeat": "1"}], tmp_path) == {
         "p3": {"busy": pytest.approx(0.375), "idle": pytest.approx(0.5), "n": 1}}  # repeat 1 has no samples
-    sentence = report.utilisation_sentences([row], tmp_path)
+    sentence = sentences.utilisation_sentences([row], tmp_path)
     assert sentence == ["- Links during the timed iterations (mean rate over the link rate, both directions, every "
                         "host; idle: 10-ms samples below 10% of it; median of 1 runs): p3kv 38% busy, idle in 50% "
                         "of the samples."]
@@ -423,19 +418,19 @@ def test_status_counts_the_repeats_each_point_has_not_the_ones_planned(tmp_path)
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))
             writer.writeheader()
             writer.writerows(rows)
-    table = report.status_block(tmp_path)
+    table = sweep_blocks.status_block(tmp_path)
     assert "| `" in table and "done.csv` | 6 | sgd | 3 | headers included | yes |" in table, table
     assert ("short.csv` | 4 | sgd | 1–3 | headers included | not yet: 1 of 2 points have fewer than 3 repeats |"
             in table), table
 
 
 def test_points_near_the_cpu_limit_are_named_with_their_systems():
-    points = report.aggregate([_sweep_row("p3", 0, cpu="185"), _sweep_row("dist_sync", 0, cpu="150"),
+    points = point_stats.aggregate([_sweep_row("p3", 0, cpu="185"), _sweep_row("dist_sync", 0, cpu="150"),
                                _sweep_row("p3", 0, hosts="4", cpu="100")])
-    assert report.saturation_sentences(points, cpus=2) == [
+    assert sentences.saturation_sentences(points, cpus=2) == [
         "- Near the CPU limit (the hosts together above 90% of 2 cores): m, 2 hosts, 1gbit (2 Gbps) (p3kv 185%). "
         "There the cores, not the links, may limit the systems named, and their numbers understate them."]
-    assert report.saturation_sentences(points, cpus=4) == []
+    assert sentences.saturation_sentences(points, cpus=4) == []
 
 
 def test_every_system_has_one_colour_of_its_own_in_the_figures():
@@ -456,7 +451,7 @@ def test_server_slice_block_condenses_the_csv_and_names_the_points_above_the_tar
             writer.writerow({"workers": workers, "count": count, "optimizer": optimizer, "repeats": 5,
                              "ratio_median": ratio, "commit": "abcdef0123456789", "git_dirty": "False",
                              "busy_pct_before": "3.2", "load_1m_before": "0.5", "load_1m_after": "0.9"})
-    block = report.server_slice_block(tmp_path)
+    block = loopback_blocks.server_slice_block(tmp_path)
     assert block.splitlines()[0] == ("`benchmarks/results/server_slice.csv`, commit abcdef012345: median of 5 repeats "
                                      "of work / floor; CPUs 3% busy over a 5-second sample before it, 1-minute load "
                                      "0.5 before, 0.9 after.")
