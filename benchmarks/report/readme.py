@@ -1,4 +1,5 @@
-"""The README's benchmark tables and the sentences around them, generated from the result CSVs.
+"""The benchmark tables of docs/benchmarks.md and the README's headline, with the sentences around them,
+generated from the result CSVs.
 
     python -m benchmarks.report            # rewrite every <!-- bench:NAME --> ... <!-- /bench:NAME --> block
     python -m benchmarks.report --check    # exit 1 if a block differs from what the CSVs give now
@@ -22,6 +23,7 @@ from collections.abc import Callable, Sequence
 
 from benchmarks.analysis import bench_rows
 from benchmarks.paths import RESULTS, ROOT
+from benchmarks.report.headline import headline_block
 from benchmarks.report.loopback_blocks import server_slice_block, startup_sentences, summary_block
 from benchmarks.report.sim_blocks import sim_future_block, sim_paper_block, sim_slice_block, sim_validation_block
 from benchmarks.report.sweep_blocks import LEGACY, legacy_block, reviewed_block, status_block
@@ -31,6 +33,7 @@ SWEEPS_DIR = RESULTS / "sweeps"  # rows that satisfy the reviewed schema (optimi
 
 
 README = ROOT / "README.md"
+DOCS = ROOT / "docs" / "benchmarks.md"  # the tables; the README shows the headline only
 
 
 SUMMARIES = {
@@ -54,6 +57,7 @@ def blocks(results: pathlib.Path = RESULTS) -> dict[str, Callable[[], str]]:
     named: dict[str, Callable[[], str]] = {"status": lambda: status_block(results),
                                            "legacy": lambda: legacy_block(results)}
     named["estimate"] = lambda: _estimate_block(results)
+    named["headline"] = lambda: headline_block(results)
     named["sim-validation"] = lambda: sim_validation_block(results)
     named["sim-paper"] = lambda: sim_paper_block(results)
     named["sim-future"] = lambda: sim_future_block(results)
@@ -93,12 +97,14 @@ def stale_bound_rows(sweeps_dir: pathlib.Path) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--readme", type=pathlib.Path, default=README)
+    parser.add_argument("--readme", type=pathlib.Path, action="append", dest="documents",
+                        help="rewrite (or check) only this document; repeatable (default: README.md, "
+                        "docs/benchmarks.md and results/legacy/README.md)")
     parser.add_argument("--results-dir", type=pathlib.Path, default=RESULTS)
     parser.add_argument("--check", action="store_true", help="only compare; exit 1 if a block is stale")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    documents = [args.readme, args.results_dir / LEGACY / "README.md"]
+    documents = args.documents or [README, DOCS, args.results_dir / LEGACY / "README.md"]
     rendered = {d: (d.read_text(), render(d.read_text(), args.results_dir)) for d in documents if d.exists()}
     if args.check:
         stale = stale_bound_rows(args.results_dir / "sweeps")
