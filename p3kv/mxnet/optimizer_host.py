@@ -66,10 +66,12 @@ class OptimizerHost:
         self.kernel: dict | None = None  # the kernel's spec while one runs
         # The per-slice MXNet path (optimizers without a kernel):
         self.states: dict = {}  # (key, slice) -> optimizer state of that slice
-        # float16 slices under multi_precision: (key, slice) -> the float32 copy of the weights, which the update
-        # changes (with the float32 sum, as dist_sync's server), and `states` holds the optimizer's own state.
-        self.masters: dict = {}
-        self.unsplit: set = set()  # loaded slices whose state may still hold its master copy (dtype not seen yet)
+        # float16 slices under multi_precision: MXNet's state holds the float32 copy of the weights at position
+        # `master_at` (base Optimizer: (master, state); SGD, NAG: (state, master)); the update changes it from the
+        # float32 sum, as dist_sync's server does. `kept_masters`: those copies across a new optimizer.
+        self.half: set = set()  # (key, slice) of float16 slices
+        self.kept_masters: dict = {}
+        self.master_at: int | None = None
         self.base_counts: dict = {}  # key -> updates done before this optimizer arrived (its _index_update_count)
         self.updates: dict = {}  # (key, slice) -> updates this optimizer made to the slice
 
@@ -122,6 +124,11 @@ class OptimizerHost:
                              f"current {type(self.optimizer).__name__} ({self.kernel or 'no kernel'}); the servers "
                              "cannot convert slices' states: ship it without keep_states (states start afresh)")
         counts = self._counts() if keep else {}
+        masters = {}  # MXNet's dist_sync keeps its float32 copy of the weights (not a state) across a new optimizer
+        if not keep and spec is None and optimizer.multi_precision and self.optimizer is not None and \
+                self.kernel is None and self.master_at is not None and self.master_at >= 0:
+            masters = {index: self.states[index][self.master_at] for index in self.half
+                       if isinstance(self.states.get(index), (tuple, list))}
         # The native side first: it refuses while a key is partly updated, and then nothing here has changed.
         if spec is not None:
             self.native.use_kernel(spec, self._step, keep_states=keep)
@@ -137,10 +144,9 @@ class OptimizerHost:
         self.base_counts = dict(optimizer._index_update_count)
         self.updates = {}
         if spec is not None or not keep:
+            self.kept_masters = masters
             self.states = {}
-            self.unsplit = set()
-            if spec is not None or not optimizer.multi_precision:
-                self.masters = {}
+        self.master_at = None
         name = type(optimizer).__name__
         if spec is not None:
             log.info("server optimizer: %s (native kernel, %s)%s", name, spec["kind"],
@@ -200,7 +206,7 @@ class OptimizerHost:
         (estimated; at least one; None: all), with "next" the index to ask for next (None at the end)."""
         if self.kernel is None:
             indices = sorted(self.states)
-            state_of = lambda index: _to_numpy(self._full_state(index))  # noqa: E731
+            state_of = lambda index: _to_numpy(self.states[index])  # noqa: E731
             counts = self._counts()
         else:
             indices = sorted(self.native.slices())
@@ -232,12 +238,8 @@ class OptimizerHost:
         if self.kernel is None:
             if replace:
                 self.states = {}
-                self.masters = {}
-                self.unsplit = set()
-            for index, state in states.items():
-                self.states[index] = _to_ndarray(state)
-                self.masters.pop(index, None)  # the loaded state holds it (MXNet's (master, state) for float16)
-                self.unsplit.add(index)
+                self.kept_masters = {}
+            self.states.update({k: _to_ndarray(s) for k, s in states.items()})
             return
         for (key, slc), state in states.items():
             arrays = [np.ascontiguousarray(a) for a in server_kernels.flatten_state(state)]
@@ -259,17 +261,26 @@ class OptimizerHost:
         # Zero-copy views of the server's buffers: the update writes the new weights straight into `value`.
         weight = mx.nd.from_numpy(value, zero_copy=True)
         grad = mx.nd.from_numpy(aggregated, zero_copy=True)
-        master = self._master(index, value) if value.dtype == np.float16 and opt.multi_precision else None
         if index not in self.states:
-            self.states[index] = opt.create_state_multi_precision(key, weight if master is None else master)
-        self.unsplit.discard(index)
-        if master is not None and grad.dtype != np.float32:
-            grad = grad.astype(np.float32)  # a server that hands the float16 sum (no exact_sum)
+            self.states[index] = opt.create_state_multi_precision(key, weight)
+            kept = self.kept_masters.pop(index, None)
+            if kept is not None and self._master_at(key) is not None:
+                kept.copyto(self.states[index][self.master_at])
+        state = self.states[index]
+        master_at = self._master_at(key) if value.dtype == np.float16 and opt.multi_precision else None
         # Every slice of a key is the same update of the same parameter: give each the key's count, so that
         # bias corrections (Adam) and learning-rate schedules advance once per iteration, not per slice.
         opt._index_update_count[key] = self._count(key, slc)
-        opt.update_multi_precision(key, weight if master is None else master, grad, self.states[index])
-        if master is not None:
+        if master_at is None:
+            if grad.dtype != weight.dtype:
+                grad = grad.astype(weight.dtype)
+            opt.update_multi_precision(key, weight, grad, state)
+        else:
+            # What MXNet's Optimizer.update_multi_precision does with float16 weights, but from the float32 sum
+            # (dist_sync's server: a float32 weight updated with the float32 sum), not the sum rounded to float16.
+            self.half.add(index)
+            master, inner = state[master_at], state[1 - master_at]
+            opt.update_multi_precision(key, master, grad.astype(np.float32, copy=False), inner)
             master.astype(np.float16).copyto(weight)
         self.updates[index] = self.updates.get(index, 0) + 1
         # Both views are of the server's buffers, which it reuses once this returns: wait for every engine
@@ -278,23 +289,18 @@ class OptimizerHost:
         _wait_to_write(weight)
         _wait_to_write(grad)
 
-    def _master(self, index: tuple, value: np.ndarray):
-        """The float32 copy of a float16 slice's weights (made from them on the slice's first update)."""
+    def _master_at(self, key: int) -> int | None:
+        """Where this optimizer's multi_precision state keeps the float32 copy of float16 weights (0 or 1), or
+        None where it does not look like MXNet's (a custom create_state_multi_precision: MXNet's own update on
+        the float16 sum then)."""
         import mxnet as mx
 
-        if index in self.unsplit and isinstance(self.states.get(index), (tuple, list)):
-            # Loaded from MXNet's format for float16 weights: (float32 weights, the optimizer's state).
-            self.masters[index], self.states[index] = self.states[index]
-        if index not in self.masters:
-            self.masters[index] = mx.nd.array(value, dtype=np.float32)
-        return self.masters[index]
-
-    def _full_state(self, index: tuple):
-        """A slice's state as MXNet's Updater keeps it: (float32 weights, state) for float16 under
-        multi_precision."""
-        if index in self.masters:
-            return (self.masters[index], self.states[index])
-        return self.states[index]
+        if self.master_at is None:
+            probe = self.optimizer.create_state_multi_precision(key, mx.nd.full((1,), 1.5, dtype=np.float16))
+            found = [i for i, s in enumerate(probe) if isinstance(s, mx.nd.NDArray) and s.dtype == np.float32 and
+                     s.asnumpy().tolist() == [1.5]] if isinstance(probe, (tuple, list)) and len(probe) == 2 else []
+            self.master_at = found[0] if len(found) == 1 else -1
+        return None if self.master_at < 0 else self.master_at
 
     def _count(self, key: int, slc: int) -> int:
         """Updates of `key` done so far, as the slice `slc` has seen them."""
