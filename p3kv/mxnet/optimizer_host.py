@@ -21,6 +21,12 @@ on the optimizer and keeps every slice's state and count. Every request that cha
 arrives between two iterations (the workers drain their pushes first); the SliceOptimizer refuses a new kernel
 while a key is partly updated.
 
+Known difference (documented, not fixed): MXNet's lr_scheduler reads `num_update`, the largest count over the
+keys an optimizer object has updated. Each server has its own copy and sees only the keys it holds slices of, so
+when keys' counts differ (a parameter frozen for a while, a key added later, per-key counts loaded from a
+checkpoint) two servers can be on either side of a schedule boundary for one key: its slices then get different
+learning rates for that update. With every key updated once per step (ordinary training) the counts agree.
+
 mxnet is imported only when an optimizer arrives: a server that only aggregates does not need it (p3kv.mxnet.server
 imports it in the background at start where it is installed).
 """
