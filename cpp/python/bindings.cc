@@ -158,13 +158,19 @@ struct PyEngineBridge {
   std::unique_ptr<p3::EmulatedCompute> emulated;
 };
 
-// A per-slice Python update function `fn(key, slice, offset, iteration, aggregated, value)`.
-p3::Updater PyUpdater(py::object f) {
+// A per-slice Python update function `fn(key, slice, offset, iteration, aggregated, value)`. With `exact_sum`,
+// `aggregated` of a float16 slice is the servers' float32 sum of the workers' gradients, unrounded (what MXNet's
+// dist_sync server updates its float32 copy of the weights from under multi_precision); otherwise the sum in the
+// slice's dtype.
+p3::Updater PyUpdater(py::object f, bool exact_sum = false) {
   auto callable = std::make_shared<PyCallable>(std::move(f));
-  return [callable](const p3::UpdateRequest& r) -> Status {
+  return [callable, exact_sum](const p3::UpdateRequest& r) -> Status {
     py::gil_scoped_acquire gil;  // the consumer thread takes the GIL only for the update itself
+    const bool wide = exact_sum && r.sum != nullptr && p3::AccumulatorType(r.dtype) != r.dtype;
     try {
-      callable->fn(r.key, r.slice, r.offset, r.iteration, View(r.dtype, p3::Aggregated(r), r.count, false),
+      callable->fn(r.key, r.slice, r.offset, r.iteration,
+                   wide ? View(p3::AccumulatorType(r.dtype), r.sum, r.count, false)
+                        : View(r.dtype, p3::Aggregated(r), r.count, false),
                    View(r.dtype, r.value, r.count, true));
     } catch (py::error_already_set& e) {
       return PyErrorStatus(e, "update function");
@@ -222,9 +228,10 @@ PYBIND11_MODULE(_p3, m) {
       "A server's MXNet optimizer per slice (kernels in C++); pass it to Server as the updater. Consumer thread "
       "only: call its methods from the server's request handler.")
       .def(py::init<>())
-      .def("use_kernel", [](p3::SliceOptimizer& o, const py::dict& spec, py::object step) {
+      .def("use_kernel", [](p3::SliceOptimizer& o, const py::dict& spec, py::object step, bool keep_states) {
         const p3::OptimizerSpec parsed = p3py::SpecFromDict(spec);
         auto callable = std::make_shared<PyCallable>(std::move(step));
+        const auto carry = keep_states ? p3::SliceOptimizer::StateCarry::kKeep : p3::SliceOptimizer::StateCarry::kDrop;
         Check(o.UseKernel(parsed, [callable](uint64_t key, p3::StepParams* out) -> Status {
           py::gil_scoped_acquire gil;  // once per key and iteration, never per slice
           try {
@@ -235,11 +242,17 @@ PYBIND11_MODULE(_p3, m) {
             return Status::Rejected(std::string("the step function must return a tuple: ") + e.what());
           }
           return Status::Ok();
-        }));
-      }, "Kernel from now on: spec dict (see optimizer_bindings.h), step(key) -> (lr, wd, rescale_grad, ...)")
-      .def("use_function", [](p3::SliceOptimizer& o, py::object fn) { o.UseFunction(PyUpdater(std::move(fn))); },
-           "Per-slice Python update function from now on (no kernel)")
-      .def("clear", &p3::SliceOptimizer::Clear)
+        }, carry));
+      }, py::arg("spec"), py::arg("step"), py::arg("keep_states") = false,
+         "Kernel from now on: spec dict (see optimizer_bindings.h), step(key) -> (lr, wd, rescale_grad, ...). "
+         "keep_states: every slice keeps its states; otherwise they are dropped (as MXNet's dist_sync does on a "
+         "new optimizer), except the float32 copy of float16 weights. ValueError while a key is partly updated.")
+      .def("use_function", [](p3::SliceOptimizer& o, py::object fn, bool exact_sum) {
+             Check(o.UseFunction(PyUpdater(std::move(fn), exact_sum)));
+           }, py::arg("fn"), py::arg("exact_sum") = false,
+           "Per-slice Python update function from now on (no kernel). exact_sum: float16 slices get the float32 "
+           "sum of the workers' gradients (multi_precision), not the sum rounded to float16")
+      .def("clear", [](p3::SliceOptimizer& o) { Check(o.Clear()); })
       .def_property_readonly("has_kernel", &p3::SliceOptimizer::has_kernel)
       .def_property_readonly("step_calls", &p3::SliceOptimizer::step_calls)
       .def("slices", &p3::SliceOptimizer::Slices)
