@@ -96,10 +96,25 @@ def build(model: str, batch_size: int, ctx: mx.Context, *, hybridize: bool = Tru
     return real
 
 
-def _gluoncv(model: str, batch_size: int, ctx: mx.Context) -> RealModel:
-    from gluoncv.model_zoo import get_model
+def _gluoncv_model_zoo():
+    """gluoncv's model zoo. gluoncv 0.10's own import raises RuntimeError when torch 2.x is installed beside it
+    (its check wants torch<2 for a PyTorch half p3kv never uses, and the `test` extra installs torch for
+    p3kv.torch): unless torch is already loaded, it is imported with torch hidden, so gluoncv sees MXNet only."""
+    import importlib
+    import sys
 
-    net = get_model(model, pretrained=False, classes=NUM_CLASSES)
+    hide = "gluoncv" not in sys.modules and "torch" not in sys.modules
+    if hide:
+        sys.modules["torch"] = None  # `import torch` raises ImportError: gluoncv's "no PyTorch" path
+    try:
+        return importlib.import_module("gluoncv.model_zoo")
+    finally:
+        if hide:
+            del sys.modules["torch"]
+
+
+def _gluoncv(model: str, batch_size: int, ctx: mx.Context) -> RealModel:
+    net = _gluoncv_model_zoo().get_model(model, pretrained=False, classes=NUM_CLASSES)
     net.initialize(mx.init.Xavier(), ctx=ctx)
     size = IMAGE_SIZE.get(model, 224)
     rng = np.random.RandomState(SEED)
