@@ -63,7 +63,7 @@ Status WorkerNode::HandleBroadcast(int server, Connection* conn, const Header& h
     }
   }
   cv_.notify_all();  // Fail() waits for the last writer; Wait() for the completion
-  Finish(&c);  // (a failed read completes nothing: FailAll does)
+  Finish(&c);  // after a failed read, only a rejected operation this was the last writer of (else FailAll)
   return st;
 }
 

@@ -132,6 +132,8 @@ class P3Worker:
         priority = self._send_priority(priority)
         self._check_not_abandoned(k.label, (grad, out))
         ticket = self._core.push(key_id(key), k.dtype.name, grad.reshape(-1), out.reshape(-1), priority)
+        # (Pruned here too, so that pushing without waiting keeps only what the core still holds.)
+        k.in_use[:] = [op for op in k.in_use if not op.ticket.released]
         k.in_use.append(_Operation(k.label, ticket, (grad, out)))
 
     def push_engine(self, key: int | str, grad, out, engine, priority: int = 0) -> None:
