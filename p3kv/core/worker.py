@@ -166,7 +166,8 @@ class P3Worker:
             else:
                 self._core.wait(key_id(key), timeout)
         except BaseException as e:  # KeyboardInterrupt too: the operations go on
-            self._release(keys, abandoned=f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
+            why = str(e).splitlines()[0][:160] if str(e) else ""
+            self._release(keys, abandoned=f"{type(e).__name__}: {why}" if why else type(e).__name__)
             raise
         self._release(keys)
 
