@@ -292,3 +292,45 @@ def test_a_rejection_completes_only_once_its_slice_for_another_server_left_the_s
     h, payload = drained[0]
     assert h["iteration"] == 1 and np.frombuffer(payload, np.float32).tolist() == [3.0] * SLICE
     assert not alive_after_collection(grad_ref)
+
+
+def test_late_slices_after_a_timeout_land_in_live_memory_even_when_the_caller_dropped_the_arrays(job):
+    """The sanitizer tier's check of the same guarantee: before the fix, the receiver wrote these late slices into
+    freed memory (AddressSanitizer: heap-use-after-free, WRITE in WorkerNode::HandleBroadcast)."""
+    worker, servers, inits = job
+    grad, out = pushed_and_dropped(worker, servers, 1.0)
+    with pytest.raises(P3TimeoutError):
+        worker.wait(0, timeout=0.2)
+    gc.collect()
+    broadcast_push(servers, inits, 5.0)
+    worker.wait(0, timeout=STEP)
+    # Completed: now, and only now, the worker has let go of them.
+    assert not alive_after_collection(out) and not alive_after_collection(grad)
+
+
+def test_a_rejected_push_still_queued_is_sent_from_live_memory_when_the_caller_dropped_the_gradient(job):
+    """The sanitizer tier's check of the rejection guarantee: before the fix, the sender read the slice still
+    queued for server 1 from a freed gradient (AddressSanitizer: heap-use-after-free, READ in the sender)."""
+    worker, servers, _ = job
+    worker.init(1, np.ones(1 << 23, np.float32))  # keeps server 1's queue full, as above
+    gradient = np.full(2 * SLICE, 3.0, np.float32)
+    worker.push(0, gradient, out=np.zeros(2 * SLICE, np.float32))
+    grad = weakref.ref(gradient)
+    del gradient
+    h, _ = read_until_push(servers[0], 0)
+    servers[0].worker.sendall(frame(ERROR, sender=0, slice_=h["slice"], key=0, iteration=1, payload=b"no"))
+    drained: list = []
+    reader = threading.Thread(target=lambda: drained.append(read_until_push(servers[1], 0)), daemon=True)
+    with pytest.raises(P3Error, match="rejected key '0'"):
+        try:
+            worker.wait(0, timeout=0.5)
+        except P3TimeoutError:  # (the fix: still held by the sender) server 1 reads again
+            gc.collect()
+            reader.start()
+            worker.wait(0, timeout=STEP)
+    if not reader.is_alive() and not drained:
+        gc.collect()  # (before the fix: handed back at once, so the gradient is freed before server 1 reads)
+        reader.start()
+    reader.join(STEP)
+    assert np.frombuffer(drained[0][1], np.float32).tolist() == [3.0] * SLICE
+    assert not alive_after_collection(grad)
