@@ -1,12 +1,13 @@
 // The _p3 extension: thin pybind11 glue over the core. It releases the GIL around every call that can
 // block, turns Status into p3kv.errors exceptions, and takes arrays through the buffer protocol (the
-// Python layer keeps them alive while the core uses them).
+// Python layer keeps them alive while the core uses them: until the operation's Ticket says released).
 #include <Python.h>
 #include <pybind11/functional.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -73,6 +74,16 @@ auto WithoutGil(Fn&& fn) -> decltype(fn()) {
 struct Buffer {
   void* ptr;
   uint64_t count;
+};
+
+// One worker operation's hold on the caller's arrays: `released` once the core completed the operation and
+// nothing (no receiver, no queued frame) can touch the arrays any more. Set on a core thread without the GIL;
+// Python keeps the arrays referenced until then, also when its wait gave up (timeout, Ctrl-C).
+struct Ticket {
+  std::atomic<bool> released{false};
+  p3::Callback Done(const std::shared_ptr<Ticket>& self) {
+    return [self](const Status&) { self->released.store(true); };
+  }
 };
 
 Buffer GetBuffer(const py::buffer& b, const std::string& what, p3::DType dtype, bool writable) {
@@ -352,6 +363,10 @@ PYBIND11_MODULE(_p3, m) {
         Check(WithoutGil([&] { return b.emulated->Run(r, w, seconds); }));
       }, "Engine operation that reads/writes the NDArrays (handles) and takes `seconds` on the virtual device");
 
+  py::class_<Ticket, std::shared_ptr<Ticket>>(m, "Ticket",
+      "What init/push return: whether the core has released the operation's arrays")
+      .def_property_readonly("released", [](const Ticket& t) { return t.released.load(); });
+
   py::class_<p3::Worker>(m, "Worker")
       .def(py::init(&p3::Worker::Create))
       .def("start", [](p3::Worker& w) {
@@ -363,14 +378,18 @@ PYBIND11_MODULE(_p3, m) {
         Buffer v = GetBuffer(value, "the value of key '" + name + "'", t, false);
         Buffer o = GetBuffer(out, "the output of key '" + name + "'", t, true);
         if (v.count != o.count) Raise(Status::Invalid("value and output of key '" + name + "' differ in size"));
-        Check(WithoutGil([&] { return w.Init(key, name, t, v.count, v.ptr, o.ptr, nullptr); }));
+        auto ticket = std::make_shared<Ticket>();
+        Check(WithoutGil([&] { return w.Init(key, name, t, v.count, v.ptr, o.ptr, ticket->Done(ticket)); }));
+        return ticket;
       })
       .def("push", [](p3::Worker& w, uint64_t key, const std::string& dtype, py::buffer grad, py::buffer out,
                       int32_t priority) {
         const p3::DType t = ToDType(dtype);
         Buffer g = GetBuffer(grad, "the gradient", t, false);
         Buffer o = GetBuffer(out, "the output", t, true);
-        Check(WithoutGil([&] { return w.Push(key, g.ptr, o.ptr, priority, nullptr); }));
+        auto ticket = std::make_shared<Ticket>();
+        Check(WithoutGil([&] { return w.Push(key, g.ptr, o.ptr, priority, ticket->Done(ticket)); }));
+        return ticket;
       })
       .def("wait", [](p3::Worker& w, uint64_t key, double timeout) {
         CheckInterruptible(WithoutGil([&] { return w.Wait(key, timeout, SignalCheck()); }));

@@ -31,6 +31,9 @@ struct OutMessage {
   const void* data = nullptr;                     // payload, borrowed (caller keeps it alive until sent)...
   std::shared_ptr<const std::vector<char>> owned;  // ...or owned (shared by the W copies of a broadcast)
   int32_t peer_rank = -1;                         // for the trace
+  // Released when the sender is done with the message (sent, dropped or refused): tells the owner of `data`
+  // that the sender no longer reads it (the worker's SendHold, request_tracker.h).
+  std::shared_ptr<void> hold;
 };
 
 class Sender {

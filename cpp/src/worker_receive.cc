@@ -55,7 +55,7 @@ Status WorkerNode::HandleBroadcast(int server, Connection* conn, const Header& h
   RequestTracker::Completion c;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    c = tracker_.EndWrite(h, st.ok());
+    c = Completing(tracker_.EndWrite(h, st.ok()));
     if (c.received) trace_.Record(TraceEvent::kWorkerReceive, h.key, h.slice, h.priority, h.iteration, server);
     if (c.completed) {
       trace_.Record(TraceEvent::kComplete, h.key, static_cast<uint32_t>(tracker_.Find(h.key)->slices.size()),
@@ -63,9 +63,8 @@ Status WorkerNode::HandleBroadcast(int server, Connection* conn, const Header& h
     }
   }
   cv_.notify_all();  // Fail() waits for the last writer; Wait() for the completion
-  if (!st.ok()) return st;
-  c.Run();
-  return Status::Ok();
+  Finish(&c);  // after a failed read, only a rejected operation this was the last writer of (else FailAll)
+  return st;
 }
 
 Status WorkerNode::HandleControl(int server, const Header& h, std::string text) {
@@ -87,11 +86,11 @@ Status WorkerNode::HandleControl(int server, const Header& h, std::string text) 
       const Status error = Status::Rejected(peer + " rejected key '" + tracker_.Name(h.key) + "' (iteration " +
                                             std::to_string(h.iteration) + "): " + text);
       Log(LogLevel::kWarning, Name(), error.message());
-      c = tracker_.Reject(h.key, h.iteration, error);
+      c = Completing(tracker_.Reject(h.key, h.iteration, error));
     }
   }
   cv_.notify_all();
-  c.Run();
+  Finish(&c);
   return Status::Ok();
 }
 
