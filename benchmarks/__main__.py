@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from benchmarks.suites import sweeps
+from benchmarks.suites import demo, sweeps
 from benchmarks.suites.catalogue import SUITES
 
 
@@ -16,12 +16,19 @@ def sweep_times() -> tuple[dict[str, tuple[float, float]], str]:
     return {name: (full / 3600, left / 3600) for name, full, left in rows}, source
 
 
+def demo_seconds() -> float:
+    """`make demo`'s run time: its jobs, estimated as the sweeps' are (the bound scaled by measured rows)."""
+    return sweeps.estimate_seconds(demo.points(demo.parse_args([])), 1, sweeps.measured_factors())
+
+
 def listing() -> str:
     times, source = sweep_times()
     total = (sum(t[0] for t in times.values()), sum(t[1] for t in times.values()))
     lines = ["Benchmark suites (benchmarks/README.md: the layout; each module's --help: its options)", ""]
     for suite in SUITES:
         if suite.name == "demo":
+            when = f"{demo_seconds() / 60:.1f} min after set-up (estimated)"
+        elif suite.name == "demo-full":
             when = f"{times['demo'][0] * 60:.0f} min (estimated)"
         elif suite.name == "sweeps":
             when = f"{total[0]:.1f} h in full, {total[1]:.1f} h not yet in results/sweeps/ (estimated)"

@@ -118,18 +118,26 @@ def test_dirty_tree_is_refused_unless_allowed_and_recorded(tmp_path):
 def test_idle_gate_waits_for_the_cpus_then_refuses_or_records_force(monkeypatch):
     busy = iter([80.0, 40.0, 4.0])
     monkeypatch.setattr(os, "getloadavg", lambda: (3.0, 0.0, 0.0))
+    now = [0.0]
     slept = []
-    start = run_guard.wait_for_idle(10.0, None, 60, False, busy=lambda: next(busy), sleep=slept.append, poll_s=5)
-    assert start == run_guard.Start(busy_pct=4.0, load_1m=3.0, forced=False)
+
+    def sleep(s):  # samples take no time here (tests/test_run_guard.py counts them)
+        slept.append(s)
+        now[0] += s
+
+    start = run_guard.wait_for_idle(10.0, None, 60, False, busy=lambda: next(busy), sleep=sleep, poll_s=5,
+                                    clock=lambda: now[0])
+    assert start == run_guard.Start(busy_pct=4.0, load_1m=3.0, forced=False, waited_s=10.0)
     assert slept == [5, 5]  # waited for the CPUs; the load average (3.0) is not checked by default
     slept.clear()
     with pytest.raises(run_guard.Refused, match=r"CPU busy 50% is above --max-busy 10%"):
-        run_guard.wait_for_idle(10.0, None, 12, False, busy=lambda: 50.0, sleep=slept.append, poll_s=5)
+        run_guard.wait_for_idle(10.0, None, 12, False, busy=lambda: 50.0, sleep=sleep, poll_s=5, clock=lambda: now[0])
     assert slept == [5, 5, 2]
     with pytest.raises(run_guard.Refused, match=r"1-minute load 3.00 is above --max-load 1.00"):
         run_guard.wait_for_idle(10.0, 1.0, 0, False, busy=lambda: 1.0)
-    forced = run_guard.wait_for_idle(10.0, 1.0, 25, True, busy=lambda: 50.0, sleep=slept.append)
-    assert forced == run_guard.Start(50.0, 3.0, True) and slept == [5, 5, 2]  # force starts at once
+    slept.clear()
+    forced = run_guard.wait_for_idle(10.0, 1.0, 25, True, busy=lambda: 50.0, sleep=sleep, clock=lambda: now[0])
+    assert forced == run_guard.Start(50.0, 3.0, True) and slept == []  # force starts at once
     assert run_guard.wait_for_idle(10.0, 5.0, 0, False, busy=lambda: 9.0).forced is False
 
 
@@ -145,7 +153,7 @@ def test_busy_percent_counts_every_core_and_not_idle_or_iowait(tmp_path):
 
 
 def test_busy_machine_refuses_before_any_run(monkeypatch, tmp_path):
-    monkeypatch.setattr(run_guard, "busy_percent", lambda: 90.0)
+    monkeypatch.setattr(run_guard, "sample_cpu", lambda: run_guard.Sample(90.0))
     conditions = cluster_bench.Conditions(load_wait=0, allow_dirty=True)
     with pytest.raises(run_guard.Refused, match="--max-busy"):
         cluster_bench.run_points([cluster_bench.Point(model="resnet50_v1", kvstore="p3")], tmp_path / "x.csv",

@@ -28,6 +28,7 @@ RUN_COLUMNS = (
     "load_1m_before", "load_1m_after", "max_load", "busy_pct_before", "max_busy_pct", "forced",
     "cpu_host_pct", "cpu_total_pct",
     "git_commit", "git_dirty", "allow_dirty", "cpus", "python", "mxnet", "p3kv", "horovod", "gluoncv", "sockeye",
+    "idle_wait_s", "idle_warning",  # the run guard's wait (wall clock) and why a run proceeded on a busy machine
 )
 ITERATION_COLUMNS = ("run_id", "tag", "model", "kvstore", "hosts", "bandwidth", "gpu_scale", "repeat", "rank",
                      "iteration", "time_s")

@@ -46,7 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from benchmarks.analysis import bench_rows
 from benchmarks.analysis.points import aggregate, point_table
@@ -73,6 +73,7 @@ class Conditions:
     allow_dirty: bool = False
     seed: int = 0
     smoke: bool = False
+    proceed: bool = False  # a busy machine: after load_wait seconds in all (the whole run's), proceed with a warning
 
 
 def horovod_problem() -> str | None:
@@ -111,10 +112,12 @@ def common_columns(conditions: Conditions, commit: str, dirty: bool) -> dict:
 
 
 def run_points(points: Sequence[Point], csv_path: pathlib.Path, conditions: Conditions | None = None, *,
-               keep_logs: pathlib.Path | None = None, utilisation_dir: pathlib.Path | None = None) -> list[dict]:
+               keep_logs: pathlib.Path | None = None, utilisation_dir: pathlib.Path | None = None,
+               live=sys.stdout, on_row: Callable[[dict], None] | None = None) -> list[dict]:
     """Runs the points in order (see `interleave`), one cluster per (hosts) value, rebuilt only when the host
-    count changes; appends every row to `csv_path` as soon as it exists. Raises run_guard.Refused (dirty
-    tree, busy machine) before a run that may not start."""
+    count changes; appends every row to `csv_path` as soon as it exists, then calls `on_row` with it. Host 0's
+    output goes to `live` (None: to its log only). Raises run_guard.Refused (dirty tree, busy machine) before a
+    run that may not start."""
     conditions = conditions or Conditions()
     commit, dirty = run_guard.check_tree(conditions.allow_dirty)
     rows = []
@@ -122,10 +125,13 @@ def run_points(points: Sequence[Point], csv_path: pathlib.Path, conditions: Cond
         scratch = keep_logs or pathlib.Path(tmp)
         scratch.mkdir(parents=True, exist_ok=True)
         cluster = None
+        waited = 0.0
         try:
             for n, point in enumerate(points):
-                start = run_guard.wait_for_idle(conditions.max_busy, conditions.max_load, conditions.load_wait,
-                                                conditions.force)
+                limit = max(0.0, conditions.load_wait - waited) if conditions.proceed else conditions.load_wait
+                start = run_guard.wait_for_idle(conditions.max_busy, conditions.max_load, limit, conditions.force,
+                                                proceed=conditions.proceed)
+                waited += start.waited_s
                 if cluster is None or cluster.hosts != point.hosts:
                     if cluster is not None:
                         cluster.close()
@@ -136,13 +142,16 @@ def run_points(points: Sequence[Point], csv_path: pathlib.Path, conditions: Cond
                     utilisation_dir.mkdir(parents=True, exist_ok=True)
                     cluster.start_sampler(str(utilisation_dir / f"{point.model}.{point.kvstore}.{point.hosts}h."
                                               f"{point.bandwidth}.r{point.repeat}.csv"))
-                row, iterations = run_point(cluster, point, scratch, BASE_PORT + n)
+                row, iterations = run_point(cluster, point, scratch, BASE_PORT + n, live=live)
                 row = {**common_columns(conditions, commit, dirty), "forced": start.forced,
-                       "busy_pct_before": round(start.busy_pct, 1), **row}
+                       "busy_pct_before": round(start.busy_pct, 1), "idle_wait_s": round(start.waited_s, 1),
+                       "idle_warning": start.warning, **row}
                 if utilisation_dir is not None:
                     cluster.stop_sampler()
                 rows.append(row)
                 bench_rows.write_run(csv_path, row, iterations)
+                if on_row is not None:
+                    on_row(row)
         finally:
             if cluster is not None:
                 cluster.close()
