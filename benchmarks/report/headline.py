@@ -6,8 +6,9 @@ from __future__ import annotations
 import pathlib
 from collections.abc import Sequence
 
-from benchmarks.analysis import bench_rows
-from benchmarks.analysis.bench_stats import ratio_ci
+import numpy as np
+
+from benchmarks.analysis import bench_rows, bootstrap
 from benchmarks.analysis.points import LABEL, equivalent_gbps, number
 
 # (model, its name, the P100-equivalent Gbps the paper names or None for "the point of our largest gain over
@@ -19,9 +20,16 @@ POINTS = (("resnet50_v1", "ResNet-50", 4.0, "+26% at 4 Gbps"),
 BASELINES = ("dist_sync", "mxnet-p3", "horovod")
 
 
-def _runs(rows: Sequence[dict], model: str, gbps: float, kvstore: str) -> list[list[float]]:
-    return [bench_rows.iteration_times(r) for r in rows if r["model"] == model and r["kvstore"] == kvstore
-            and equivalent_gbps(r) == gbps and str(r.get("smoke")) != "True"]
+def _runs(rows: Sequence[dict], model: str, gbps: float, kvstore: str) -> list[np.ndarray]:
+    """Each job's timed iterations as (iterations, 1): rank 0's, from the row itself (the _iterations files of
+    resumed sweeps repeat some run_ids, so they cannot be joined to their rows)."""
+    return [np.asarray(bench_rows.iteration_times(r), dtype=float)[:, None] for r in rows
+            if r["model"] == model and r["kvstore"] == kvstore and equivalent_gbps(r) == gbps
+            and str(r.get("smoke")) != "True"]
+
+
+def _ratio(a: list[np.ndarray], b: list[np.ndarray], resamples: int = bootstrap.RESAMPLES) -> bootstrap.Estimate:
+    return bootstrap.ratio(a, b, 1.0, 1.0, resamples=resamples)
 
 
 def _span(values: Sequence[int]) -> str:
@@ -43,8 +51,8 @@ def headline_block(results: pathlib.Path) -> str:
             continue
         rates = sorted({equivalent_gbps(r) for r in mine})
         if gbps is None:  # the point where p3kv gains most on dist_sync, by the ratio of the medians
-            gbps = max(rates, key=lambda g: ratio_ci(_runs(rows, model, g, "p3"),
-                                                      _runs(rows, model, g, "dist_sync"), resamples=1)[0])
+            gbps = max(rates, key=lambda g: _ratio(_runs(rows, model, g, "p3"), _runs(rows, model, g, "dist_sync"),
+                                                    resamples=1).value)
             where = f"{gbps:g} Gbps (our largest gain)"
         else:
             where = f"{gbps:g} Gbps"
@@ -53,8 +61,7 @@ def headline_block(results: pathlib.Path) -> str:
         shown.append(first)
         per_iteration = int(first["workers"]) * number(first["samples_per_batch"])
         scale = number(first.get("gpu_scale"), 1.0) or 1.0
-        seconds = sorted(t for run in p3 for t in run)
-        rate = per_iteration / seconds[len(seconds) // 2] / scale
+        rate = per_iteration / float(np.median(np.concatenate(p3))) / scale
         cells = []
         for baseline in BASELINES:
             other = _runs(rows, model, gbps, baseline)
@@ -62,8 +69,8 @@ def headline_block(results: pathlib.Path) -> str:
                 cells.append("-")
                 continue
             repeats += [len(p3), len(other)]
-            ratio, low, high = ratio_ci(p3, other)
-            cells.append(f"{ratio:.2f}× ({low:.2f}–{high:.2f})")
+            r = _ratio(p3, other)
+            cells.append(f"{r.value:.2f}× ({r.low:.2f}–{r.high:.2f})")
         lines.append(f"| {name} | {where} | {rate:,.0f} {first['unit']}/s | {' | '.join(cells)} | {paper} |")
     if not shown:
         return "Not measured yet: `make sweeps` writes `benchmarks/results/sweeps/bandwidth.csv`."
@@ -73,8 +80,9 @@ def headline_block(results: pathlib.Path) -> str:
     links = sorted({r["bandwidth"] for r in shown})
     return "\n".join([*lines, "", (
         f"p3kv's throughput as P100s on those links would reach it, and its ratio to each baseline with a 95% "
-        f"bootstrap confidence interval ({_span(repeats)} interleaved repeats per system of "
-        f"{'/'.join(map(str, iters))} timed iterations), from "
+        f"confidence interval (a percentile bootstrap over the {_span(repeats)} interleaved repeats per system, then "
+        f"over rank 0's {'/'.join(map(str, iters))} timed iterations within each: benchmarks/analysis/bootstrap.py), "
+        f"from "
         f"`benchmarks/results/sweeps/bandwidth.csv`. Conditions: {'/'.join(map(str, hosts))} emulated hosts (network "
         f"namespaces on one 2-core machine, one worker and one server each), {'/'.join(links)} links with compute "
         f"slowed to match the P100-equivalent rate, batch {'/'.join(map(str, batch))} per worker, SGD with momentum "
