@@ -242,19 +242,19 @@ def program(name: str, variant: str = "") -> str:
     return found
 
 
-def sanitizer_env(python: bool = False, preload: str | None = None) -> dict[str, str]:
+def sanitizer_env(python: bool = False, preload: list[str] | None = None) -> dict[str, str]:
     """This process's environment plus the sanitizers' options (SANITIZER_OPTIONS). `python`: for CPython
     processes, leak detection off (CPython keeps interned objects, its arenas and module state alive until the
     process ends by design, so LeakSanitizer would report the interpreter, not us) and PYTHONMALLOC=malloc (every
-    Python object is a malloc block that ASan can watch, instead of a piece of an arena). `preload`: a runtime to
-    put first in LD_PRELOAD (an uninstrumented python loading a sanitized extension needs libasan first)."""
+    Python object is a malloc block that ASan can watch, instead of a piece of an arena). `preload`: libraries to
+    put first in LD_PRELOAD (an uninstrumented python loading a sanitized extension: python_preload())."""
     env = dict(os.environ)
     env.update(SANITIZER_OPTIONS)
     if python:
         env["ASAN_OPTIONS"] = env["ASAN_OPTIONS"].replace("detect_leaks=1", "detect_leaks=0")
         env["PYTHONMALLOC"] = "malloc"
     if preload:
-        env["LD_PRELOAD"] = os.pathsep.join(p for p in (preload, env.get("LD_PRELOAD", "")) if p)
+        env["LD_PRELOAD"] = os.pathsep.join(p for p in (*preload, env.get("LD_PRELOAD", "")) if p)
     return env
 
 
@@ -266,6 +266,14 @@ def runtime(name: str = "libasan.so") -> str:
         raise BuildError(f"the compiler has no {name} ({path!r}): install the sanitizer runtimes (libasan8, "
                          "libubsan1, libtsan2 on Debian 12; they come with g++)")
     return os.path.realpath(path)
+
+
+def python_preload() -> list[str]:
+    """LD_PRELOAD for a python that imports the ASan-built extension: the ASan runtime, which must come first in
+    the process, then libstdc++. Without libstdc++ loaded at start-up (python is C) ASan finds no __cxa_throw to
+    forward to, and the first C++ exception (any error the bindings raise) aborts the process with
+    "AddressSanitizer: CHECK failed: asan_interceptors.cpp ... real___cxa_throw"."""
+    return [runtime("libasan.so"), runtime("libstdc++.so")]
 
 
 def run(name: str, timeout: float = 120, variant: str = "") -> subprocess.CompletedProcess:

@@ -16,10 +16,12 @@ code only, each line with its reason; our own code is fixed, never suppressed.
 import glob
 import os
 import re
+import subprocess
+import sys
 
 import cpp_build
 import pytest
-from harness import ROOT, SCRIPTS, run_job
+from harness import ROOT, SCRIPTS, free_port, node_env, run_job
 
 pytestmark = pytest.mark.sanitizer
 
@@ -64,15 +66,15 @@ def test_cpp_program_is_clean_under_sanitizer(program, variant):
 
 @pytest.fixture(scope="module")
 def sanitized():
-    """The folder holding the ASan+UBSan build of p3kv (first on PYTHONPATH) and the ASan runtime to preload."""
-    return cpp_build.extension("asan"), cpp_build.runtime("libasan.so")
+    """The folder holding the ASan+UBSan build of p3kv (first on PYTHONPATH) and the libraries to preload."""
+    return cpp_build.extension("asan"), cpp_build.python_preload()
 
 
 def _job_env(sanitized, log_dir) -> dict[str, str]:
     """Every process of the job imports the sanitized extension with the ASan runtime preloaded, and writes any
     report to log_dir/sanitizer.<pid> (whatever the launcher does with the processes' output)."""
-    folder, asan = sanitized
-    env = cpp_build.sanitizer_env(python=True, preload=asan)
+    folder, preload = sanitized
+    env = cpp_build.sanitizer_env(python=True, preload=preload)
     # CPython and libmxnet are not instrumented: leaks are off for Python (cpp_build.sanitizer_env says why);
     # third-party findings are silenced in the suppressions file, each with its reason.
     log = os.path.join(str(log_dir), "sanitizer")
@@ -89,18 +91,25 @@ def _reports(log_dir) -> str:
 
 def test_jobs_import_the_sanitized_extension(sanitized, tmp_path):
     # What the job tests below rely on: a python started with their environment imports the sanitized copy, with
-    # the ASan runtime in the process (an instrumented extension without it refuses to load).
-    import subprocess
-    import sys
-
-    env = _job_env(sanitized, tmp_path)
-    code = "import p3kv._p3 as m, p3kv; print(m.__file__); print(open('/proc/self/maps').read().count('libasan'))"
+    # the ASan runtime in the process (an instrumented extension without it refuses to load), and an error of the
+    # C++ core still reaches Python as an exception (a worker whose scheduler never answers: the C++ exception
+    # the bindings throw aborted the process under ASan before libstdc++ was preloaded too).
+    env = {**node_env("worker", free_port(), P3_CONNECT_TIMEOUT="1"), **_job_env(sanitized, tmp_path)}
+    code = ("import p3kv._p3 as m\n"
+            "print(m.__file__, open('/proc/self/maps').read().count('libasan'))\n"
+            "from p3kv.core.worker import P3Worker\n"
+            "try:\n"
+            "    P3Worker()\n"
+            "except Exception as e:\n"
+            "    print('raised', type(e).__name__)\n")
     done = subprocess.run([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=120, cwd=str(tmp_path))
     assert done.returncode == 0, done.stdout
-    path, maps = done.stdout.split()[-2:]
+    assert _reports(tmp_path) == ""
+    path, maps = re.search(r"^(\S+) (\d+)$", done.stdout, re.MULTILINE).groups()
     assert path.startswith(sanitized[0] + os.sep), done.stdout
     assert int(maps) > 0, done.stdout
+    assert re.search(r"^raised P3\w*Error$", done.stdout, re.MULTILINE), done.stdout
 
 
 def test_numpy_job_is_clean_with_sanitized_extension(sanitized, tmp_path):
