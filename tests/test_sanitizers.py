@@ -38,10 +38,10 @@ JOB_TIMEOUT = 240  # seconds for a sanitized job through the launcher
 KNOWN = {
     ("in_process_job_reuse_tests", "tsan"): (
         "ThreadSanitizer: data race: socket.cc:225 Socket::RecvAll (worker_receive.cc:54 HandleBroadcast writing a "
-        "broadcast into out == grad) after socket.cc:209 Socket::SendSome (sender.cc:144 Sender::Write reading the "
-        "borrowed grad), and the caller's refill of grad after Wait: nothing in the worker orders the sender's "
-        "last read of a borrowed gradient before the operation's completion (only the network does, when every "
-        "broadcast needs the whole push; not at all for a rejection, ISSUE24 item 2)"),
+        "broadcast into out == grad) against socket.cc:209 Socket::SendSome (sender.cc:144 Sender::Write reading "
+        "the borrowed grad): nothing in the worker orders the sender's last read of a borrowed gradient before the "
+        "operation's completion; only the network does, when every broadcast needs the whole push, and nothing "
+        "does for a rejection (ISSUE24 item 2)"),
 }
 
 
