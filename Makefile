@@ -5,6 +5,8 @@
 #   make test   set up (Horovod included), then lint and run the test suite (what CI runs)
 # and the fast tier of the tests alone (pure Python and the C++ unit tests, no jobs):
 #   make test-unit
+# and the sanitizer tier alone (the C++ tests under ASan+UBSan and TSan, jobs with an ASan-built extension):
+#   make test-sanitizer
 # Benchmarks on this machine's loopback (no root):
 #   make bench-kvstore   like-for-like kvstore benchmark: p3kv (with and without its server-side SGD), MXNet
 #                        dist_sync, MXNet's P3 and Horovod, same optimizer, through MXNet's engine
@@ -22,7 +24,8 @@ CORE := $(shell find cpp -name '*.cc' -o -name '*.h') setup.py pyproject.toml
 # Network namespaces need root: run the cluster benchmarks through sudo unless we are root already.
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo -E)
 
-.PHONY: setup system-deps test test-unit demo demo-full bench bench-setup bench-kvstore bench-accuracy bench-transport bench-server bench-startup sweeps \
+.PHONY: setup system-deps test test-unit test-sanitizer demo demo-full bench bench-setup bench-kvstore bench-accuracy \
+	bench-transport bench-server bench-startup sweeps \
 	sweeps-estimate bench-report sim lint clean
 
 setup: system-deps $(STAMP)
@@ -52,6 +55,10 @@ test: lint bench-setup
 # One tier of tests/ (`pytest -m unit`; the tiers are in pyproject.toml and the README's Tests section).
 test-unit: setup
 	$(PY) -m pytest -q -m unit tests
+
+# Part of `make test`; alone: build/cpp-tests/ keeps the sanitized builds, so a second run compiles nothing.
+test-sanitizer: setup
+	$(PY) -m pytest -q -m sanitizer tests
 
 # ResNet-50, P100 compute at its published speed slowed 5x on 2 Gbit links: P100s on 10 Gbit links. 6 jobs of 2
 # warm-up + 6 timed iterations; the run guard waits at most 60 s in all for an idle machine, then proceeds with a
