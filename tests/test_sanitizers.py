@@ -35,14 +35,7 @@ JOB_TIMEOUT = 240  # seconds for a sanitized job through the launcher
 
 # Findings in our code not fixed yet: (program, variant) -> the bug, as the sanitizer reports it. Only these
 # tests are expected to fail (strict: one that passes fails, so the mark goes when the bug is fixed).
-KNOWN = {
-    ("in_process_job_reuse_tests", "tsan"): (
-        "ThreadSanitizer: data race: socket.cc:225 Socket::RecvAll (worker_receive.cc:54 HandleBroadcast writing a "
-        "broadcast into out == grad) against socket.cc:209 Socket::SendSome (sender.cc:144 Sender::Write reading "
-        "the borrowed grad): nothing in the worker orders the sender's last read of a borrowed gradient before the "
-        "operation's completion; only the network does, when every broadcast needs the whole push, and nothing "
-        "does for a rejection (ISSUE24 item 2)"),
-}
+KNOWN: dict[tuple[str, str], str] = {}
 
 
 def _cases():

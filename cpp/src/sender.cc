@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "codec.h"
+#include "happens_before.h"
 
 namespace p3 {
 namespace {
@@ -158,6 +159,7 @@ void Sender::Write(Destination* d) {
   if (d->written > before) d->stalled = false;
   if (d->written == kHeaderBytes + m.header.payload_bytes) {
     d->conn->ReleaseWrites(false);
+    if (!m.owned && m.data != nullptr) PayloadSent(m.data);
     const Header& h = m.header;
     trace_->Record(TraceEvent::kSend, h.key, h.slice, h.priority, h.iteration, m.peer_rank);
     d->frame.reset();

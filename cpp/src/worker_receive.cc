@@ -2,6 +2,7 @@
 // control frames (a rejection, a reply to a request, a failing server's last words) into the request tracker.
 #include "worker_node.h"
 
+#include "happens_before.h"
 #include "p3/log.h"
 
 namespace p3 {
@@ -51,6 +52,7 @@ Status WorkerNode::HandleBroadcast(int server, Connection* conn, const Header& h
   }
   if (dst == nullptr) return conn->SkipPayload(h.payload_bytes);
   // Straight from the socket into the caller's buffer: no copy of the parameter on the worker.
+  BroadcastArriving(dst);
   const Status st = conn->ReadPayload(dst, h.payload_bytes);
   RequestTracker::Completion c;
   {
