@@ -98,7 +98,8 @@ def test_a_server_that_stops_reading_fails_the_worker_within_the_heartbeat_timeo
     env = {"P3_HEARTBEAT_TIMEOUT": str(heartbeat_timeout), "P3_HEARTBEAT_INTERVAL": "0.5",
            "P3_CONNECT_TIMEOUT": "30", "P3_SLICE_SIZE": str(1 << 20)}  # 4 slices of 4 MiB
     port = free_port()
-    scheduler = Node("scheduler", [sys.executable, "-m", "p3kv.core.scheduler"], node_env("scheduler", port, 1, 1, **env))
+    scheduler = Node("scheduler", [sys.executable, "-m", "p3kv.core.scheduler"],
+                     node_env("scheduler", port, 1, 1, **env))
     nodes.append(scheduler)
     wait_listening(port, scheduler)
     server = RawServer(port)
@@ -137,7 +138,8 @@ def test_a_server_that_pauses_a_worker_on_purpose_longer_than_the_heartbeat_time
            "P3_SERVER_QUEUE_BYTES": str(512 << 10)}
     lag, iterations = 5.0, 3
     port = free_port()
-    scheduler = Node("scheduler", [sys.executable, "-m", "p3kv.core.scheduler"], node_env("scheduler", port, 2, 1, **env))
+    scheduler = Node("scheduler", [sys.executable, "-m", "p3kv.core.scheduler"],
+                     node_env("scheduler", port, 2, 1, **env))
     server = Node("server process", [sys.executable, REPORT_SERVER], node_env("server", port, 2, 1, **env))
     workers = [Node(f"worker process {i}", [sys.executable, PAUSE_WORKER, "--size", "200000", "--iterations",
                                             str(iterations), "--lag", str(lag)], node_env("worker", port, 2, 1, **env))
