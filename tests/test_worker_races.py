@@ -35,7 +35,7 @@ from p3kv.core.worker import P3Worker
 
 pytestmark = pytest.mark.integration
 
-HEADER = struct.Struct("<IHBBiiBBHIQQQQQ")  # cpp/src/codec.cc, protocol 4 (cpp/include/p3/message.h)
+HEADER = struct.Struct("<IHBBiiBBHIQQQQQ")  # cpp/src/codec.cc, protocol 5 (cpp/include/p3/message.h)
 REGISTER, NODE_TABLE, ERROR, HELLO, INIT, PUSH, BROADCAST = 1, 2, 8, 9, 10, 11, 12
 SERVER_ROLE = 1
 SLICE = 1000  # P3_SLICE_SIZE: a key of 2 * SLICE float32 elements has slice 0 on server 0 and slice 1 on server 1

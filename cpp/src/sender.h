@@ -10,6 +10,7 @@
 // is finished at the priority of the most urgent frame queued behind it (priority inheritance).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -39,8 +40,9 @@ struct OutMessage {
 class Sender {
  public:
   // `on_error` runs on the sender thread, once per connection, when a write to it fails or the peer takes
-  // no byte for the connection's send timeout (Connection::SendTimeout; none by default). That connection's
-  // queued frames are then dropped, later ones refused; the other connections carry on.
+  // no byte for the connection's send timeout (Connection::SendTimeout; none by default) while it has not
+  // declared a pause (Connection::SetPeerPaused: time paused does not count, and a change restarts the count).
+  // That connection's queued frames are then dropped, later ones refused; the other connections carry on.
   using ErrorHandler = std::function<void(const OutMessage&, const Status&)>;
   // Throws std::system_error if the wakeup descriptor cannot be created (out of descriptors).
   Sender(Trace* trace, ErrorHandler on_error);
@@ -59,6 +61,9 @@ class Sender {
   void Abort();
   // Any thread. Frames queued and not yet started.
   size_t Queued() const;
+  // Any thread, after Connection::SetPeerPaused: the sender thread looks at its stalled destinations again (a
+  // resume restarts their count, which the thread must then time).
+  void Wake();
 
  private:
   struct Entry {
@@ -73,6 +78,9 @@ class Sender {
   bool RunOnce();
   void Write(Destination* d);
   void Wait();
+  // Sender thread: whether a stalled destination's send timeout applies now; restarts its count at `now` when the
+  // peer paused or resumed since the count began.
+  bool StallCounts(Destination* d, std::chrono::steady_clock::time_point now);
   void Fail(Destination* d, const Status& st);
   void Signal();
   void Stop(bool abort);

@@ -52,6 +52,12 @@ Status WorkerNode::Start() {
     auto conn = std::make_shared<Connection>(std::move(s), peer, config_.max_message_bytes, &counters_);
     st = conn->Send(HelloFrame(rank_), nullptr);
     if (!st.ok()) return st;
+    // A server that is alive but stops reading this connection (a hung receive thread) is caught within
+    // P3_HEARTBEAT_TIMEOUT, as a silent node is, instead of at P3_TIMEOUT: a send to it that makes no progress for
+    // that long fails the job naming it (Sender). A server stops reading on purpose only while this worker is over
+    // its share of P3_SERVER_QUEUE_BYTES, and then says so (PAUSE ... RESUME, worker_receive.cc): that time does
+    // not count.
+    conn->SetSendTimeout(config_.heartbeat_timeout);
     servers_[static_cast<size_t>(n.rank)] = conn;
   }
   for (size_t i = 0; i < servers_.size(); ++i) {
@@ -230,7 +236,10 @@ void WorkerNode::OnSendError(const Status& st) {
     cv_.wait_for(lock, std::chrono::seconds(1), [&] { return !fatal_.ok() || closed_; });
     if (!fatal_.ok() || closed_) return;
   }
-  Fail(st);
+  Fail(st.code() == Status::Code::kTimeout
+           ? st.WithContext("the server is connected but stopped reading for longer than P3_HEARTBEAT_TIMEOUT "
+                            "without pausing this worker (hung or stopped process?)")
+           : st);
 }
 
 void WorkerNode::Fail(const Status& status, bool from_scheduler) {

@@ -1,5 +1,6 @@
 // A worker's receive side: one thread per server reads broadcasts straight into the caller's arrays, and
-// control frames (a rejection, a reply to a request, a failing server's last words) into the request tracker.
+// control frames (a rejection, a reply to a request, a failing server's last words) into the request tracker; a
+// server's PAUSE and RESUME go to the connection's pause state, which the sender's stall check reads.
 #include "worker_node.h"
 
 #include "happens_before.h"
@@ -21,6 +22,11 @@ void WorkerNode::ReceiveLoop(int server) {
       std::string text;
       st = conn->ReadPayload(&text, h.payload_bytes);
       if (st.ok()) st = HandleControl(server, h, std::move(text));
+    } else if ((h.command == Command::kPause || h.command == Command::kResume) && h.payload_bytes == 0) {
+      // The server stops (or starts again) reading our data connection on purpose: the sender's stall check
+      // spares it meanwhile (sender.h).
+      conn->SetPeerPaused(h.command == Command::kPause);
+      sender_.Wake();
     } else {
       st = Status::Invalid(std::string("unexpected ") + CommandName(h.command) + " frame");
     }
