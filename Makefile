@@ -52,7 +52,7 @@ lint: setup
 test: lint bench-setup
 	$(PY) -m pytest -q tests
 
-# One tier of tests/ (`pytest -m unit`; the tiers are in pyproject.toml and the README's Tests section).
+# One tier of tests/ (`pytest -m unit`; the tiers are in pyproject.toml and tests/README.md).
 test-unit: setup
 	$(PY) -m pytest -q -m unit tests
 
@@ -72,7 +72,7 @@ demo: setup
 
 # The full comparison (the sweeps' demo): all four systems, 3 shuffled repeats of 2 warm-up + 20 timed iterations,
 # 12 jobs: 7 min 48 s on an idle 2-core machine after set-up (`python -m benchmarks` estimates 8 min); appends to
-# benchmarks/results/sweeps/demo.csv and rewrites the README's tables, under the strict idle gate (it refuses a busy
+# benchmarks/results/sweeps/demo.csv and rewrites docs/benchmarks.md's tables, under the strict idle gate (it refuses a busy
 # machine or a dirty tree: DEMO_FULL_FLAGS=--force / --allow-dirty override, recorded in every row).
 DEMO_FULL_FLAGS ?=
 demo-full: bench-setup
@@ -80,7 +80,7 @@ demo-full: bench-setup
 	$(PY) -m benchmarks.report
 
 # Every sweep of the paper's evaluation with the reviewed settings (optimizer on, 3 shuffled repeats of 2 warm-up +
-# 20 timed iterations, all four systems), then the README's tables: an estimated 11.5 hours on an idle 2-core
+# 20 timed iterations, all four systems), then docs/benchmarks.md's tables: an estimated 11.5 hours on an idle 2-core
 # machine in full (`make sweeps-estimate` gives each sweep's time, in full and for what is not measured yet). Each sweep is also its own command (python -m benchmarks.suites.sweeps NAME);
 # SWEEP_FLAGS passes options to every one (e.g. --force, --repeats 5). With --resume (the default here) a sweep
 # runs only what its CSV in benchmarks/results/sweeps/ lacks, so an interrupted `make sweeps` continues where it

@@ -23,8 +23,9 @@ from benchmarks.paths import ROOT
 
 LOG = logging.getLogger("run_guard")
 
-# What the benchmarks themselves write: a sweep appends to its CSVs and rewrites the README's tables, and the next
-# sweep of `make sweeps` must not take that for an uncommitted change to the code it measures.
+# What the benchmarks themselves write: a sweep appends to its CSVs and rewrites the tables of docs/benchmarks.md
+# and the README's headline, and the next sweep of `make sweeps` must not take that for an uncommitted change to
+# the code it measures.
 OUTPUTS = ("benchmarks/results", "README.md", "docs/benchmarks.md")
 
 

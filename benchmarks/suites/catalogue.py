@@ -22,7 +22,7 @@ SUITES = (
           "cluster, 95% CIs; writes only build/demo/", "make demo  (more systems: DEMO_SYSTEMS=\"p3 dist_sync "
           "mxnet-p3 horovod\")", root=True),
     Suite("demo-full", "the 12-job comparison of all four systems, 20 timed iterations (the sweeps' demo): "
-          "appends to results/sweeps/demo.csv, rewrites the README's tables", "make demo-full", root=True),
+          "appends to results/sweeps/demo.csv, rewrites docs/benchmarks.md's tables", "make demo-full", root=True),
     Suite("sweeps", "the paper's evaluation: bandwidth, slice, ablation, scale, sensitivity, dilation, utilisation",
           "make sweeps  (one: python -m benchmarks.suites.sweeps NAME)", root=True),
     Suite("cluster_bench", "one comparison on the emulated cluster, any model/link/host count",

@@ -17,13 +17,14 @@ Every run trains with SGD (momentum 0.9, wd 1e-4: on the servers for p3kv and di
 P3 and Horovod), 3 repeats in a freshly shuffled order, 2 warm-up + 20 timed iterations, under the run guard (clean
 tree, idle machine; see cluster_bench.py). Each sweep appends to results/sweeps/<name>.csv (and
 <name>_iterations.csv; delete them to start over; --resume runs only the runs they lack) and draws
-results/sweeps/fig_<name>.png with the IQR as error bars; `python -m benchmarks.report` then rewrites the README's
-tables. Compute is emulated with each model's calibrated P100 efficiency (benchmarks/workloads/shapes/*.json) and time
-dilated by --gpu-scale: a P100 at scale s on links of rate b has the compute/network ratio of real P100s on links
-of rate b/s ("P100-equivalent"), which is how every point below is chosen. Each point uses the least dilation its
-link allows: links up to --link-max (2 Gbit: what 2 cores move without saturating, see `dilation`) run undilated
-(scale 1, link = equivalent), faster equivalents at scale = link-max / equivalent on a link-max link. Every row
-records its scale and the CPU utilisation of every host, so a point where the CPUs, not the links, were the limit
+results/sweeps/fig_<name>.png with the IQR as error bars; `python -m benchmarks.report` then rewrites the tables
+of docs/benchmarks.md. Compute is emulated with each model's calibrated P100 efficiency
+(benchmarks/workloads/shapes/*.json) and time dilated by --gpu-scale: a P100 at scale s on links of rate b has the
+compute/network ratio of real P100s on links of rate b/s ("P100-equivalent"), which is how every point below is
+chosen. Each point uses the least dilation its link allows: links up to --link-max (2 Gbit: what 2 cores move
+without saturating, see `dilation`) run undilated (scale 1, link = equivalent), faster equivalents at scale =
+link-max / equivalent on a link-max link. Every row records its scale and the CPU utilisation of every host, so a
+point where the CPUs, not the links, were the limit
 shows.
 """
 
