@@ -15,8 +15,8 @@ REGENERATE = "python -m benchmarks.workloads.make_shapes --models {model}"
 def load(model: str, shapes_dir: pathlib.Path = SHAPES_DIR, layers: bool = False) -> dict:
     """The parsed shape file of `model`; `layers`: it must hold the per-layer profile (emulated compute)."""
     path = pathlib.Path(shapes_dir) / f"{model}.json"
-    if not path.exists():
-        raise SystemExit(f"no shape file {path}: generate it with {REGENERATE.format(model=model)}")
+    if not path.exists():  # FileNotFoundError: a model without shapes (the deployment's tiny MLP) has no bound
+        raise FileNotFoundError(f"no shape file {path}: generate it with {REGENERATE.format(model=model)}")
     description = json.loads(path.read_text())
     if layers and "layers" not in description:
         raise SystemExit(f"{path} has no per-layer profile (\"layers\"): regenerate it with "
