@@ -207,7 +207,8 @@ PYBIND11_MODULE(_p3, m) {
       .def_readwrite("trace", &p3::NodeConfig::trace)
       .def_readwrite("secret", &p3::NodeConfig::secret)
       .def_readwrite("heartbeat_interval", &p3::NodeConfig::heartbeat_interval)
-      .def_readwrite("heartbeat_timeout", &p3::NodeConfig::heartbeat_timeout);
+      .def_readwrite("heartbeat_timeout", &p3::NodeConfig::heartbeat_timeout)
+      .def_readwrite("rank", &p3::NodeConfig::rank);
 
   py::class_<p3::Scheduler>(m, "Scheduler")
       .def(py::init(&p3::Scheduler::Create))

@@ -181,6 +181,13 @@ void TestRegistrationAndTableRoundTrip() {
   CHECK(p3::DecodeRegistration(p3::EncodeRegistration(r), &r2).ok());
   CHECK(r2.role == r.role && r2.host == r.host && r2.port == r.port && r2.num_worker == 4 && r2.num_server == 2);
   CHECK(!p3::DecodeRegistration("\x01", &r2).ok());
+  CHECK(r2.rank == -1);  // not asked for
+  r.rank = 3;  // P3_WORKER_RANK: asked for, and an encoding without it (older nodes) still decodes
+  const std::string with_rank = p3::EncodeRegistration(r);
+  CHECK(p3::DecodeRegistration(with_rank, &r2).ok() && r2.rank == 3);
+  CHECK(p3::DecodeRegistration(with_rank.substr(0, with_rank.size() - 4), &r2).ok() && r2.rank == -1);
+  CHECK(!p3::DecodeRegistration(with_rank + "x", &r2).ok());
+  CHECK(!p3::DecodeRegistration(with_rank.substr(0, with_rank.size() - 2), &r2).ok());
   p3::NodeTable t;
   t.your_rank = 1;
   t.nodes = {{p3::Role::kServer, 0, "a", 1}, {p3::Role::kWorker, 1, "bb", 0}};
