@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import sys
 import types
 
 import torch
@@ -25,8 +26,18 @@ def worker() -> P3Worker:
     global _worker
     if _worker is None:
         _worker = P3Worker()
-        atexit.register(_worker.close)
+        atexit.register(_close_at_exit, _worker)
     return _worker
+
+
+def _close_at_exit(w: P3Worker) -> None:
+    """A script that ends normally leaves the job cleanly; one that dies of an exception (sys.last_value is set
+    for an unhandled one) must not: a clean close would tell the others it merely ran fewer steps. Its
+    connections drop instead, and the job fails naming this worker."""
+    if getattr(sys, "last_value", None) is not None:
+        w.__exit__(type(sys.last_value), sys.last_value, None)
+        return
+    w.close()
 
 
 def distribute(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, placement: str = "worker",

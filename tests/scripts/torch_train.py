@@ -3,7 +3,7 @@
 Worker/rank 0 saves the final parameters and buffers to OUT (torch.save of the state_dict).
 
     torch_train.py p3kv|ddp OUT [--optimizer sgd|adam|adamw] [--model reversed|bn|unused] [--steps N]
-                   [--accumulate K] [--unused error|zeros] [--dtype float32|float16]
+                   [--accumulate K] [--unused error|zeros] [--dtype float32|float16] [--marks PREFIX]
 
 The "reversed" model registers its layers in the reverse of the order its forward pass calls them (a, b, c run
 in that order; c, b, a registered), so registration order is not forward order.
@@ -12,8 +12,10 @@ in that order; c, b, a registered), so registration order is not forward order.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -55,7 +57,16 @@ class Unused(Reversed):
         return self.spare(y) if self.rank == 0 else y
 
 
-MODELS = {"reversed": Reversed, "bn": WithBatchNorm, "unused": Unused}
+class Wide(Reversed):
+    """A last layer of 10 M parameters (about 200 slices of the default size) behind small first layers: its
+    average arrives well after theirs."""
+
+    def __init__(self):
+        super().__init__(width=16)
+        self.c = nn.Linear(16, 640_000)
+
+
+MODELS = {"reversed": Reversed, "bn": WithBatchNorm, "unused": Unused, "wide": Wide}
 
 
 def make_optimizer(name: str, params):
@@ -77,6 +88,7 @@ def main() -> int:
     p.add_argument("--unused", default="error")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--marks", help="write JSON: time.time_ns() when each step's forward has passed layer a")
     args = p.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -97,7 +109,10 @@ def main() -> int:
         dist.init_process_group("gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
         model = nn.parallel.DistributedDataParallel(model)
+    print(f"ready rank={rank} pid={os.getpid()}", flush=True)
     inner = model.module if args.mode == "ddp" else model
+    marks: list[int] = []
+    inner.a.register_forward_hook(lambda *_: marks.append(time.time_ns()))
     if isinstance(inner, Unused):
         inner.rank = rank
     # Every process draws the whole data set, then takes its shard: the same shards in both modes.
@@ -117,6 +132,9 @@ def main() -> int:
         scheduler.step()
         optimizer.zero_grad()
         print(f"step {step} loss {loss.item():.6f}", flush=True)
+    if args.marks:
+        with open(f"{args.marks}.rank{rank}.json", "w") as f:
+            json.dump(marks, f)
     state = inner.state_dict()  # p3kv: finishes the pending updates first
     if rank == 0:
         torch.save(state, args.out)

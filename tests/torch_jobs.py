@@ -1,0 +1,46 @@
+"""Torch jobs for tests/test_torch_*.py: tests/scripts/torch_train.py as a p3kv.torch job through the launcher,
+or as a 2-process DDP job (gloo) with the same arguments, and the states worker/rank 0 saved."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from harness import REPO, SCRIPTS, free_port, launcher_env, run_job
+
+TRAIN = os.path.join(SCRIPTS, "torch_train.py")
+CORE_SERVER = f"{sys.executable} -m p3kv.core.server"  # framework-free: sums only
+
+
+def p3kv_job(out: Path, *args: str, workers: int = 2, servers: int = 2, env: dict | None = None,
+             timeout: float = 300) -> subprocess.CompletedProcess:
+    """The training script as a p3kv.torch job (servers only sum); worker 0 saves its state to `out`."""
+    return run_job(workers, servers, [TRAIN, "p3kv", str(out), *args],
+                   env={**launcher_env(), "P3_SLICE_SIZE": "1000", **(env or {})}, timeout=timeout,
+                   launcher_args=["--server-command", CORE_SERVER, "--timeout", str(timeout - 10)])
+
+
+def ddp_job(out: Path, *args: str, workers: int = 2, timeout: float = 300) -> list[str]:
+    """The training script as a DDP job (gloo on loopback); rank 0 saves its state to `out`. Each rank's output."""
+    port = free_port()
+    procs = []
+    for rank in range(workers):
+        env = {**launcher_env(), "RANK": str(rank), "WORLD_SIZE": str(workers), "LOCAL_RANK": str(rank),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        procs.append(subprocess.Popen([sys.executable, TRAIN, "ddp", str(out), *args], cwd=REPO, env=env,
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    outputs = []
+    try:
+        for p in procs:
+            outputs.append(p.communicate(timeout=timeout)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for p, output in zip(procs, outputs):
+        assert p.returncode == 0, output
+    return outputs
