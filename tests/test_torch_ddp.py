@@ -23,6 +23,8 @@ CASES = {
     "adamw-no_sync": ["--optimizer", "adamw", "--accumulate", "2"],
     # BatchNorm: worker 0's running statistics reach every worker as DDP's broadcast_buffers does.
     "batchnorm": ["--model", "bn"],
+    # Clipping by global norm reads every averaged gradient: optimizer.synchronize() first, then one whole step.
+    "adam-clip": ["--optimizer", "adam", "--clip", "0.05"],
 }
 
 

@@ -74,3 +74,24 @@ def test_a_launched_workers_rank_variable_is_its_p3kv_rank():
     assert result.returncode == 0, result.stdout
     seen = re.findall(r"^\[worker (\d)\] rank (\d) (\d) (\d) (\d)$", result.stdout, re.MULTILINE)
     assert sorted(seen) == [(str(i), str(i), str(i), "3", "3") for i in range(3)], result.stdout
+
+
+@pytest.mark.unit
+def test_servers_core_runs_framework_free_servers():
+    specs = {s.name: s.argv for s in plan(Job(command=("t",), num_workers=1, num_servers=1, servers="core"),
+                                          "127.0.0.1", 4242, {})}
+    assert specs["server 0"][1:] == ("-m", "p3kv.core.server")
+    default = {s.name: s.argv for s in plan(Job(command=("t",), num_workers=1, num_servers=1), "127.0.0.1", 4242, {})}
+    assert default["server 0"][1:] == ("-m", "p3kv.mxnet.server")
+
+
+@pytest.mark.integration
+def test_a_torch_jobs_core_servers_import_neither_mxnet_nor_torch():
+    pytest.importorskip("torch", reason="the job's workers run p3kv.torch (pip install '.[torch]')")
+    check = ("import sys, runpy; from p3kv.core import server; s = server.P3Server(); s.start(); s.run(); "
+             "bad = [m for m in ('mxnet', 'torch') if m in sys.modules]; print('server imported', bad); "
+             "sys.exit(3 if bad else 0)")
+    result = run_job(2, 1, [f"{SCRIPTS}/torch_train.py", "p3kv", "/dev/null", "--steps", "2"],
+                     launcher_args=["--server-command", f"{sys.executable} -c \"{check}\""])
+    assert result.returncode == 0, result.stdout
+    assert "[server 0] server imported []" in result.stdout, result.stdout

@@ -11,7 +11,6 @@ from pathlib import Path
 from harness import REPO, SCRIPTS, free_port, launcher_env, run_job
 
 TRAIN = os.path.join(SCRIPTS, "torch_train.py")
-CORE_SERVER = f"{sys.executable} -m p3kv.core.server"  # framework-free: sums only
 
 
 def p3kv_job(out: Path, *args: str, workers: int = 2, servers: int = 2, env: dict | None = None,
@@ -19,7 +18,7 @@ def p3kv_job(out: Path, *args: str, workers: int = 2, servers: int = 2, env: dic
     """The training script as a p3kv.torch job (servers only sum); worker 0 saves its state to `out`."""
     return run_job(workers, servers, [TRAIN, "p3kv", str(out), *args],
                    env={**launcher_env(), "P3_SLICE_SIZE": "1000", **(env or {})}, timeout=timeout,
-                   launcher_args=["--server-command", CORE_SERVER, "--timeout", str(timeout - 10)])
+                   launcher_args=["--servers", "core", "--timeout", str(timeout - 10)])
 
 
 def ddp_job(out: Path, *args: str, workers: int = 2, timeout: float = 300) -> list[str]:

@@ -35,7 +35,7 @@ from p3kv.core import config
 from p3kv.core.config import BULK_VARIABLE, Role
 from p3kv.core.errors import ConfigError
 from p3kv.launch import baselines, horovod, torchrun
-from p3kv.launch.job import BASELINE_VARIABLE, Job, KVStore
+from p3kv.launch.job import BASELINE_VARIABLE, SERVER_MODULES, Job, KVStore
 from p3kv.launch.supervisor import ProcessSpec, Supervisor
 
 LOG = logging.getLogger("p3kv.launch")
@@ -86,9 +86,9 @@ def check_port(address: str, port: int) -> None:
             raise ConfigError(f"--port {port} cannot be used on {address} ({e.strerror}); {hint}") from None
 
 
-def _default_command(kvstore: KVStore, role: Role) -> tuple[str, ...]:
-    if kvstore is KVStore.P3:  # servers run the MXNet optimizer workers send (aggregate only until one arrives)
-        module = "p3kv.mxnet.server" if role is Role.SERVER else f"p3kv.core.{role.value}"
+def _default_command(kvstore: KVStore, role: Role, servers: str = "mxnet") -> tuple[str, ...]:
+    if kvstore is KVStore.P3:  # "mxnet" servers run the MXNet optimizer workers send (they sum until one arrives)
+        module = SERVER_MODULES[servers] if role is Role.SERVER else f"p3kv.core.{role.value}"
         return (sys.executable, "-m", module)
     return baselines.command(role)
 
@@ -151,7 +151,7 @@ def plan(job: Job, host: str, port: int, environ: Mapping[str, str], joined_dir:
                                  _role_environment(job, Role.SCHEDULER, host, port, base), "scheduler",
                                  primary=services_primary))
     server_env = _role_environment(job, Role.SERVER, host, port, base)
-    server_argv = job.server_command or _default_command(job.kvstore, Role.SERVER)
+    server_argv = job.server_command or _default_command(job.kvstore, Role.SERVER, job.servers)
     specs += [ProcessSpec(f"server {i}", server_argv, server_env, f"server{i}", primary=services_primary)
               for i in range(servers)]
     worker_env = _role_environment(job, Role.WORKER, host, port, base)

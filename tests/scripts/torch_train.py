@@ -3,7 +3,7 @@
 Worker/rank 0 saves the final parameters and buffers to OUT (torch.save of the state_dict).
 
     torch_train.py p3kv|ddp OUT [--optimizer sgd|adam|adamw] [--model reversed|bn|unused] [--steps N]
-                   [--accumulate K] [--unused error|zeros] [--dtype float32|float16] [--marks PREFIX]
+                   [--accumulate K] [--unused error|zeros] [--dtype float32|float16] [--clip NORM] [--marks PREFIX]
 
 The "reversed" model registers its layers in the reverse of the order its forward pass calls them (a, b, c run
 in that order; c, b, a registered), so registration order is not forward order.
@@ -88,6 +88,8 @@ def main() -> int:
     p.add_argument("--unused", default="error")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--clip", type=float, help="clip the gradients' global norm to this before each step (p3kv: "
+                   "after optimizer.synchronize(), as with Horovod)")
     p.add_argument("--marks", help="write JSON: time.time_ns() when each step's forward has passed layer a")
     args = p.parse_args()
     torch.manual_seed(0)
@@ -128,6 +130,10 @@ def main() -> int:
             with (model.no_sync() if not last else _nothing()):
                 loss = F.cross_entropy(model(xb).float(), yb)
                 loss.backward()
+        if args.clip is not None:
+            if args.mode == "p3kv":
+                optimizer.synchronize()  # the averaged gradients into .grad; the next step() is a whole one
+            nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad()
