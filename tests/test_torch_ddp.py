@@ -25,6 +25,9 @@ CASES = {
     "batchnorm": ["--model", "bn"],
     # Clipping by global norm reads every averaged gradient: optimizer.synchronize() first, then one whole step.
     "adam-clip": ["--optimizer", "adam", "--clip", "0.05"],
+    # Half-precision parameters and gradients: the servers sum two of them in float32 and round once.
+    "float16": ["--dtype", "float16"],
+    "bfloat16": ["--dtype", "bfloat16"],
 }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from harness import REPO, SCRIPTS, free_port, launcher_env, run_job
@@ -22,24 +23,34 @@ def p3kv_job(out: Path, *args: str, workers: int = 2, servers: int = 2, env: dic
 
 
 def ddp_job(out: Path, *args: str, workers: int = 2, timeout: float = 300) -> list[str]:
-    """The training script as a DDP job (gloo on loopback); rank 0 saves its state to `out`. Each rank's output."""
+    """The training script as a DDP job (gloo on loopback); rank 0 saves its state to `out`. Each rank's output.
+
+    Output goes to files, not pipes (a rank blocked on a full pipe would stall the others' collectives), and the
+    first rank to fail stops the job (the others would wait for it in a collective)."""
     port = free_port()
-    procs = []
-    for rank in range(workers):
-        env = {**launcher_env(), "RANK": str(rank), "WORLD_SIZE": str(workers), "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        procs.append(subprocess.Popen([sys.executable, TRAIN, "ddp", str(out), *args], cwd=REPO, env=env,
-                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True))
-    outputs = []
+    procs, logs = [], []
     try:
-        for p in procs:
-            outputs.append(p.communicate(timeout=timeout)[0])
+        for rank in range(workers):
+            env = {**launcher_env(), "RANK": str(rank), "WORLD_SIZE": str(workers), "LOCAL_RANK": str(rank),
+                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+            logs.append(open(f"{out}.rank{rank}.log", "w+"))
+            procs.append(subprocess.Popen([sys.executable, TRAIN, "ddp", str(out), *args], cwd=REPO, env=env,
+                                          stdin=subprocess.DEVNULL, stdout=logs[-1], stderr=subprocess.STDOUT))
+        deadline = time.monotonic() + timeout
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            if any(p.returncode not in (None, 0) for p in procs):
+                break
+            time.sleep(0.2)
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-                p.wait()
-    for p, output in zip(procs, outputs):
-        assert p.returncode == 0, output
+            p.wait()
+        outputs = []
+        for log in logs:
+            log.seek(0)
+            outputs.append(log.read())
+            log.close()
+    report = "\n".join(f"rank {r} exited {p.returncode}:\n{o[-3000:]}" for r, (p, o) in enumerate(zip(procs, outputs)))
+    assert all(p.returncode == 0 for p in procs), report
     return outputs

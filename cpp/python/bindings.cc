@@ -92,8 +92,8 @@ Buffer GetBuffer(const py::buffer& b, const std::string& what, p3::DType dtype, 
 p3::DType ToDType(const std::string& name) {
   p3::DType t;
   if (!p3::ParseDType(name, &t)) {
-    Raise(Status::Invalid("dtype " + name + " is not supported (use float32, float64, float16, int32, int64 or "
-                          "uint8)"));
+    Raise(Status::Invalid("dtype " + name + " is not supported (use float32, float64, float16, bfloat16, int32, "
+                          "int64 or uint8)"));
   }
   return t;
 }

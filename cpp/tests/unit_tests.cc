@@ -227,6 +227,30 @@ void TestHalf() {
   CHECK(p3::HalfToFloat(p3::FloatToHalf(1e-9f)) == 0.0f);
 }
 
+void TestBFloat16() {
+  // torch's bfloat16: the high half of a float32, rounded to nearest even; nan stays nan, overflow gives inf.
+  for (float f : {0.0f, 1.0f, -2.5f, 3.3895313892515355e+38f, 1.1754943508222875e-38f}) {
+    CHECK(p3::BFloat16ToFloat(p3::FloatToBFloat16(f)) == f);
+  }
+  CHECK(p3::FloatToBFloat16(1.0f + 1.0f / 256) == p3::FloatToBFloat16(1.0f));                 // tie -> even
+  CHECK(p3::FloatToBFloat16(1.0f + 3.0f / 256) == p3::FloatToBFloat16(1.0f + 2.0f / 128));    // tie -> even (up)
+  CHECK(p3::FloatToBFloat16(1.0f + 1.5f / 256) == p3::FloatToBFloat16(1.0f + 1.0f / 128));    // above half: up
+  CHECK(std::isinf(p3::BFloat16ToFloat(p3::FloatToBFloat16(3.4e38f))));
+  CHECK(std::isnan(p3::BFloat16ToFloat(p3::FloatToBFloat16(std::nanf("")))));
+  // Summed in float32, rounded once: 1 + 2^-8 + 2^-8 is 1 + 2^-7 exactly (a bfloat16 sum would stay at 1).
+  const uint16_t a[2] = {p3::FloatToBFloat16(1.0f), p3::FloatToBFloat16(1.0f / 256)};
+  float acc[2];
+  p3::CopyToAccumulator(p3::DType::kBFloat16, a, acc, 2);
+  p3::AddToAccumulator(p3::DType::kBFloat16, a + 1, acc, 1);
+  p3::AddToAccumulator(p3::DType::kBFloat16, a + 1, acc, 1);
+  uint16_t out[2];
+  p3::CopyFromAccumulator(p3::DType::kBFloat16, acc, out, 2);
+  CHECK(p3::BFloat16ToFloat(out[0]) == 1.0f + 1.0f / 128);
+  CHECK(p3::DTypeSize(p3::DType::kBFloat16) == 2 && p3::AccumulatorType(p3::DType::kBFloat16) == p3::DType::kFloat32);
+  p3::DType parsed;
+  CHECK(p3::ParseDType("bfloat16", &parsed) && parsed == p3::DType::kBFloat16);
+}
+
 void TestAggregation() {
   const uint16_t a[3] = {p3::FloatToHalf(1.5f), p3::FloatToHalf(-2.0f), p3::FloatToHalf(0.25f)};
   float acc[3];
@@ -328,6 +352,7 @@ int main() {
       {"registration_and_table_round_trip", TestRegistrationAndTableRoundTrip},
       {"slicer", TestSlicer},
       {"half", TestHalf},
+      {"bfloat16", TestBFloat16},
       {"aggregation", TestAggregation},
       {"handshake", TestHandshake},
       {"virtual_stream", TestVirtualStream},

@@ -34,6 +34,7 @@ class _Key:
     shape: tuple
     dtype: np.dtype
     in_use: list  # arrays the core reads or writes until the key's operations complete
+    wire: str = ""  # the core's element type, when numpy has none for it ("bfloat16" carried as uint16)
 
 
 class P3Worker:
@@ -73,14 +74,15 @@ class P3Worker:
         return self.config.slice_size
 
     # -- operations --------------------------------------------------------------------------------------
-    def init(self, key: int | str, value: np.ndarray, out: np.ndarray | None = None, name: str | None = None
-             ) -> None:
+    def init(self, key: int | str, value: np.ndarray, out: np.ndarray | None = None, name: str | None = None,
+             wire_dtype: str | None = None) -> None:
         """Declares `key` and starts its initialisation; non-blocking.
 
         Worker 0's `value` becomes the value on the servers and is written into `out` (default: `value`
         itself) on every worker, so all workers start equal. Every worker must init the same keys, with the
         same shapes and dtypes, in the same order. `name` is what error messages call the key (default: the
-        key itself; the MXNet adapter passes Module's parameter names for its numbered keys).
+        key itself; the MXNet adapter passes Module's parameter names for its numbered keys). `wire_dtype` names an
+        element type numpy lacks: "bfloat16", whose arrays are uint16 views of the bits (p3kv.torch).
         """
         kid = key_id(key)
         if kid in self._keys:
@@ -92,9 +94,10 @@ class P3Worker:
         self._check_out(key, out, value.shape, value.dtype)
         if not value.flags.c_contiguous:
             value = np.ascontiguousarray(value)
-        self._keys[kid] = _Key(str(key), key if name is None else name, value.shape, value.dtype, [value, out])
+        wire = wire_dtype or value.dtype.name
+        self._keys[kid] = _Key(str(key), key if name is None else name, value.shape, value.dtype, [value, out], wire)
         try:
-            self._core.init(kid, str(key), value.dtype.name, value.reshape(-1), out.reshape(-1))
+            self._core.init(kid, str(key), wire, value.reshape(-1), out.reshape(-1))
         except Exception:
             del self._keys[kid]
             raise
@@ -114,7 +117,7 @@ class P3Worker:
         self._check_out(k.label, out, k.shape, k.dtype)
         priority = self._send_priority(priority)
         k.in_use += [grad, out]
-        self._core.push(key_id(key), k.dtype.name, grad.reshape(-1), out.reshape(-1), priority)
+        self._core.push(key_id(key), k.wire, grad.reshape(-1), out.reshape(-1), priority)
 
     def push_engine(self, key: int | str, grad, out, engine, priority: int = 0) -> None:
         """`push` of an execution engine's arrays, as one engine operation; non-blocking.

@@ -61,7 +61,7 @@ class BufferBroadcast:
     def init(self) -> None:
         for b in self._all:
             value = tensors.view(b.value)
-            self.worker.init(b.key, value, out=value)
+            self.worker.init(b.key, value, out=value, wire_dtype=tensors.wire_dtype(b.value))
 
     def push(self, order) -> None:
         for b in self._all:

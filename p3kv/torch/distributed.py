@@ -75,8 +75,8 @@ def distribute(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, plac
     - Buffers: with broadcast_buffers (default, as DDP) worker 0's floating-point buffers (BatchNorm's running
       statistics) reach every worker after each synchronized forward pass, before the modules owning them run
       again.
-    - Tensors: dense contiguous CPU float32, float16 or float64 parameters; bfloat16 and CUDA tensors are refused
-      with a ConfigError (the GPU path is not built yet).
+    - Tensors: dense contiguous CPU float32, float16, bfloat16 or float64 parameters (the servers sum float16
+      and bfloat16 in float32); CUDA tensors are refused with a ConfigError (the GPU path is not built yet).
     - Refused: step(closure) (LBFGS re-runs forward and backward inside step()).
     """
     if placement not in PLACEMENTS:

@@ -98,7 +98,7 @@ class Synchronizer:
         """Every worker starts from worker 0's parameters (and buffers), as DDP broadcasts them at construction."""
         for slot in self.slots.values():
             value = tensors.view(slot.param.data)
-            self.worker.init(slot.key, value, out=value)
+            self.worker.init(slot.key, value, out=value, wire_dtype=tensors.wire_dtype(slot.param))
         if self.buffers is not None:
             self.buffers.init()
         self.worker.wait()

@@ -2,8 +2,9 @@
 (under python -m p3kv.launch) or as a DDP rank (gloo; RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set by the test).
 Worker/rank 0 saves the final parameters and buffers to OUT (torch.save of the state_dict).
 
-    torch_train.py p3kv|ddp OUT [--optimizer sgd|adam|adamw] [--model reversed|bn|unused] [--steps N]
-                   [--accumulate K] [--unused error|zeros] [--dtype float32|float16] [--clip NORM] [--marks PREFIX]
+    torch_train.py p3kv|ddp OUT [--optimizer sgd|adam|adamw] [--model reversed|bn|unused|wide] [--steps N]
+                   [--accumulate K] [--unused error|zeros] [--dtype float32|float16|bfloat16] [--clip NORM]
+                   [--marks PREFIX]
 
 The "reversed" model registers its layers in the reverse of the order its forward pass calls them (a, b, c run
 in that order; c, b, a registered), so registration order is not forward order.
