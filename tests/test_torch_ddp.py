@@ -21,6 +21,8 @@ CASES = {
     "adam": ["--optimizer", "adam"],
     # Gradient accumulation: the first of two backward passes per step inside model.no_sync().
     "adamw-no_sync": ["--optimizer", "adamw", "--accumulate", "2"],
+    # The same accumulation with distribute(backward_passes_per_step=3) instead of no_sync (Horovod's way).
+    "sgd-passes_per_step": ["--accumulate", "3", "--passes-per-step"],
     # BatchNorm: worker 0's running statistics reach every worker as DDP's broadcast_buffers does.
     "batchnorm": ["--model", "bn"],
     # Clipping by global norm reads every averaged gradient: optimizer.synchronize() first, then one whole step.

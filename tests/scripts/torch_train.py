@@ -86,6 +86,8 @@ def main() -> int:
     p.add_argument("--model", default="reversed", choices=sorted(MODELS))
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--accumulate", type=int, default=1, help="backward passes per step (the first K-1 in no_sync)")
+    p.add_argument("--passes-per-step", action="store_true", help="p3kv: accumulate with distribute's "
+                   "backward_passes_per_step=K instead of no_sync (DDP still uses no_sync)")
     p.add_argument("--unused", default="error")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--batch", type=int, default=16)
@@ -101,7 +103,9 @@ def main() -> int:
     if args.mode == "p3kv":
         import p3kv.torch
 
-        model, optimizer = p3kv.torch.distribute(model, optimizer, unused_parameters=args.unused)
+        passes = args.accumulate if args.passes_per_step else 1
+        model, optimizer = p3kv.torch.distribute(model, optimizer, unused_parameters=args.unused,
+                                                 backward_passes_per_step=passes)
         rank, world = p3kv.torch.worker().rank, p3kv.torch.worker().num_workers
         if os.environ.get("RANK") is not None:  # the launcher's torchrun variables name the same worker
             assert (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) == (rank, world), (
@@ -128,7 +132,8 @@ def main() -> int:
             start = ((step * args.accumulate + micro) * world + rank) * args.batch
             xb, yb = x[start:start + args.batch], y[start:start + args.batch]
             last = micro == args.accumulate - 1
-            with (model.no_sync() if not last else _nothing()):
+            local_only = not last and not (args.mode == "p3kv" and args.passes_per_step)
+            with (model.no_sync() if local_only else _nothing()):
                 loss = F.cross_entropy(model(xb).float(), yb)
                 loss.backward()
         if args.clip is not None:
