@@ -1,10 +1,12 @@
 # The two commands of the README:
-#   make demo   set up (Horovod included: bench-setup), then run the P3-vs-baseline comparison (p3kv vs MXNet
-#               dist_sync vs MXNet's P3 vs Horovod) on an emulated 4-host cluster with 2 Gbit links (network
-#               namespaces: needs root, uses sudo otherwise), 3 shuffled repeats, SGD on; 12 runs of about 40 s
+#   make demo   set up, then p3kv against MXNet's dist_sync on an emulated 4-host cluster with 2 Gbit links
+#               (network namespaces: needs root, uses sudo otherwise), 3 interleaved repeats each, SGD on, in about
+#               3 minutes; ends with each system's throughput and the ratio with 95% CIs; writes only build/demo/
 #   make test   set up (Horovod included), then lint and run the test suite (what CI runs)
 # and the fast tier of the tests alone (pure Python and the C++ unit tests, no jobs):
 #   make test-unit
+# and the sanitizer tier alone (the C++ tests under ASan+UBSan and TSan, jobs with an ASan-built extension):
+#   make test-sanitizer
 # Benchmarks on this machine's loopback (no root):
 #   make bench-kvstore   like-for-like kvstore benchmark: p3kv (with and without its server-side SGD), MXNet
 #                        dist_sync, MXNet's P3 and Horovod, same optimizer, through MXNet's engine
@@ -22,7 +24,8 @@ CORE := $(shell find cpp -name '*.cc' -o -name '*.h') setup.py pyproject.toml
 # Network namespaces need root: run the cluster benchmarks through sudo unless we are root already.
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo -E)
 
-.PHONY: setup system-deps test test-unit demo bench bench-setup bench-kvstore bench-accuracy bench-transport bench-server bench-startup sweeps \
+.PHONY: setup system-deps test test-unit test-sanitizer demo demo-full bench bench-setup bench-kvstore bench-accuracy \
+	bench-transport bench-server bench-startup sweeps \
 	sweeps-estimate bench-report sim lint clean
 
 setup: system-deps $(STAMP)
@@ -49,44 +52,60 @@ lint: setup
 test: lint bench-setup
 	$(PY) -m pytest -q tests
 
-# One tier of tests/ (`pytest -m unit`; the tiers are in pyproject.toml and the README's Tests section).
+# One tier of tests/ (`pytest -m unit`; the tiers are in pyproject.toml and tests/README.md).
 test-unit: setup
 	$(PY) -m pytest -q -m unit tests
 
-# ResNet-50, P100 compute at its published speed slowed 5x on 2 Gbit links: P100s on 10 Gbit links. The run refuses
-# a busy machine or a dirty tree: DEMO_FLAGS=--force / --allow-dirty override (recorded in every row).
+# Part of `make test`; alone: build/cpp-tests/ keeps the sanitized builds, so a second run compiles nothing.
+test-sanitizer: setup
+	$(PY) -m pytest -q -m sanitizer tests
+
+# ResNet-50, P100 compute at its published speed slowed 5x on 2 Gbit links: P100s on 10 Gbit links. 6 jobs of 2
+# warm-up + 6 timed iterations; the run guard waits at most 60 s in all for an idle machine, then proceeds with a
+# warning recorded in the rows. DEMO_SYSTEMS="p3 dist_sync mxnet-p3 horovod" adds MXNet's P3 and Horovod (Horovod
+# only when installed: `make bench-setup` builds it; the demo never does); DEMO_FLAGS passes options (--repeats,
+# --iters, --strict, ...: python -m benchmarks.suites.demo --help). Everything goes to build/demo/.
+DEMO_SYSTEMS ?= p3 dist_sync
 DEMO_FLAGS ?=
-demo: bench-setup
-	$(SUDO) $(PY) benchmarks/sweeps.py demo $(DEMO_FLAGS)
-	$(PY) benchmarks/report.py
+demo: setup
+	$(SUDO) $(PY) -m benchmarks.suites.demo --systems $(DEMO_SYSTEMS) $(DEMO_FLAGS)
+
+# The full comparison (the sweeps' demo): all four systems, 3 shuffled repeats of 2 warm-up + 20 timed iterations,
+# 12 jobs: 7 min 48 s on an idle 2-core machine after set-up (`python -m benchmarks` estimates 8 min); appends to
+# benchmarks/results/sweeps/demo.csv and rewrites docs/benchmarks.md's tables, under the strict idle gate (it refuses a busy
+# machine or a dirty tree: DEMO_FULL_FLAGS=--force / --allow-dirty override, recorded in every row).
+DEMO_FULL_FLAGS ?=
+demo-full: bench-setup
+	$(SUDO) $(PY) -m benchmarks.suites.sweeps demo $(DEMO_FULL_FLAGS)
+	$(PY) -m benchmarks.report
 
 # Every sweep of the paper's evaluation with the reviewed settings (optimizer on, 3 shuffled repeats of 2 warm-up +
-# 20 timed iterations, all four systems), then the README's tables: an estimated 11.5 hours on an idle 2-core
-# machine in full (`make sweeps-estimate` gives each sweep's time, in full and for what is not measured yet). Each sweep is also its own command (benchmarks/sweeps.py NAME);
+# 20 timed iterations, all four systems), then docs/benchmarks.md's tables: an estimated 11.5 hours on an idle 2-core
+# machine in full (`make sweeps-estimate` gives each sweep's time, in full and for what is not measured yet). Each sweep is also its own command (python -m benchmarks.suites.sweeps NAME);
 # SWEEP_FLAGS passes options to every one (e.g. --force, --repeats 5). With --resume (the default here) a sweep
 # runs only what its CSV in benchmarks/results/sweeps/ lacks, so an interrupted `make sweeps` continues where it
 # stopped; to measure everything again, move benchmarks/results/sweeps/ aside first.
 SWEEPS := demo bandwidth slice ablation scale sensitivity dilation utilisation
 SWEEP_FLAGS ?= --resume
 sweeps: bench-setup
-	for s in $(SWEEPS); do $(SUDO) $(PY) benchmarks/sweeps.py $$s $(SWEEP_FLAGS) || exit 1; done
-	$(PY) benchmarks/report.py
+	for s in $(SWEEPS); do $(SUDO) $(PY) -m benchmarks.suites.sweeps $$s $(SWEEP_FLAGS) || exit 1; done
+	$(PY) -m benchmarks.report
 
 # The paper's accuracy claim in miniature (p3kv vs dist_sync vs dist_async on scikit-learn's digits, 4 emulated
 # hosts on 100 Mbit links, 3 shuffled repeats; 25 minutes here): results/accuracy/accuracy.{csv,md,png}.
 ACCURACY := benchmarks/results/accuracy
 bench-accuracy: setup
-	$(SUDO) $(PY) benchmarks/accuracy.py --hosts 4 --bandwidth 100mbit --iters 150 --compute-s 0.3 --repeats 3 \
+	$(SUDO) $(PY) -m benchmarks.suites.accuracy --hosts 4 --bandwidth 100mbit --iters 150 --compute-s 0.3 --repeats 3 \
 		--targets 0.8 0.9 0.95 --csv $(ACCURACY)/accuracy.csv --plot $(ACCURACY)/accuracy.png \
 		--summary $(ACCURACY)/accuracy.md
-	$(PY) benchmarks/report.py
+	$(PY) -m benchmarks.report
 
 sweeps-estimate: setup
-	$(PY) benchmarks/sweeps.py estimate
+	$(PY) -m benchmarks.suites.sweeps estimate
 
 # The README's benchmark tables and sentences from the result CSVs (make test checks they are current).
 bench-report: setup
-	$(PY) benchmarks/report.py
+	$(PY) -m benchmarks.report
 
 bench: sweeps
 
@@ -110,20 +129,20 @@ bench-setup: setup
 # Like-for-like: every system pushes ResNet-50's and VGG-19's arrays through MXNet's engine and runs the same
 # SGD (2 workers + 2 servers, Horovod 2 workers). Refuses to start on a busy machine (see --max-load, --force).
 bench-kvstore: bench-setup
-	$(PY) benchmarks/kvstore_bench.py --models resnet50_v1 vgg19 --repeats 3 --warmup 3 --iters 20
-	$(PY) benchmarks/report.py
+	$(PY) -m benchmarks.suites.kvstore_bench --models resnet50_v1 vgg19 --repeats 3 --warmup 3 --iters 20
+	$(PY) -m benchmarks.report
 
 # Transport only, on loopback (no namespaces, no root): p3kv's raw numpy P3Worker (no MXNet engine, no optimizer)
 # against MXNet's kvstores through the engine; not like-for-like, see bench-kvstore for that.
 bench-transport: setup
-	$(PY) benchmarks/transport_bench.py --models resnet50_v1 vgg19 --kvstores p3 dist_sync mxnet-p3 --iters 10 --repeats 2
+	$(PY) -m benchmarks.suites.transport_bench --models resnet50_v1 vgg19 --kvstores p3 dist_sync mxnet-p3 --iters 10 --repeats 2
 
 # Server hot path (issue "Server hot path"): C++ only, one thread, about a minute on 2 cores; needs g++, not MXNet.
 bench-server: setup
-	$(PY) benchmarks/server_bench.py --repeats 5
+	$(PY) -m benchmarks.suites.server_bench --repeats 5
 
 bench-startup: setup
-	$(PY) benchmarks/startup_bench.py --repeats 5
+	$(PY) -m benchmarks.suites.startup_bench --repeats 5
 
 clean:
 	rm -rf build *.egg-info p3kv/_p3*.so $(VENV)

@@ -1,14 +1,16 @@
 """`fab bench`: the comparison of the emulated-cluster benchmark, run on a real cluster with real compute.
 
 Every system (p3kv, MXNet dist_sync, MXNet's P3, Horovod) trains the same real model on every host's accelerator (GPU
-when the host has one, else CPU: benchmarks/device_worker.py, which is cluster_worker.py's real-compute loop), one
+when the host has one, else CPU: benchmarks/workloads/device_worker.py, which is cluster_worker.py's real-compute
+loop), one
 job per system and repeat, launched with deploy.launch and collected with deploy.logs. The emulated runner's
 machinery, reused: the order is cluster_bench.interleave's (freshly shuffled every repeat, seeded, position
-recorded); the run guard (benchmarks/run_guard.py) refuses a dirty tree unless `allow_dirty` and, before every
+recorded); the run guard (benchmarks/emulation/run_guard.py) refuses a dirty tree unless `allow_dirty` and, before every
 job, waits up to `load_wait` seconds for this machine (the one driving the hosts) to be idle (CPU busy over a
 5-second sample at most `max_busy` percent; the 1-minute load at most `max_load` if given), then refuses unless
 `force`, all recorded; each job's result becomes one row written by
-benchmarks/bench_rows.py (the emulated runner's columns: optimizer, conditions, versions; dest/cluster.csv) with
+benchmarks/analysis/bench_rows.py (the emulated runner's columns: optimizer, conditions, versions; dest/cluster.csv)
+with
 every rank's timed iterations beside it (dest/cluster_iterations.csv), and dest/cluster.md and dest/cluster.png
 are that runner's table (median and IQR over every iteration of every repeat) and figure, so the emulated and the
 real cluster's results read the same way. The physical bound counts the link only when `bandwidth` (the hosts'
@@ -43,7 +45,6 @@ from deploy.remote import ConnectionFactory, DeployError, Session
 LOG = logging.getLogger("p3kv.deploy")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCHMARKS = os.path.join(ROOT, "benchmarks")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,15 +69,13 @@ def horovod_problem(hosts: Sequence[Host], connect: ConnectionFactory, path: str
 
 
 def _benchmarks() -> types.SimpleNamespace:
-    """The emulated runner's machinery (benchmarks/ is a script folder, not a package): cluster_bench's
+    """The emulated runner's machinery (imported when used: it pulls in matplotlib's users): cluster_bench's
     conditions, order, bound, table and figure, bench_rows' writer, bench_stats, run_guard and the rate parser."""
-    if BENCHMARKS not in sys.path:
-        sys.path.insert(0, BENCHMARKS)
-    import bench_rows
-    import bench_stats
-    import cluster_bench
-    import emulated_cluster
-    import run_guard
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    from benchmarks.analysis import bench_rows, bench_stats
+    from benchmarks.emulation import emulated_cluster, run_guard
+    from benchmarks.suites import cluster_bench
 
     return types.SimpleNamespace(COLUMNS=bench_rows.RUN_COLUMNS, model_bytes=cluster_bench.model_bytes,
                                  comm_bound_seconds=cluster_bench.comm_bound_seconds, Point=cluster_bench.Point,
@@ -166,8 +165,8 @@ def compare(hosts: Sequence[Host], connect: ConnectionFactory, dest: str, *, sys
     used_hosts = len(ps_shares)
     # Link in the bound when every host runs one worker and one server (then Horovod runs one rank on each).
     colocated = all(w == 1 and s == 1 for _, w, s in ps_shares)
-    command = ["python", "benchmarks/device_worker.py", "--model", model, "--compute", "real", "--batch-size",
-               str(batch_size), "--warmup", str(warmup), "--iters", str(iters), "--optimizer", "sgd",
+    command = ["python", "-m", "benchmarks.workloads.device_worker", "--model", model, "--compute", "real",
+               "--batch-size", str(batch_size), "--warmup", str(warmup), "--iters", str(iters), "--optimizer", "sgd",
                "--log-interval", str(max(1, min(5, iters))), "--out", f"{JOB_DIR_PLACEHOLDER}/result"]
     os.makedirs(dest, exist_ok=True)
     csv_path = pathlib.Path(dest, "cluster.csv")

@@ -160,7 +160,7 @@ def bench(ctx, hosts_file="hosts", path=DEFAULT_PATH, systems="p3,dist_sync,mxne
 def transport(ctx, hosts_file="hosts", path=DEFAULT_PATH, kvstore="p3", model="resnet50_v1", warmup=1, iters=5,
               dest=None, workers=1, servers=1, port=DEFAULT_PORT, timeout=None, env=None,
               state_dir=DEFAULT_STATE_DIR):
-    """Run the transport benchmark (benchmarks/bench_worker.py: push and broadcast only) for one kvstore."""
+    """Run the transport benchmark (benchmarks/workloads/bench_worker.py: push and broadcast only) for one kvstore."""
     hosts, connect = _setup(ctx, hosts_file)
     options = _launch_options(path, kvstore, workers, servers, port, timeout, env, False, state_dir)
     folder = dest or f"transport-{kvstore}-{model}"

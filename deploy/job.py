@@ -335,13 +335,13 @@ class BenchResult:
 
 def bench(hosts: Sequence[Host], connect: ConnectionFactory, dest: str, *, kvstore: str = "p3",
           model: str = "resnet50_v1", warmup: int = 1, iters: int = 5, **launch_options) -> BenchResult:
-    """Runs benchmarks/bench_worker.py (push and broadcast every array of `model`) as the job's workers, collects
-    the logs and results into `dest` and writes dest/bench.csv. `launch_options` go to `launch`."""
+    """Runs benchmarks/workloads/bench_worker.py (push and broadcast every array of `model`) as the job's workers,
+    collects the logs and results into `dest` and writes dest/bench.csv. `launch_options` go to `launch`."""
     if kvstore == "horovod":
         raise ValueError("the transport benchmark pushes to parameter servers; Horovod has none: compare it with "
                          "`fab bench` (deploy.compare), which trains the model with every system")
-    command = ["python", "benchmarks/bench_worker.py", "--model", model, "--warmup", str(warmup), "--iters",
-               str(iters), "--out", f"{JOB_DIR_PLACEHOLDER}/bench.jsonl"]
+    command = ["python", "-m", "benchmarks.workloads.bench_worker", "--model", model, "--warmup", str(warmup),
+               "--iters", str(iters), "--out", f"{JOB_DIR_PLACEHOLDER}/bench.jsonl"]
     result = launch(hosts, connect, command, kvstore=kvstore, **launch_options)
     collected = logs(hosts, connect, result.job, dest)
     rows = []

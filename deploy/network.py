@@ -1,16 +1,14 @@
 """The hosts' network: each host's address and interface, and `fab bandwidth` (an egress cap with tc).
 
 A cap is a tbf qdisc at the root of the host's interface (the same parameters as the emulated cluster's links,
-`tbf_args` in benchmarks/emulated_cluster.py): it limits what the host sends. Setting it on every host caps
+`tbf_args` in benchmarks/emulation/emulated_cluster.py): it limits what the host sends. Setting it on every host caps
 both directions of every host-to-host transfer. `tc` needs root on the hosts.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import ipaddress
 import logging
-import os
 import shlex
 from collections.abc import Sequence
 
@@ -18,16 +16,13 @@ from deploy.hosts import Host
 from deploy.remote import ConnectionFactory, HostError, Session
 
 LOG = logging.getLogger("p3kv.deploy")
-_EMULATED_CLUSTER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
-                                 "emulated_cluster.py")
 
 
 def _emulated_cluster():
-    """benchmarks/emulated_cluster.py, for its rate parser and tbf parameters."""
-    spec = importlib.util.spec_from_file_location("p3kv_emulated_cluster", _EMULATED_CLUSTER)
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
+    """benchmarks/emulation/emulated_cluster.py, for its rate parser and tbf parameters."""
+    from benchmarks.emulation import emulated_cluster
+
+    return emulated_cluster
 
 
 def interfaces(session: Session, host: Host) -> dict[str, list[str]]:

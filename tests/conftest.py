@@ -16,6 +16,7 @@ TIERS = {
     "integration": "real p3kv jobs over loopback with numpy workers (the launcher, node by node, raw sockets)",
     "mxnet": "MXNet in the loop: kvstore='p3' and the baselines in jobs, Gluon/Module/Sockeye training",
     "system": "root: network namespaces and tc, sshd and Fabric (skipped with the reason when not root)",
+    "sanitizer": "the C++ tests under ASan+UBSan and TSan, and jobs with the extension built with ASan+UBSan",
 }
 
 

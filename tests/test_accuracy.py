@@ -1,4 +1,4 @@
-"""The accuracy benchmark (benchmarks/accuracy.py, accuracy_worker.py): its data split and shards, its
+"""The accuracy benchmark (benchmarks/suites/accuracy.py, accuracy_worker.py): its data split and shards, its
 time-to-accuracy summary, and a short run on 2 emulated hosts (root, network namespaces).
 
 p3kv and MXNet's dist_sync are both synchronous SGD with the update on the servers: fed the same batches from the
@@ -8,18 +8,13 @@ stale weights: it must run, its numbers are not expected to match. Speed ratios 
 
 import csv
 import math
-import os
-import sys
 
 import pytest
-from conftest import ROOT
 
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-
-import accuracy  # noqa: E402
-import accuracy_worker  # noqa: E402
-import bench_rows  # noqa: E402
-import emulated_cluster  # noqa: E402
+from benchmarks.analysis import accuracy_summary, bench_rows
+from benchmarks.emulation import emulated_cluster
+from benchmarks.suites import accuracy
+from benchmarks.workloads import accuracy_worker
 
 
 @pytest.mark.unit
@@ -49,9 +44,9 @@ def _row(system, iteration, seconds, acc):
 def test_summary_reports_time_to_accuracy_and_unreached_targets():
     rows = [_row("p3", 5, 1.0, 0.5), _row("p3", 10, 2.0, 0.85), _row("p3", 15, 3.0, 0.93),
             _row("dist_async", 5, 0.5, 0.6), _row("dist_async", 10, 1.0, 0.7), _row("dist_async", 15, 4.0, 0.82)]
-    assert accuracy.time_to(rows[:3], 0.8) == 2.0
-    assert accuracy.time_to(rows[:3], 0.95) is None
-    table = accuracy.summary(rows, [0.8, 0.9])
+    assert accuracy_summary.time_to(rows[:3], 0.8) == 2.0
+    assert accuracy_summary.time_to(rows[:3], 0.95) is None
+    table = accuracy_summary.summary(rows, [0.8, 0.9])
     assert "| p3kv (P3) | 1 | 93.0% | 0.500 | 2.0 s | 3.0 s |" in table
     assert "| MXNet dist_async (ASGD) | 1 | 82.0% | 0.500 | 4.0 s | not reached (0/1) |" in table
     assert "reached 80% 2.00x as fast as ASGD" in table
@@ -65,21 +60,22 @@ def test_summary_says_whether_the_sync_curves_match_and_the_spreads_overlap():
                 for i, acc in enumerate(accs)]
 
     same = run("p3", 0, [0.5, 0.9]) + run("dist_sync", 0, [0.5, 0.9]) + run("dist_async", 0, [0.4, 0.8])
-    table = accuracy.summary(same, [0.8])
+    table = accuracy_summary.summary(same, [0.8])
     assert ("In all 1 repeats p3kv and dist_sync gave the same test accuracy and loss (as the CSV prints them) at "
             "every one of the 2 evaluations") in table
     assert ("Final test accuracy over the repeats: p3kv (P3) 90.0%, MXNet dist_sync 90.0%, MXNet dist_async (ASGD) "
             "80.0%.") in table
     apart = same + run("p3", 1, [0.5, 0.9]) + run("dist_sync", 1, [0.5, 0.91])
-    assert "drew different curves in repeat(s) 1 of 2" in accuracy.summary(apart, [0.8])
-    assert "p3kv (P3) 90.0%, MXNet dist_sync 90.0–91.0%" in accuracy.summary(apart, [0.8])
+    assert "drew different curves in repeat(s) 1 of 2" in accuracy_summary.summary(apart, [0.8])
+    assert "p3kv (P3) 90.0%, MXNet dist_sync 90.0–91.0%" in accuracy_summary.summary(apart, [0.8])
 
     def job(system, times):
         return {"kvstore": system, "status": "ok", "iter_s": str(times), "median_s": "1"}
 
     fast, slow = job("p3", [0.9, 0.91, 0.92, 0.93]), job("dist_sync", [1.0, 1.01, 1.02, 1.03])
-    assert "the IQRs do not overlap." in accuracy.summary(same, [0.8], [fast, slow])
-    assert "the IQRs overlap." in accuracy.summary(same, [0.8], [fast, job("dist_sync", [0.9, 0.91, 0.92, 1.1])])
+    assert "the IQRs do not overlap." in accuracy_summary.summary(same, [0.8], [fast, slow])
+    overlapping = job("dist_sync", [0.9, 0.91, 0.92, 1.1])
+    assert "the IQRs overlap." in accuracy_summary.summary(same, [0.8], [fast, overlapping])
 
 
 @pytest.mark.system
@@ -119,7 +115,7 @@ def test_two_host_run_sync_systems_match_and_async_runs(tmp_path):
         assert len(bench_rows.iteration_times(j)) == 10 and float(j["q1_s"]) <= float(j["median_s"]) <= float(j["q3_s"])
     with open(bench_rows.iterations_path(accuracy.runs_path(tmp_path / "accuracy.csv")), newline="") as f:
         assert len(list(csv.DictReader(f))) == 3 * 2 * 10  # 3 jobs, 2 ranks, 10 iterations
-    assert "s/iter IQR" in accuracy.summary(rows, [0.5], jobs)
+    assert "s/iter IQR" in accuracy_summary.summary(rows, [0.5], jobs)
 
 
 @pytest.mark.unit

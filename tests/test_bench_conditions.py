@@ -8,25 +8,19 @@ import json
 import os
 import pathlib
 import subprocess
-import sys
 
 import pytest
 from conftest import ROOT
 
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-
-import bench_rows  # noqa: E402
-import bench_stats  # noqa: E402
-import cluster_bench  # noqa: E402
-import cluster_worker  # noqa: E402
-import emulated_compute  # noqa: E402
-import link_utilisation  # noqa: E402
-import report  # noqa: E402
-import run_guard  # noqa: E402
-import sweeps  # noqa: E402
+from benchmarks.analysis import bench_rows, bench_stats, link_utilisation
+from benchmarks.analysis import points as point_stats
+from benchmarks.emulation import emulated_compute, run_guard, wire_bound
+from benchmarks.report import loopback_blocks, sentences, sweep_blocks
+from benchmarks.report import readme as report
+from benchmarks.suites import cluster_bench, sweeps
+from benchmarks.workloads import cluster_worker
 
 pytestmark = pytest.mark.unit
-import wire_bound  # noqa: E402
 
 
 def test_run_columns_record_optimizer_statistics_and_conditions():
@@ -124,18 +118,26 @@ def test_dirty_tree_is_refused_unless_allowed_and_recorded(tmp_path):
 def test_idle_gate_waits_for_the_cpus_then_refuses_or_records_force(monkeypatch):
     busy = iter([80.0, 40.0, 4.0])
     monkeypatch.setattr(os, "getloadavg", lambda: (3.0, 0.0, 0.0))
+    now = [0.0]
     slept = []
-    start = run_guard.wait_for_idle(10.0, None, 60, False, busy=lambda: next(busy), sleep=slept.append, poll_s=5)
-    assert start == run_guard.Start(busy_pct=4.0, load_1m=3.0, forced=False)
+
+    def sleep(s):  # samples take no time here (tests/test_run_guard.py counts them)
+        slept.append(s)
+        now[0] += s
+
+    start = run_guard.wait_for_idle(10.0, None, 60, False, busy=lambda: next(busy), sleep=sleep, poll_s=5,
+                                    clock=lambda: now[0])
+    assert start == run_guard.Start(busy_pct=4.0, load_1m=3.0, forced=False, waited_s=10.0)
     assert slept == [5, 5]  # waited for the CPUs; the load average (3.0) is not checked by default
     slept.clear()
     with pytest.raises(run_guard.Refused, match=r"CPU busy 50% is above --max-busy 10%"):
-        run_guard.wait_for_idle(10.0, None, 12, False, busy=lambda: 50.0, sleep=slept.append, poll_s=5)
+        run_guard.wait_for_idle(10.0, None, 12, False, busy=lambda: 50.0, sleep=sleep, poll_s=5, clock=lambda: now[0])
     assert slept == [5, 5, 2]
     with pytest.raises(run_guard.Refused, match=r"1-minute load 3.00 is above --max-load 1.00"):
         run_guard.wait_for_idle(10.0, 1.0, 0, False, busy=lambda: 1.0)
-    forced = run_guard.wait_for_idle(10.0, 1.0, 25, True, busy=lambda: 50.0, sleep=slept.append)
-    assert forced == run_guard.Start(50.0, 3.0, True) and slept == [5, 5, 2]  # force starts at once
+    slept.clear()
+    forced = run_guard.wait_for_idle(10.0, 1.0, 25, True, busy=lambda: 50.0, sleep=sleep, clock=lambda: now[0])
+    assert forced == run_guard.Start(50.0, 3.0, True) and slept == []  # force starts at once
     assert run_guard.wait_for_idle(10.0, 5.0, 0, False, busy=lambda: 9.0).forced is False
 
 
@@ -151,7 +153,7 @@ def test_busy_percent_counts_every_core_and_not_idle_or_iowait(tmp_path):
 
 
 def test_busy_machine_refuses_before_any_run(monkeypatch, tmp_path):
-    monkeypatch.setattr(run_guard, "busy_percent", lambda: 90.0)
+    monkeypatch.setattr(run_guard, "sample_cpu", lambda: run_guard.Sample(90.0))
     conditions = cluster_bench.Conditions(load_wait=0, allow_dirty=True)
     with pytest.raises(run_guard.Refused, match="--max-busy"):
         cluster_bench.run_points([cluster_bench.Point(model="resnet50_v1", kvstore="p3")], tmp_path / "x.csv",
@@ -179,18 +181,18 @@ def test_aggregate_pools_iterations_of_repeats_and_compares_systems():
 
     rows = [row("p3", 0, [1.0, 1.0]), row("p3", 1, [0.5, 0.5]), row("dist_sync", 0, [2.0, 2.0, 2.0]),
             {**row("dist_sync", 1, [9.0]), "smoke": "True"}]
-    p3, ds = report.aggregate(rows)
+    p3, ds = point_stats.aggregate(rows)
     assert (p3["kvstore"], p3["n"], p3["iterations"]) == ("p3", 2, 4)
     assert p3["throughput"] == pytest.approx(8 / 0.75) and p3["p100_equiv_gbps"] == 2.0
     assert (p3["low"], p3["high"]) == (pytest.approx(8 / 1.0), pytest.approx(8 / 0.5))
     assert ds["n"] == 1 and ds["throughput"] == 4.0  # the smoke row is never counted
     assert p3["vs_dist_sync"] == pytest.approx(8 / 0.75 / 4)
     assert p3["cpu_host_max_pct"] == 70 and p3["optimizer"] == "sgd"
-    table = report.point_table([p3, ds])
+    table = point_stats.point_table([p3, ds])
     # P100-equivalent: 10.7 images/s of emulated time at --gpu-scale 0.5.
     assert ("| m | 2 | 1gbit (2 Gbps) | sgd | p3kv | 10.7 images/s | 21.3 | 8.0–16.0 | 8.0–16.0 | 2 | 53% | 2.67× |"
             in table)
-    assert report.verdicts([p3, ds]) == ["- m, 2 hosts, 1gbit (2 Gbps), optimizer sgd: p3kv 10.7 images/s, 53% of "
+    assert sentences.verdicts([p3, ds]) == ["- m, 2 hosts, 1gbit (2 Gbps), optimizer sgd: p3kv 10.7 images/s, 53% of "
                                          "the bound, ahead of dist_sync (2.67×)."]
 
 
@@ -238,21 +240,25 @@ def test_split_big_arrays_spreads_them_over_keys():
     assert cluster_worker.split_big_arrays(description, 1) == {**description, "params": description["params"]}
 
 
-def test_readme_blocks_are_what_the_csvs_give_now():
-    text = (pathlib.Path(ROOT) / "README.md").read_text()
+def test_readme_and_docs_blocks_are_what_the_csvs_give_now():
+    readme = (pathlib.Path(ROOT) / "README.md").read_text()
+    # The front page shows the headline only; every table lives in docs/benchmarks.md.
+    assert {m["name"] for m in report.BLOCK.finditer(readme)} == {"headline"}
+    assert report.render(readme) == readme, "the README's headline is stale: run python -m benchmarks.report"
+    text = report.DOCS.read_text()
     names = {m["name"] for m in report.BLOCK.finditer(text)}
     assert {"status", "bandwidth", "ablation", "slice", "scale", "sensitivity", "dilation"} <= names
     # Rows from before the reviewed settings are not results: their tables live beside their CSVs, not here.
     assert "legacy" not in names
-    assert report.render(text) == text, "README benchmark blocks are stale: run python benchmarks/report.py"
+    assert report.render(text) == text, "docs/benchmarks.md is stale: run python -m benchmarks.report"
     legacy = (report.RESULTS / report.LEGACY / "README.md").read_text()
     assert {m["name"] for m in report.BLOCK.finditer(legacy)} == {"legacy"}
-    assert report.render(legacy) == legacy, "results/legacy/README.md is stale: run python benchmarks/report.py"
-    assert report.stale_bound_rows(report.SWEEPS_DIR) == [], "run python benchmarks/sweeps.py rebound"
+    assert report.render(legacy) == legacy, "results/legacy/README.md is stale: run python -m benchmarks.report"
+    assert report.stale_bound_rows(report.SWEEPS_DIR) == [], "run python -m benchmarks.suites.sweeps rebound"
 
 
 def test_rebound_rewrites_only_the_bound_columns(tmp_path):
-    import cluster_job
+    from benchmarks.suites import cluster_job
     settings = {"tag": "bandwidth", "model": "resnet50_v1", "kvstore": "p3", "status": "ok", "hosts": 4,
                 "workers": 4, "layout": "colocated", "bandwidth": "2gbit", "bandwidth_bps": 2e9, "slice_size": "",
                 "samples_per_batch": 32, "throughput": 100.0, "compute_s": 0.3, "median_s": 1.25, "optimizer": "sgd"}
@@ -283,7 +289,8 @@ def test_report_rewrites_a_block(tmp_path):
     assert report.main(["--readme", str(readme), "--results-dir", str(results), "--check"]) == 1
     assert report.main(["--readme", str(readme), "--results-dir", str(results)]) == 0
     text = readme.read_text()
-    assert "old numbers" not in text and "sweeps.py slice" in text and text.endswith("<!-- /bench:slice -->\nend\n")
+    assert "old numbers" not in text and "benchmarks.suites.sweeps slice" in text
+    assert text.endswith("<!-- /bench:slice -->\nend\n")
     assert report.main(["--readme", str(readme), "--results-dir", str(results), "--check"]) == 0
 
 
@@ -295,15 +302,15 @@ def test_a_partly_run_sweep_names_what_is_missing_and_how_idle_the_machine_was(t
     for repeat, (kv, busy) in enumerate([("p3", "2.5"), ("dist_sync", "7.9")]):
         bench_rows.write_run(tmp_path / "sweeps" / "bandwidth.csv",
                              {**base, "kvstore": kv, "repeat": repeat, "busy_pct_before": busy})
-    block = report.reviewed_block("bandwidth", tmp_path)
+    block = sweep_blocks.reviewed_block("bandwidth", tmp_path)
     assert "(2 runs; CPUs busy before a run at most 8% (5-second sample); highest 1-minute load before/after a " \
            "run 3.50, the runs' own included)" in block, block
-    assert "- Not measured yet: inceptionv3, sockeye, vgg19 (`sudo .venv/bin/python benchmarks/sweeps.py " \
+    assert "- Not measured yet: inceptionv3, sockeye, vgg19 (`sudo .venv/bin/python -m benchmarks.suites.sweeps " \
            "bandwidth --models inceptionv3 sockeye vgg19` appends them)." in block, block
 
 
 def test_resume_skips_the_runs_already_in_the_csv(tmp_path):
-    import sweeps
+    from benchmarks.suites import sweeps
 
     points = cluster_bench.interleave([cluster_bench.Point(model="resnet50_v1", kvstore=kv, tag="slice", slice_size=s,
                                                            bandwidth="2gbit", warmup=2, iters=20)
@@ -324,7 +331,7 @@ def test_resume_skips_the_runs_already_in_the_csv(tmp_path):
 
 
 def test_estimate_counts_every_sweep_in_full_and_what_is_left(tmp_path):
-    import sweeps
+    from benchmarks.suites import sweeps
 
     rows, source = sweeps.estimates(sweeps.parse_args(["estimate"]), tmp_path / "sweeps")
     assert [name for name, _, _ in rows] == list(sweeps.ALL)
@@ -335,7 +342,7 @@ def test_estimate_counts_every_sweep_in_full_and_what_is_left(tmp_path):
 
 
 def _args(**overrides):
-    import sweeps
+    from benchmarks.suites import sweeps
 
     args = argparse.Namespace(
         models=sweeps.MODELS, kvstores=list(sweeps.SYSTEMS), hosts=4, batch_size=32, gpu_scale=None,
@@ -347,8 +354,8 @@ def _args(**overrides):
 
 
 def test_sweep_definitions_cover_the_papers_evaluation():
-    import emulated_cluster
-    import sweeps
+    from benchmarks.emulation import emulated_cluster
+    from benchmarks.suites import sweeps
 
     args = _args()
     bandwidth = sweeps.sweep_bandwidth(args)
@@ -399,7 +406,7 @@ def test_link_utilisation_measures_the_timed_window_per_host_and_direction(tmp_p
     assert measured == {"busy": pytest.approx((1 + 0 + 0 + 0.5) / 4), "idle": pytest.approx(0.5)}
     assert link_utilisation.summary([row, {**row, "repeat": "1"}], tmp_path) == {
         "p3": {"busy": pytest.approx(0.375), "idle": pytest.approx(0.5), "n": 1}}  # repeat 1 has no samples
-    sentence = report.utilisation_sentences([row], tmp_path)
+    sentence = sentences.utilisation_sentences([row], tmp_path)
     assert sentence == ["- Links during the timed iterations (mean rate over the link rate, both directions, every "
                         "host; idle: 10-ms samples below 10% of it; median of 1 runs): p3kv 38% busy, idle in 50% "
                         "of the samples."]
@@ -423,19 +430,19 @@ def test_status_counts_the_repeats_each_point_has_not_the_ones_planned(tmp_path)
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))
             writer.writeheader()
             writer.writerows(rows)
-    table = report.status_block(tmp_path)
+    table = sweep_blocks.status_block(tmp_path)
     assert "| `" in table and "done.csv` | 6 | sgd | 3 | headers included | yes |" in table, table
     assert ("short.csv` | 4 | sgd | 1–3 | headers included | not yet: 1 of 2 points have fewer than 3 repeats |"
             in table), table
 
 
 def test_points_near_the_cpu_limit_are_named_with_their_systems():
-    points = report.aggregate([_sweep_row("p3", 0, cpu="185"), _sweep_row("dist_sync", 0, cpu="150"),
+    points = point_stats.aggregate([_sweep_row("p3", 0, cpu="185"), _sweep_row("dist_sync", 0, cpu="150"),
                                _sweep_row("p3", 0, hosts="4", cpu="100")])
-    assert report.saturation_sentences(points, cpus=2) == [
+    assert sentences.saturation_sentences(points, cpus=2) == [
         "- Near the CPU limit (the hosts together above 90% of 2 cores): m, 2 hosts, 1gbit (2 Gbps) (p3kv 185%). "
         "There the cores, not the links, may limit the systems named, and their numbers understate them."]
-    assert report.saturation_sentences(points, cpus=4) == []
+    assert sentences.saturation_sentences(points, cpus=4) == []
 
 
 def test_every_system_has_one_colour_of_its_own_in_the_figures():
@@ -456,7 +463,7 @@ def test_server_slice_block_condenses_the_csv_and_names_the_points_above_the_tar
             writer.writerow({"workers": workers, "count": count, "optimizer": optimizer, "repeats": 5,
                              "ratio_median": ratio, "commit": "abcdef0123456789", "git_dirty": "False",
                              "busy_pct_before": "3.2", "load_1m_before": "0.5", "load_1m_after": "0.9"})
-    block = report.server_slice_block(tmp_path)
+    block = loopback_blocks.server_slice_block(tmp_path)
     assert block.splitlines()[0] == ("`benchmarks/results/server_slice.csv`, commit abcdef012345: median of 5 repeats "
                                      "of work / floor; CPUs 3% busy over a 5-second sample before it, 1-minute load "
                                      "0.5 before, 0.9 after.")

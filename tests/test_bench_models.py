@@ -1,19 +1,16 @@
-"""The cluster benchmark's model descriptions: the per-layer profiles of benchmarks/shapes/*.json and the real
-models of benchmarks/real_models.py (needs mxnet and gluoncv; no network, no GPU)."""
+"""The cluster benchmark's model descriptions: the per-layer profiles of benchmarks/workloads/shapes/*.json and the real
+models of benchmarks/workloads/real_models.py (needs mxnet and gluoncv; no network, no GPU)."""
 
 import json
 import os
-import sys
 
 import mxnet as mx
 import pytest
-from harness import ROOT
 
-BENCHMARKS = os.path.join(ROOT, "benchmarks")
-sys.path.insert(0, BENCHMARKS)
-import real_models  # noqa: E402  (benchmarks/ is not a package)
+from benchmarks.paths import SHAPES_DIR
+from benchmarks.workloads import real_models
 
-SHAPES = os.path.join(BENCHMARKS, "shapes")
+SHAPES = str(SHAPES_DIR)
 # Forward FLOPs per sample. Published: ResNet-50 v1 (stride in the 1x1 convolutions) 3.9 G multiply-adds,
 # VGG-19 19.6 G, Inception-v3 5.7 G at 299 px. The transformer (50 + 50 tokens): 2 FLOPs per weight and token
 # (encoder 18.9 M weights x 50 source tokens, decoder 25.2 M and output layer 3.9 M x 50 target tokens) plus

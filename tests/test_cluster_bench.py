@@ -13,12 +13,9 @@ import time
 import pytest
 from harness import ROOT
 
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-
-import bench_rows  # noqa: E402
-import cluster_bench  # noqa: E402
-import emulated_cluster  # noqa: E402
-import emulated_compute  # noqa: E402
+from benchmarks.analysis import bench_rows
+from benchmarks.emulation import emulated_cluster, emulated_compute
+from benchmarks.suites import cluster_bench
 
 RECEIVER = r"""
 import socket, sys, time
@@ -105,10 +102,9 @@ def test_cut_link_blocks_traffic():
 def test_stale_namespaces_of_dead_processes_are_removed():
     _require_cluster()
     # A cluster created by a process that was SIGKILLed leaves namespaces behind; the next cluster removes them.
-    code = ("import sys, os, time; sys.path.insert(0, sys.argv[1]); import emulated_cluster as e; "
+    code = ("import sys, time; sys.path.insert(0, sys.argv[1]); import benchmarks.emulation.emulated_cluster as e; "
             "c = e.EmulatedCluster(2).start(); print(c.name, flush=True); time.sleep(600)")
-    child = subprocess.Popen([sys.executable, "-c", code, os.path.join(ROOT, "benchmarks")], stdout=subprocess.PIPE,
-                             text=True)
+    child = subprocess.Popen([sys.executable, "-c", code, ROOT], stdout=subprocess.PIPE, text=True)
     name = child.stdout.readline().strip()
     assert name.startswith(emulated_cluster.PREFIX)
     child.kill()
@@ -176,7 +172,7 @@ def test_shape_files_have_a_profile_for_every_model():
 @pytest.mark.system
 def test_link_overhead_probe_reads_what_the_token_bucket_charged(tmp_path):
     _require_cluster()
-    import link_overhead
+    from benchmarks.suites import link_overhead
     out = tmp_path / "results"
     assert link_overhead.main(["--mib", "16", "--repeats", "2", "--bandwidth", "1gbit", "--results-dir", str(out),
                                "--allow-dirty"]) == 0
@@ -192,10 +188,10 @@ def test_link_overhead_probe_reads_what_the_token_bucket_charged(tmp_path):
 
 @pytest.mark.unit
 def test_the_bound_uses_the_measured_ack_rate():
-    import link_overhead
-    import wire_bound
+    from benchmarks.emulation import wire_bound
+    from benchmarks.suites import link_overhead
     rows = list(csv.DictReader(open(os.path.join(ROOT, "benchmarks", "results", "link_overhead.csv"))))
-    assert rows, "run sudo .venv/bin/python benchmarks/link_overhead.py"
+    assert rows, "run sudo .venv/bin/python -m benchmarks.suites.link_overhead"
     measured = sorted(link_overhead.acks_per_segment(int(r["payload_bytes"]), int(r["reverse_metered_bytes"]))
                       for r in rows)[len(rows) // 2]
     assert wire_bound.ACKS_PER_SEGMENT == pytest.approx(measured, rel=0.1)
@@ -217,7 +213,7 @@ def test_runner_smoke_every_system_with_the_optimizer_on_two_hosts(tmp_path):
     out = tmp_path / "cluster.csv"
     plot = tmp_path / "compare.png"
     systems = ["p3", "dist_sync", "mxnet-p3", "horovod", "p3-priority-split"]
-    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "cluster_bench.py"), "--model", "resnet50",
+    cmd = [sys.executable, "-m", "benchmarks.suites.cluster_bench", "--model", "resnet50",
            "--hosts", "2", "--bandwidth", "2gbit", "--kvstore", *systems, "--warmup", "1", "--iters", "2",
            "--repeats", "1", "--seed", "3", "--log-interval", "1", "--batch-size", "4", "--csv", str(out),
            "--plot", str(plot), "--timeout", "240", "--smoke", "--force", "--allow-dirty"]

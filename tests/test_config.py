@@ -1,4 +1,4 @@
-"""The configuration table: parsing, clear errors, and the README's table kept in sync."""
+"""The configuration table: parsing, clear errors, and docs/configuration.md's table kept in sync."""
 
 import ast
 import os
@@ -51,9 +51,9 @@ def test_unknown_interface_lists_real_ones():
     assert config.load(dict(JOB, P3_INTERFACE="lo"), role=Role.WORKER).bind_host() == "127.0.0.1"
 
 
-def test_readme_configuration_table_is_current():
-    readme = open(os.path.join(ROOT, "README.md")).read()
-    assert config.markdown_table() in readme, "regenerate it with: python -m p3kv.core.config --markdown"
+def test_docs_configuration_table_is_current():
+    docs = open(os.path.join(ROOT, "docs", "configuration.md")).read()
+    assert config.markdown_table() in docs, "regenerate it with: python -m p3kv.core.config --markdown"
 
 
 def test_key_ids_are_stable_and_disjoint():

@@ -1,7 +1,7 @@
 """The Fabric deployment (deploy/) end to end: real sshd on emulated hosts, real SSH, real jobs.
 
-Three hosts are network namespaces of an emulated cluster (benchmarks/emulated_cluster.py), each running its own
-sshd with keys made here. Their addresses exist only inside the namespaces, so the connections' TCP sockets are
+Three hosts are network namespaces of an emulated cluster (benchmarks/emulation/emulated_cluster.py), each running its
+own sshd with keys made here. Their addresses exist only inside the namespaces, so the connections' TCP sockets are
 opened inside host 0's namespace (as if this test ran on the head node); everything else is the real deploy code
 and real SSH. The hosts share this machine's filesystem, so install copies once and the others see that copy.
 Needs root (network namespaces, tc); skipped with the reason otherwise.
@@ -23,13 +23,12 @@ import paramiko
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests", "scripts"))
 
 import deploy_train  # noqa: E402
-import emulated_cluster  # noqa: E402
 
+from benchmarks.emulation import emulated_cluster  # noqa: E402
 from deploy import DeployError, bandwidth, bench, compare, install, launch, logs, parse_hosts, status, stop  # noqa: E402
 from deploy.job import KVSTORES  # noqa: E402
 
@@ -348,8 +347,8 @@ def test_compare_runs_every_system_with_real_compute(site, installed):
     becomes a row with the emulated runner's columns (bench_rows), iterations, conditions, table and figure, in
     cluster_bench.interleave's order. Horovod runs through the same launcher: its rendezvous on the first host,
     one rank on each host with a worker (hosts 1 and 2), no servers. Speeds are results, never asserted."""
-    import bench_rows
-    import cluster_bench
+    from benchmarks.analysis import bench_rows
+    from benchmarks.suites import cluster_bench
 
     folder = os.path.join(site["folder"], "compare")
     result = compare(site["hosts"], site["connect"], folder, model="tiny-mlp", batch_size=16, warmup=1, iters=2,

@@ -38,7 +38,6 @@ from harness import (
     FAILURE_WORKER,
     HOST,
     NAMED_NODE,
-    REPO,
     REPORT_SERVER,
     ROLE_COMMANDS,
     SCRIPTS,
@@ -54,8 +53,7 @@ from harness import (
     start_rendezvous,
 )
 
-sys.path.insert(0, str(REPO / "benchmarks"))
-import emulated_cluster  # noqa: E402  (benchmarks/ is not a package)
+from benchmarks.emulation import emulated_cluster
 
 JOB_TAG = "P3KV_FAULT_TEST_JOB"  # set in the environment of launched jobs; children inherit it
 GLUON_UNTIL_FAILURE = os.path.join(SCRIPTS, "gluon_until_failure.py")

@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 pytestmark = pytest.mark.integration
 
 SECRET = "fuzz-secret-\u00e9"  # non-ASCII: the secret is UTF-8 bytes on both sides
-HEADER = struct.Struct("<IHBBiiBBHIQQQQQ")  # cpp/src/codec.cc, protocol 4 (cpp/include/p3/message.h)
+HEADER = struct.Struct("<IHBBiiBBHIQQQQQ")  # cpp/src/codec.cc, protocol 5 (cpp/include/p3/message.h)
 FIELDS = ("magic", "version", "command", "status", "priority", "sender", "dtype", "byte_order", "request", "slice",
           "key", "offset", "count", "iteration", "payload_bytes")
 FIELD_BITS = (32, 16, 8, 8, -32, -32, 8, 8, 16, 32, 64, 64, 64, 64, 64)  # negative: signed

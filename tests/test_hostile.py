@@ -55,7 +55,7 @@ def stats(pid: int) -> dict[str, int]:
 
 def frame(command: int, *, sender: int = 0, key: int = 0, count: int = 0, iteration: int = 0, request: int = 0,
           payload: bytes = b"", payload_bytes: int | None = None) -> bytes:
-    """A frame as cpp/src/codec.cc encodes it (protocol version 4, layout in cpp/include/p3/message.h; a HELLO
+    """A frame as cpp/src/codec.cc encodes it (protocol version 5, layout in cpp/include/p3/message.h; a HELLO
     declares little-endian payloads, a REQUEST names its type in `request`)."""
     n = len(payload) if payload_bytes is None else payload_bytes
     byte_order = LITTLE_ENDIAN if command == HELLO else 0

@@ -1,4 +1,4 @@
-"""Smoke test of the like-for-like kvstore benchmark (benchmarks/kvstore_bench.py) on a tiny model.
+"""Smoke test of the like-for-like kvstore benchmark (benchmarks/suites/kvstore_bench.py) on a tiny model.
 
 It proves the systems do the same work: with the same seeded gradients and the same SGD, worker 0 of every
 system ends with the same weights, and they moved away from the initial ones. Horovod joins when it is
@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from harness import ROOT
 
-BENCH = os.path.join(ROOT, "benchmarks", "kvstore_bench.py")
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-import kvstore_worker  # noqa: E402  (benchmarks/ is not a package)
+from benchmarks.workloads import kvstore_worker
+
+BENCH = ["-m", "benchmarks.suites.kvstore_bench"]
 
 # Three layers, one array split over slices (p3kv's default slice is 50,000 elements) and over both servers.
 TINY = {"model": "tiny", "params": [
@@ -37,7 +37,7 @@ def horovod_available() -> bool:
 
 def run_bench(tmp_path, *options, timeout=150):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
-    return subprocess.run([sys.executable, BENCH, *options], cwd=ROOT, env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, *BENCH, *options], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout, check=False)
 
 
@@ -90,16 +90,15 @@ def test_refuses_a_busy_machine_without_force(tmp_path):
 @pytest.mark.unit
 @pytest.mark.parametrize("times, expected", [([1.0], (1.0, 1.0, 1.0)), ([1.0, 2.0, 3.0, 4.0, 5.0], (2.0, 3.0, 4.0))])
 def test_quartiles(times, expected):
-    import kvstore_bench
+    from benchmarks.suites import kvstore_bench
 
     assert kvstore_bench.quartiles(times) == expected
 
 
 @pytest.mark.unit
 def test_slice_size_reaches_the_parameter_server_jobs_only(monkeypatch):
-    import cluster_bench
-    import cluster_job
-    import job_env
+    from benchmarks.suites import cluster_bench, cluster_job
+    from benchmarks.workloads import job_env
     monkeypatch.delenv("P3_SLICE_SIZE", raising=False)
     monkeypatch.setenv("DMLC_PS_ROOT_PORT", "9000")  # left in the caller's shell
     env = job_env.job_environment("p3-noopt", 10_000)
@@ -113,4 +112,4 @@ def test_slice_size_reaches_the_parameter_server_jobs_only(monkeypatch):
     point = cluster_bench.Point(model="resnet50", kvstore="mxnet-p3", hosts=2, bandwidth="1gbit", slice_size=20_000)
     env = cluster_job._environment(point, {})
     assert env["MXNET_KVSTORE_SLICE_THRESHOLD"] == env["P3_SLICE_SIZE"] == "20000" and "P3_SECRET" in env
-    assert env["PYTHONPATH"].split(os.pathsep)[:2] == [ROOT, os.path.join(ROOT, "benchmarks")]
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == ROOT

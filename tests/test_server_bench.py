@@ -1,14 +1,10 @@
-"""Smoke test of the server hot-path benchmark (benchmarks/server_bench.py): it builds warnings-clean with the
+"""Smoke test of the server hot-path benchmark (benchmarks/suites/server_bench.py): it builds warnings-clean with the
 extension's flags and reports positive times and the documented CSV columns, on tiny sizes."""
 
-import os
-import sys
 
 import pytest
-from harness import ROOT
 
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-import server_bench  # noqa: E402
+from benchmarks.suites import server_bench
 
 pytestmark = pytest.mark.unit
 

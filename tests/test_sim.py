@@ -202,5 +202,5 @@ def test_p3kvs_update_cost_is_the_line_through_the_measured_kernel_times(tmp_pat
     found = costs_lib.server_update(path)
     assert found.per_message == pytest.approx(2e-6) and found.per_byte == pytest.approx(0.125e-9)
     path.write_text(lines[0] + "\n2,50000,sgd,100\n")
-    with pytest.raises(ValueError, match="rerun benchmarks/server_bench.py"):
+    with pytest.raises(ValueError, match="rerun benchmarks/suites/server_bench.py"):
         costs_lib.server_update(path)

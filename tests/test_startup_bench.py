@@ -1,4 +1,4 @@
-"""Smoke test of benchmarks/startup_bench.py: every condition runs once, to the end, and is reported."""
+"""Smoke test of benchmarks/suites/startup_bench.py: every condition runs once, to the end, and is reported."""
 
 import csv
 import os
@@ -8,13 +8,13 @@ import sys
 import pytest
 from harness import ROOT
 
-BENCH = os.path.join(ROOT, "benchmarks", "startup_bench.py")
+BENCH = ["-m", "benchmarks.suites.startup_bench"]
 
 
 @pytest.mark.mxnet
 def test_each_condition_runs_a_job_and_is_tabled(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
-    done = subprocess.run([sys.executable, BENCH, "--repeats", "1", "--steps", "2", "--results-dir", str(tmp_path),
+    done = subprocess.run([sys.executable, *BENCH, "--repeats", "1", "--steps", "2", "--results-dir", str(tmp_path),
                            "--force", "--allow-dirty", "--timeout", "120"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]

@@ -5,17 +5,24 @@ one) arrives when. Covers what a live job cannot order deterministically:
 - a server's rejection of an operation while another server's broadcast is still being written into the caller's
   buffer completes the operation only once that write is done (MXNet must never get back a buffer a late slice
   can still land in);
-- close() with a timeout returns within it even when a server stopped reading and the sender is stalled on it.
+- close() with a timeout returns within it even when a server stopped reading and the sender is stalled on it;
+- a rejection while the operation's slice for another server is still queued in the sender completes only once
+  that slice left the queue (the sender reads it straight from the caller's gradient);
+- a wait that times out or is interrupted (Ctrl-C) keeps the caller's arrays alive while a late slice can still
+  land in them, and refuses them to another init or push meanwhile.
 """
 
 from __future__ import annotations
 
+import gc
 import os
+import signal
 import socket
 import struct
 import sys
 import threading
 import time
+import weakref
 
 import numpy as np
 import p3auth
@@ -23,12 +30,12 @@ import pytest
 from frames import MAGIC, VERSION
 from harness import HOST, SECRET, STEP, Node, free_port, node_env
 
-from p3kv.core.errors import P3Error, P3TimeoutError
+from p3kv.core.errors import ConfigError, P3Error, P3TimeoutError
 from p3kv.core.worker import P3Worker
 
 pytestmark = pytest.mark.integration
 
-HEADER = struct.Struct("<IHBBiiBBHIQQQQQ")  # cpp/src/codec.cc, protocol 4 (cpp/include/p3/message.h)
+HEADER = struct.Struct("<IHBBiiBBHIQQQQQ")  # cpp/src/codec.cc, protocol 5 (cpp/include/p3/message.h)
 REGISTER, NODE_TABLE, ERROR, HELLO, INIT, PUSH, BROADCAST = 1, 2, 8, 9, 10, 11, 12
 SERVER_ROLE = 1
 SLICE = 1000  # P3_SLICE_SIZE: a key of 2 * SLICE float32 elements has slice 0 on server 0 and slice 1 on server 1
@@ -179,3 +186,151 @@ def test_close_with_a_timeout_returns_when_a_server_stopped_reading(job):
         worker.close(timeout=1.0)
     elapsed = time.monotonic() - started
     assert elapsed < 1.0 + 2.0, f"close(timeout=1) returned after {elapsed:.1f} s"
+
+
+def read_until_push(server: FakeServer, key: int) -> tuple[dict, bytes]:
+    """Reads (and drops) the frames the worker sent `server` up to its PUSH of `key`, which it returns."""
+    while True:
+        h, payload = read_frame(server.worker)
+        if h["command"] == PUSH and h["key"] == key:
+            return h, payload
+
+
+def pushed_and_dropped(worker, servers, value: float) -> tuple[weakref.ref, weakref.ref]:
+    """Pushes key 0 (iteration 1) from arrays only the worker keeps; both servers read the push and say nothing.
+    Returns weak references to the gradient and the out array."""
+    grad = np.full(2 * SLICE, value, np.float32)
+    out = np.zeros(2 * SLICE, np.float32)
+    worker.push(0, grad, out=out)
+    for s in servers:
+        h, _ = read_frame(s.worker)
+        assert h["command"] == PUSH and h["iteration"] == 1, h
+    return weakref.ref(grad), weakref.ref(out)
+
+
+def alive_after_collection(ref: weakref.ref) -> bool:
+    gc.collect()
+    return ref() is not None
+
+
+def broadcast_push(servers, inits, value: float) -> None:
+    for s, h in zip(servers, inits, strict=True):
+        s.broadcast(h, np.full(SLICE, value, np.float32).tobytes(), iteration=1)
+
+
+def test_a_timed_out_wait_keeps_the_arrays_until_the_late_broadcast_landed(job):
+    worker, servers, inits = job
+    grad, out = pushed_and_dropped(worker, servers, 1.0)
+    with pytest.raises(P3TimeoutError):
+        worker.wait(0, timeout=0.2)
+    # The receivers would still read a late slice straight into `out`: it must not be freed.
+    assert alive_after_collection(out) and alive_after_collection(grad)
+    # Nor handed to another operation, which the late slice would silently overwrite.
+    with pytest.raises(ConfigError, match="still in use by an operation on key 0 whose wait gave up"):
+        worker.init(1, np.zeros(2 * SLICE, np.float32), out=out())
+    with pytest.raises(ConfigError, match="still in use"):
+        worker.push(0, grad())
+    held = out()  # (the test's own reference, to read the late slices)
+    broadcast_push(servers, inits, 5.0)  # the late broadcast lands where it always could
+    worker.wait(0, timeout=STEP)
+    assert (held == 5.0).all()
+    # Completed: the worker lets go of both arrays and takes them again.
+    assert not alive_after_collection(grad)
+    worker.push(0, held)
+    for s in servers:
+        assert read_frame(s.worker)[0]["iteration"] == 2
+
+
+def test_an_interrupted_wait_keeps_the_arrays_until_the_operation_completed(job):
+    worker, servers, inits = job
+    grad, out = pushed_and_dropped(worker, servers, 1.0)
+    main = threading.main_thread().ident
+    # Ctrl-C while the worker waits for all keys (the wait polls for signals every 0.2 s).
+    timer = threading.Timer(0.3, signal.pthread_kill, (main, signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            worker.wait(timeout=STEP)
+    finally:
+        timer.join()
+    assert alive_after_collection(out) and alive_after_collection(grad)
+    with pytest.raises(ConfigError, match=r"whose wait gave up \(KeyboardInterrupt\)"):
+        worker.push(0, np.zeros(2 * SLICE, np.float32), out=out())
+    held = out()
+    broadcast_push(servers, inits, 6.0)
+    worker.wait(timeout=STEP)
+    assert (held == 6.0).all()
+    assert not alive_after_collection(grad)
+
+
+def test_a_rejection_completes_only_once_its_slice_for_another_server_left_the_send_queue(job):
+    worker, servers, inits = job
+    # Server 1 stops reading while the worker queues far more than the socket buffers hold for it: key 1's INITs
+    # (32 MiB, top priority), then key 0's push, whose slice for server 1 stays queued behind them. The sender
+    # will read that slice straight from `grad` whenever server 1 reads again.
+    worker.init(1, np.ones(1 << 23, np.float32))
+    grad = np.full(2 * SLICE, 3.0, np.float32)
+    worker.push(0, grad, out=np.zeros(2 * SLICE, np.float32))
+    # Server 0 reads everything up to its slice of the push and rejects the operation.
+    h, _ = read_until_push(servers[0], 0)
+    assert h["iteration"] == 1, h
+    why = b"scripted rejection"
+    servers[0].worker.sendall(frame(ERROR, sender=0, slice_=h["slice"], key=0, iteration=1, payload=why))
+    # The rejection must not hand the operation back while its slice for server 1 is still queued.
+    with pytest.raises(P3TimeoutError, match="failed operations still held by the sender"):
+        worker.wait(0, timeout=0.5)
+    grad_ref = weakref.ref(grad)
+    del grad
+    assert alive_after_collection(grad_ref)
+    # Server 1 reads again: the queued slice goes out, read from the live gradient, and the operation completes.
+    drained: list = []
+    reader = threading.Thread(target=lambda: drained.append(read_until_push(servers[1], 0)), daemon=True)
+    reader.start()
+    with pytest.raises(P3Error, match="scripted rejection"):
+        worker.wait(0, timeout=STEP)
+    reader.join(STEP)
+    h, payload = drained[0]
+    assert h["iteration"] == 1 and np.frombuffer(payload, np.float32).tolist() == [3.0] * SLICE
+    assert not alive_after_collection(grad_ref)
+
+
+def test_late_slices_after_a_timeout_land_in_live_memory_even_when_the_caller_dropped_the_arrays(job):
+    """The sanitizer tier's check of the same guarantee: before the fix, the receiver wrote these late slices into
+    freed memory (AddressSanitizer: heap-use-after-free, WRITE in WorkerNode::HandleBroadcast)."""
+    worker, servers, inits = job
+    grad, out = pushed_and_dropped(worker, servers, 1.0)
+    with pytest.raises(P3TimeoutError):
+        worker.wait(0, timeout=0.2)
+    gc.collect()
+    broadcast_push(servers, inits, 5.0)
+    worker.wait(0, timeout=STEP)
+    # Completed: now, and only now, the worker has let go of them.
+    assert not alive_after_collection(out) and not alive_after_collection(grad)
+
+
+def test_a_rejected_push_still_queued_is_sent_from_live_memory_when_the_caller_dropped_the_gradient(job):
+    """The sanitizer tier's check of the rejection guarantee: before the fix, the sender read the slice still
+    queued for server 1 from a freed gradient (AddressSanitizer: heap-use-after-free, READ in the sender)."""
+    worker, servers, _ = job
+    worker.init(1, np.ones(1 << 23, np.float32))  # keeps server 1's queue full, as above
+    gradient = np.full(2 * SLICE, 3.0, np.float32)
+    worker.push(0, gradient, out=np.zeros(2 * SLICE, np.float32))
+    grad = weakref.ref(gradient)
+    del gradient
+    h, _ = read_until_push(servers[0], 0)
+    servers[0].worker.sendall(frame(ERROR, sender=0, slice_=h["slice"], key=0, iteration=1, payload=b"no"))
+    drained: list = []
+    reader = threading.Thread(target=lambda: drained.append(read_until_push(servers[1], 0)), daemon=True)
+    with pytest.raises(P3Error, match="rejected key '0'"):
+        try:
+            worker.wait(0, timeout=0.5)
+        except P3TimeoutError:  # (the fix: still held by the sender) server 1 reads again
+            gc.collect()
+            reader.start()
+            worker.wait(0, timeout=STEP)
+    if not reader.is_alive() and not drained:
+        gc.collect()  # (before the fix: handed back at once, so the gradient is freed before server 1 reads)
+        reader.start()
+    reader.join(STEP)
+    assert np.frombuffer(drained[0][1], np.float32).tolist() == [3.0] * SLICE
+    assert not alive_after_collection(grad)

@@ -14,7 +14,7 @@ equations for two unknowns (core-seconds per message or part, per byte), fitted 
    its workers, each on its kvstore_bench row with SGD. p3kv's update is not fitted end to end: on loopback its
    SGD rows differ from p3-noopt by less than the noise (ResNet-50 with SGD is the faster), so a fit there
    amplifies noise (it gave 2.1 ns/byte). It is measured directly instead: the C++ SGD kernel per slice on the
-   server's hot path (server_slice.csv, benchmarks/server_bench.py), a line through its slice sizes.
+   server's hot path (server_slice.csv, benchmarks/suites/server_bench.py), a line through its slice sizes.
 3. Horovod's allreduce CPU (per tensor, per byte), its workers' update taken from MXNet's P3 (the same MXNet
    updater on the workers).
 
@@ -79,7 +79,7 @@ def server_update(path: pathlib.Path = RESULTS / "server_slice.csv", workers: in
                 points.append((int(row["count"]) * 4, float(row["kernel_cpu_ns_median"]) * 1e-9))
     if len(points) < 2:
         raise ValueError(f"{path} has fewer than two SGD slice sizes with {workers} workers; rerun "
-                         "benchmarks/server_bench.py")
+                         "benchmarks/suites/server_bench.py")
     slope, intercept = statistics.linear_regression([b for b, _ in points], [s for _, s in points])
     return CpuCosts(max(intercept, 0.0), slope)
 

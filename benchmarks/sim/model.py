@@ -1,6 +1,7 @@
 """The model profile: per-layer forward/backward seconds and parameter arrays, in forward order.
 
-Built from benchmarks/shapes/<model>.json with benchmarks/emulated_compute.py's own functions, so a simulated
+Built from benchmarks/workloads/shapes/<model>.json with benchmarks/emulation/emulated_compute.py's own functions, so
+a simulated
 layer takes exactly the time an emulated one does (FLOPs x batch / (GPU peak x the model's calibrated efficiency
 x scale), backward 2x).
 """
@@ -11,11 +12,11 @@ import dataclasses
 import functools
 import math
 
-from benchmarks import emulated_compute
+from benchmarks.emulation import emulated_compute
 
 ITEMSIZE = {"float32": 4, "float16": 2, "float64": 8}
 # Compute past the paper, as multiples of the profile's P100 (each model calibrated to its published P100 rate,
-# ResNet-50 195 images/s: see benchmarks/shapes/*.json). Sourced single-GPU
+# ResNet-50 195 images/s: see benchmarks/workloads/shapes/*.json). Sourced single-GPU
 # ResNet-50 v1.5 training throughputs, mixed precision, from NVIDIA's DeepLearningExamples (PyTorch, 21.03
 # container, batch 256): V100 16 GB 1,200 img/s, A100 80 GB 2,470 img/s -
 # https://github.com/NVIDIA/DeepLearningExamples/blob/master/PyTorch/Classification/ConvNets/resnet50v1.5/README.md

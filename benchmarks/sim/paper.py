@@ -5,7 +5,7 @@ Assumptions at paper scale (not measured, stated here and in the CSVs): batch 32
 one worker and one server per machine; 20 us one-way latency (a datacenter top-of-rack hop); hosts' CPUs are
 not the bottleneck (`cpu=ideal`: no per-message, per-byte or optimizer CPU cost), except where a sweep says
 `measured` (this 2-core machine's fitted constants, SGD's update included, with 4 dedicated cores per host), which
-brackets the real answer. Compute is each model's calibrated P100 rate (benchmarks/shapes/*.json).
+brackets the real answer. Compute is each model's calibrated P100 rate (benchmarks/workloads/shapes/*.json).
 """
 
 from __future__ import annotations

@@ -68,13 +68,23 @@ void Complete(const mx::OnComplete& done, const Status& st) {
 // and every later sum would mix two iterations. So the push goes out anyway, with zeros in place of the
 // gradient: every worker stays at the same iteration and receives the same result (into `out`, or nowhere if
 // `out` is unusable); `why` (Ok when the engine carries the failure itself) is what this worker then sees.
-void PushZeros(const OpRef& op, void* out, const mx::OnComplete& done, const Status& why) {
+// When the engine carries the failure, that first cause is what the script must see, not the zeros push's own
+// failure: a server whose optimizer raises rejects every later iteration too, and each rejection would replace
+// the first on `out` (so the zeros push's failure is only logged then).
+void PushZeros(const OpRef& op, void* out, const mx::OnComplete& done, const Status& why, bool engine_failed) {
   op->zeros.assign(op->bytes, 0);
   void* into = out != nullptr ? out : op->zeros.data();
-  Status st = op->worker->Push(op->key, op->zeros.data(), into, op->priority, [op, done, why](const Status& s) {
+  Status st = op->worker->Push(op->key, op->zeros.data(), into, op->priority,
+                               [op, done, why, engine_failed](const Status& s) {
+    if (!s.ok() && engine_failed) {
+      Log(LogLevel::kWarning, "worker " + std::to_string(op->worker->rank()),
+          "key " + std::to_string(op->key) + ": the zeros pushed for a skipped push failed too: " + s.message());
+      Complete(done, why);
+      return;
+    }
     Complete(done, s.ok() ? why : s);
   });
-  if (!st.ok()) Complete(done, st);
+  if (!st.ok()) Complete(done, engine_failed ? why : st);
 }
 
 bool Overlap(const char* a, const char* b, uint64_t bytes) { return a < b + bytes && b < a + bytes; }
@@ -94,7 +104,7 @@ void RunPushPull(void* /*run_ctx*/, void* on_complete, void* param) {
   void* out = nullptr;
   if (op->api->get_data(op->out, &out) != 0 || out == nullptr) {
     PushZeros(op, nullptr, done, Status::Invalid(std::string("cannot write the out array of key ") +
-                                                 std::to_string(op->key) + ": " + op->api->last_error()));
+                                                 std::to_string(op->key) + ": " + op->api->last_error()), false);
     return;
   }
   if (!op->inputs_ok) {
@@ -102,12 +112,12 @@ void RunPushPull(void* /*run_ctx*/, void* on_complete, void* param) {
         "key " + std::to_string(op->key) + ": MXNet skipped this push because an operation it depends on failed "
         "(raised at the next wait on the key's arrays); zeros were pushed in place of this worker's gradient, so "
         "that every worker stays at the same iteration: this iteration's result lacks this worker's gradient");
-    PushZeros(op, out, done, Status::Ok());
+    PushZeros(op, out, done, Status::Ok(), true);
     return;
   }
   if (op->api->get_data(op->grad, &grad) != 0 || grad == nullptr) {
     PushZeros(op, out, done, Status::Invalid(std::string("cannot read the gradient of key ") +
-                                             std::to_string(op->key) + ": " + op->api->last_error()));
+                                             std::to_string(op->key) + ": " + op->api->last_error()), false);
     return;
   }
   const char* g = static_cast<const char*>(grad);
@@ -118,7 +128,7 @@ void RunPushPull(void* /*run_ctx*/, void* on_complete, void* param) {
         "pushpull of key " + std::to_string(op->key) + ": out overlaps part of the gradient (it starts " +
         std::to_string(o > g ? o - g : g - o) + " bytes " + (o > g ? "after" : "before") + " it, and each is " +
         std::to_string(op->bytes) + " bytes): pass the gradient itself as out (in place), or an array apart "
-        "from it. Zeros were pushed for this worker so that the workers stay at the same iteration"));
+        "from it. Zeros were pushed for this worker so that the workers stay at the same iteration"), false);
     return;
   }
   Status st = op->worker->Push(op->key, grad, out, op->priority, [op, done](const Status& s) { Complete(done, s); });

@@ -1,12 +1,13 @@
 // The _p3 extension: thin pybind11 glue over the core. It releases the GIL around every call that can
 // block, turns Status into p3kv.errors exceptions, and takes arrays through the buffer protocol (the
-// Python layer keeps them alive while the core uses them).
+// Python layer keeps them alive while the core uses them: until the operation's Ticket says released).
 #include <Python.h>
 #include <pybind11/functional.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -73,6 +74,16 @@ auto WithoutGil(Fn&& fn) -> decltype(fn()) {
 struct Buffer {
   void* ptr;
   uint64_t count;
+};
+
+// One worker operation's hold on the caller's arrays: `released` once the core completed the operation and
+// nothing (no receiver, no queued frame) can touch the arrays any more. Set on a core thread without the GIL;
+// Python keeps the arrays referenced until then, also when its wait gave up (timeout, Ctrl-C).
+struct Ticket {
+  std::atomic<bool> released{false};
+  p3::Callback Done(const std::shared_ptr<Ticket>& self) {
+    return [self](const Status&) { self->released.store(true); };
+  }
 };
 
 Buffer GetBuffer(const py::buffer& b, const std::string& what, p3::DType dtype, bool writable) {
@@ -158,13 +169,19 @@ struct PyEngineBridge {
   std::unique_ptr<p3::EmulatedCompute> emulated;
 };
 
-// A per-slice Python update function `fn(key, slice, offset, iteration, aggregated, value)`.
-p3::Updater PyUpdater(py::object f) {
+// A per-slice Python update function `fn(key, slice, offset, iteration, aggregated, value)`. With `exact_sum`,
+// `aggregated` of a float16 slice is the servers' float32 sum of the workers' gradients, unrounded (what MXNet's
+// dist_sync server updates its float32 copy of the weights from under multi_precision); otherwise the sum in the
+// slice's dtype.
+p3::Updater PyUpdater(py::object f, bool exact_sum = false) {
   auto callable = std::make_shared<PyCallable>(std::move(f));
-  return [callable](const p3::UpdateRequest& r) -> Status {
+  return [callable, exact_sum](const p3::UpdateRequest& r) -> Status {
     py::gil_scoped_acquire gil;  // the consumer thread takes the GIL only for the update itself
+    const bool wide = exact_sum && r.sum != nullptr && p3::AccumulatorType(r.dtype) != r.dtype;
     try {
-      callable->fn(r.key, r.slice, r.offset, r.iteration, View(r.dtype, p3::Aggregated(r), r.count, false),
+      callable->fn(r.key, r.slice, r.offset, r.iteration,
+                   wide ? View(p3::AccumulatorType(r.dtype), r.sum, r.count, false)
+                        : View(r.dtype, p3::Aggregated(r), r.count, false),
                    View(r.dtype, r.value, r.count, true));
     } catch (py::error_already_set& e) {
       return PyErrorStatus(e, "update function");
@@ -223,9 +240,10 @@ PYBIND11_MODULE(_p3, m) {
       "A server's MXNet optimizer per slice (kernels in C++); pass it to Server as the updater. Consumer thread "
       "only: call its methods from the server's request handler.")
       .def(py::init<>())
-      .def("use_kernel", [](p3::SliceOptimizer& o, const py::dict& spec, py::object step) {
+      .def("use_kernel", [](p3::SliceOptimizer& o, const py::dict& spec, py::object step, bool keep_states) {
         const p3::OptimizerSpec parsed = p3py::SpecFromDict(spec);
         auto callable = std::make_shared<PyCallable>(std::move(step));
+        const auto carry = keep_states ? p3::SliceOptimizer::StateCarry::kKeep : p3::SliceOptimizer::StateCarry::kDrop;
         Check(o.UseKernel(parsed, [callable](uint64_t key, p3::StepParams* out) -> Status {
           py::gil_scoped_acquire gil;  // once per key and iteration, never per slice
           try {
@@ -236,11 +254,17 @@ PYBIND11_MODULE(_p3, m) {
             return Status::Rejected(std::string("the step function must return a tuple: ") + e.what());
           }
           return Status::Ok();
-        }));
-      }, "Kernel from now on: spec dict (see optimizer_bindings.h), step(key) -> (lr, wd, rescale_grad, ...)")
-      .def("use_function", [](p3::SliceOptimizer& o, py::object fn) { o.UseFunction(PyUpdater(std::move(fn))); },
-           "Per-slice Python update function from now on (no kernel)")
-      .def("clear", &p3::SliceOptimizer::Clear)
+        }, carry));
+      }, py::arg("spec"), py::arg("step"), py::arg("keep_states") = false,
+         "Kernel from now on: spec dict (see optimizer_bindings.h), step(key) -> (lr, wd, rescale_grad, ...). "
+         "keep_states: every slice keeps its states; otherwise they are dropped (as MXNet's dist_sync does on a "
+         "new optimizer), except the float32 copy of float16 weights. ValueError while a key is partly updated.")
+      .def("use_function", [](p3::SliceOptimizer& o, py::object fn, bool exact_sum) {
+             Check(o.UseFunction(PyUpdater(std::move(fn), exact_sum)));
+           }, py::arg("fn"), py::arg("exact_sum") = false,
+           "Per-slice Python update function from now on (no kernel). exact_sum: float16 slices get the float32 "
+           "sum of the workers' gradients (multi_precision), not the sum rounded to float16")
+      .def("clear", [](p3::SliceOptimizer& o) { Check(o.Clear()); })
       .def_property_readonly("has_kernel", &p3::SliceOptimizer::has_kernel)
       .def_property_readonly("step_calls", &p3::SliceOptimizer::step_calls)
       .def("slices", &p3::SliceOptimizer::Slices)
@@ -340,6 +364,10 @@ PYBIND11_MODULE(_p3, m) {
         Check(WithoutGil([&] { return b.emulated->Run(r, w, seconds); }));
       }, "Engine operation that reads/writes the NDArrays (handles) and takes `seconds` on the virtual device");
 
+  py::class_<Ticket, std::shared_ptr<Ticket>>(m, "Ticket",
+      "What init/push return: whether the core has released the operation's arrays")
+      .def_property_readonly("released", [](const Ticket& t) { return t.released.load(); });
+
   py::class_<p3::Worker>(m, "Worker")
       .def(py::init(&p3::Worker::Create))
       .def("start", [](p3::Worker& w) {
@@ -351,14 +379,18 @@ PYBIND11_MODULE(_p3, m) {
         Buffer v = GetBuffer(value, "the value of key '" + name + "'", t, false);
         Buffer o = GetBuffer(out, "the output of key '" + name + "'", t, true);
         if (v.count != o.count) Raise(Status::Invalid("value and output of key '" + name + "' differ in size"));
-        Check(WithoutGil([&] { return w.Init(key, name, t, v.count, v.ptr, o.ptr, nullptr); }));
+        auto ticket = std::make_shared<Ticket>();
+        Check(WithoutGil([&] { return w.Init(key, name, t, v.count, v.ptr, o.ptr, ticket->Done(ticket)); }));
+        return ticket;
       })
       .def("push", [](p3::Worker& w, uint64_t key, const std::string& dtype, py::buffer grad, py::buffer out,
                       int32_t priority) {
         const p3::DType t = ToDType(dtype);
         Buffer g = GetBuffer(grad, "the gradient", t, false);
         Buffer o = GetBuffer(out, "the output", t, true);
-        Check(WithoutGil([&] { return w.Push(key, g.ptr, o.ptr, priority, nullptr); }));
+        auto ticket = std::make_shared<Ticket>();
+        Check(WithoutGil([&] { return w.Push(key, g.ptr, o.ptr, priority, ticket->Done(ticket)); }));
+        return ticket;
       })
       .def("wait", [](p3::Worker& w, uint64_t key, double timeout) {
         CheckInterruptible(WithoutGil([&] { return w.Wait(key, timeout, SignalCheck()); }));

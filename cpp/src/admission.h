@@ -9,10 +9,14 @@
 // slice. Its held frames wait for the other workers' pushes, which arrive on their own connections under their
 // own shares, so blocking it is safe as long as the workers push each key's iterations in order and declare
 // keys in the same order (what the aggregator requires anyway).
+// Such a pause lasts as long as the slowest worker lags, so the paused worker must not take it for a stalled
+// server: a receiver that waits longer than a moment tells its worker (PauseNotice: the server sends PAUSE, then
+// RESUME once it reads again), and the worker's stall check spares it meanwhile (sender.h).
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <vector>
 
@@ -20,7 +24,10 @@ namespace p3 {
 
 class Admission {
  public:
-  Admission(uint64_t budget_bytes, int workers);
+  // Runs on the receiver thread of `worker`, no lock held: true when its Admit has waited `notice_after_s` and
+  // goes on waiting, false when that wait ends (admitted or aborted).
+  using PauseNotice = std::function<void(int worker, bool paused)>;
+  Admission(uint64_t budget_bytes, int workers, PauseNotice notice = nullptr, double notice_after_s = 0);
   Admission(const Admission&) = delete;
   Admission& operator=(const Admission&) = delete;
 
@@ -61,6 +68,8 @@ class Admission {
   void Release(Ticket* t);
 
   const uint64_t share_;
+  const PauseNotice notice_;
+  const double notice_after_s_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<uint64_t> outstanding_;  // by worker: queued + held

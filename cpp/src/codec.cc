@@ -91,6 +91,8 @@ const char* CommandName(Command c) {
     case Command::kRequest: return "REQUEST";
     case Command::kReply: return "REPLY";
     case Command::kHeartbeat: return "HEARTBEAT";
+    case Command::kPause: return "PAUSE";
+    case Command::kResume: return "RESUME";
   }
   return "?";
 }

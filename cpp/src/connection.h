@@ -4,6 +4,7 @@
 // block say so per call (MSG_DONTWAIT).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -58,6 +59,15 @@ class Connection {
   // byte for this long fails the frame, as a blocking write would.
   double SendTimeout() const { return socket_.SendTimeout(); }
   void SetSendTimeout(double timeout_s) const { socket_.SetSendTimeout(timeout_s); }
+  // Any thread (the receiver, on PAUSE and RESUME). The peer declared that it stops reading this connection on
+  // purpose (backpressure), or that it reads again. While it is paused the sender does not hold a lack of
+  // progress against the send timeout, and every change restarts the count (Sender::Wake tells the sender).
+  void SetPeerPaused(bool paused) {
+    if (peer_paused_.exchange(paused) != paused) pause_changes_.fetch_add(1);
+  }
+  bool PeerPaused() const { return peer_paused_.load(); }
+  // How often the pause state changed so far: a pause and resume between two looks still restart the count.
+  uint64_t PauseChanges() const { return pause_changes_.load(); }
   // Receiver thread only. Reads and validates the next header; the payload must be consumed next.
   Status ReadHeader(Header* h);
   Status ReadPayload(void* dst, uint64_t len);
@@ -108,6 +118,8 @@ class Connection {
   bool claimed_ = false;        // guarded by claim_mu_: a frame is being written
   std::thread::id claim_owner_;  // guarded by claim_mu_
   bool torn_ = false;            // guarded by claim_mu_: a frame was cut off, the stream is unusable
+  std::atomic<bool> peer_paused_{false};
+  std::atomic<uint64_t> pause_changes_{0};
 };
 
 }  // namespace p3

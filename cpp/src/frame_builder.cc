@@ -64,6 +64,14 @@ Header ReplyFrame(int32_t sender, const Header& request, Status::Code code, int3
   return h;
 }
 
+Header PauseFrame(int32_t sender, bool paused, int32_t priority) {
+  Header h;
+  h.command = paused ? Command::kPause : Command::kResume;
+  h.priority = priority;
+  h.sender = sender;
+  return h;
+}
+
 Header BarrierFrame(uint64_t sequence) {
   Header h;
   h.command = Command::kBarrier;

@@ -32,10 +32,13 @@ Header ErrorFrame(int32_t sender, Status::Code code, const SliceId& s, int32_t p
 // the payload explains.
 Header RequestFrame(int32_t sender, uint16_t type, uint64_t id, int32_t priority, uint64_t payload_bytes);
 Header ReplyFrame(int32_t sender, const Header& request, Status::Code code, int32_t priority, uint64_t payload_bytes);
+// PAUSE (`paused`) or RESUME (server -> worker): the server stops or starts again reading the worker's data
+// connection on purpose; `priority` places it in the server's send queue (ahead of broadcasts).
+Header PauseFrame(int32_t sender, bool paused, int32_t priority);
 // A worker's barrier number `sequence` (worker -> scheduler).
 Header BarrierFrame(uint64_t sequence);
 // Frames whose only content is the command and the payload: REGISTER, NODE_TABLE, BARRIER_DONE, FINISH,
-// SHUTDOWN, HEARTBEAT, BYE, and NODE_FAILED (a node's last words: why it is going down).
+// SHUTDOWN, HEARTBEAT, BYE, PAUSE, RESUME, and NODE_FAILED (a node's last words: why it is going down).
 Header ControlFrame(Command command, int32_t sender, uint64_t payload_bytes);
 
 }  // namespace p3

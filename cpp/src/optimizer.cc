@@ -440,6 +440,8 @@ void ApplyUpdate(const OptimizerSpec& spec, const StepParams& step, DType dtype,
 
 bool UpdatesMasterCopy(const OptimizerSpec& spec, DType dtype) { return MasterCopy(spec, dtype); }
 
+int MasterStateIndex(const OptimizerSpec& spec) { return MasterIndex(spec); }
+
 void ApplyUpdateToMaster(const OptimizerSpec& spec, const StepParams& step, void* weight, const float* grad,
                          void* const* states, uint64_t count) {
   UpdateWithMaster(spec, step, static_cast<uint16_t*>(weight), nullptr, grad, states, count);

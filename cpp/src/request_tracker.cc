@@ -21,16 +21,33 @@ std::string RequestTracker::Name(uint64_t key) const {
   return k == nullptr ? std::to_string(key) : k->name;
 }
 
-uint64_t RequestTracker::Begin(uint64_t key, char* out, Callback done, Completion* now) {
+uint64_t RequestTracker::Begin(uint64_t key, char* out, Callback done, Completion* now, std::weak_ptr<SendHold> hold) {
   KeyState& ks = keys_.at(key);
   const uint64_t iteration = ks.next_iteration++;
   if (ks.key.slices.empty()) {
     now->done = std::move(done);
     now->completed = true;
   } else {
-    ks.ops.push_back(Op{iteration, out, ks.key.slices.size(), std::move(done), 0, Status()});
+    ks.ops.push_back(Op{iteration, out, ks.key.slices.size(), std::move(done), 0, Status(), std::move(hold)});
   }
   return iteration;
+}
+
+bool RequestTracker::StillSending(const Op& op) {
+  std::shared_ptr<SendHold> hold = op.hold.lock();
+  if (!hold) return false;
+  // Asked before this reference goes: if it turns out to be the last one, the release is reported all the same.
+  hold->Want();
+  return true;
+}
+
+RequestTracker::Completion RequestTracker::TryRelease(KeyState* ks, std::deque<Op>::iterator op) {
+  Completion c;
+  if (op->failed.ok() || op->writers > 0 || StillSending(*op)) return c;
+  c.done = std::move(op->done);
+  c.status = op->failed;
+  ks->ops.erase(op);
+  return c;
 }
 
 Status RequestTracker::StartWrite(int server, const Header& h, char** dst) {
@@ -72,16 +89,10 @@ RequestTracker::Completion RequestTracker::EndWrite(const Header& h, bool ok) {
   while (op != ks.ops.end() && op->iteration != h.iteration) ++op;
   if (op == ks.ops.end()) return c;  // FailAll completed it already
   --op->writers;
+  // A server rejected the operation (or the job failed) while this slice was being written: the last writer
+  // completes it, unless the sender still holds some of its slices.
+  if (!op->failed.ok()) return TryRelease(&ks, op);
   if (!ok || failed_) return c;  // a failed read fails the job; FailAll completes the operation
-  if (!op->failed.ok()) {
-    // A server rejected the operation while this slice was being written: the last writer completes it.
-    if (op->writers == 0) {
-      c.done = std::move(op->done);
-      c.status = op->failed;
-      ks.ops.erase(op);
-    }
-    return c;
-  }
   c.received = true;
   if (--op->remaining == 0) {
     c.completed = true;
@@ -98,27 +109,40 @@ RequestTracker::Completion RequestTracker::Reject(uint64_t key, uint64_t iterati
   KeyState& ks = it->second;
   for (auto op = ks.ops.begin(); op != ks.ops.end(); ++op) {
     if (op->iteration != iteration || !op->failed.ok()) continue;
-    if (op->writers > 0) {
-      op->failed = error;  // no new writes start; the last writer completes it (EndWrite)
-    } else {
-      c.done = std::move(op->done);
-      c.status = error;
-      ks.ops.erase(op);
-    }
+    // No new writes start; the last writer (EndWrite) or the sender's release (Released) may complete it.
+    op->failed = error;
+    c = TryRelease(&ks, op);
     break;
   }
   if (ks.error.ok()) ks.error = error;
   return c;
 }
 
-std::vector<RequestTracker::Callback> RequestTracker::FailAll() {
-  failed_ = true;
-  std::vector<Callback> callbacks;
-  for (auto& [key, ks] : keys_) {
-    for (Op& op : ks.ops) callbacks.push_back(std::move(op.done));
-    ks.ops.clear();
+RequestTracker::Completion RequestTracker::Released(uint64_t key, uint64_t iteration) {
+  auto it = keys_.find(key);
+  if (it == keys_.end()) return {};
+  KeyState& ks = it->second;
+  for (auto op = ks.ops.begin(); op != ks.ops.end(); ++op) {
+    if (op->iteration == iteration) return TryRelease(&ks, op);
   }
-  return callbacks;
+  return {};  // completed already (its last writer saw the release first)
+}
+
+std::vector<RequestTracker::Completion> RequestTracker::FailAll(const Status& status) {
+  failed_ = true;
+  std::vector<Completion> completions;
+  for (auto& [key, ks] : keys_) {
+    for (auto op = ks.ops.begin(); op != ks.ops.end();) {
+      op->failed = status;
+      if (op->writers > 0 || StillSending(*op)) {
+        ++op;
+        continue;
+      }
+      completions.push_back(Completion{std::move(op->done), status});
+      op = ks.ops.erase(op);
+    }
+  }
+  return completions;
 }
 
 bool RequestTracker::Idle(uint64_t key) const {
@@ -152,16 +176,23 @@ Status RequestTracker::TakeAllErrors() {
 
 std::string RequestTracker::Missing() const {
   size_t slices = 0;
+  size_t held = 0;
   std::set<int> servers;
   for (const auto& [key, ks] : keys_) {
     for (const Op& op : ks.ops) {
+      if (!op.failed.ok()) {
+        ++held;  // nothing more is expected of it: it waits for the sender (or a writer) to let go
+        continue;
+      }
       slices += op.remaining;
       for (const Slice& s : ks.key.slices) servers.insert(s.server);
     }
   }
   std::string names;
   for (int s : servers) names += (names.empty() ? "" : ", ") + std::to_string(s);
-  return std::to_string(slices) + " slices still expected from servers {" + names + "}";
+  std::string text = std::to_string(slices) + " slices still expected from servers {" + names + "}";
+  if (held > 0) text += "; " + std::to_string(held) + " failed operations still held by the sender or a receiver";
+  return text;
 }
 
 uint64_t RequestTracker::NewRequest() {

@@ -7,13 +7,18 @@
 // Why writers are tracked: a broadcast slice is read from the socket straight into the caller's buffer (no
 // copy), outside the lock. An operation that fails meanwhile (a server rejects it, or the job fails) must not
 // be handed back to the caller (MXNet would reuse the buffer) until that write has ended.
+// Why sends are tracked too: the sender writes each slice of a push straight from the caller's gradient (no
+// copy either). A failed operation must not be handed back while any of its slices is still queued for a
+// server, whether that slice is later sent or dropped (SendHold).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -23,6 +28,31 @@
 #include "p3/status.h"
 
 namespace p3 {
+
+// What the sender holds of one operation: each of its queued frames keeps a reference (OutMessage::hold), and
+// the last one goes when the sender is done with the last frame (sent, dropped on a failed connection, refused,
+// or thrown away when the sender stops). Only then may the caller's gradient be freed or reused.
+// The tracker keeps a weak reference. When a failed operation still has frames queued, it asks (Want) to hear
+// of the release: `on_release` then runs on whichever thread drops the last reference, possibly with the
+// sender's or the worker's mutex held, so it must only hand the news on (it may not call into the tracker).
+// An operation that succeeds does not wait for it: a server broadcasts a slice only once it received every
+// worker's push of that slice, so the sender reads no more of the gradient by then.
+class SendHold {
+ public:
+  // `on_release` is set before the first reference is handed to the sender.
+  explicit SendHold(std::function<void()> on_release = nullptr) : on_release_(std::move(on_release)) {}
+  void set_on_release(std::function<void()> on_release) { on_release_ = std::move(on_release); }
+  ~SendHold() {
+    if (wanted_.load() && on_release_) on_release_();
+  }
+  SendHold(const SendHold&) = delete;
+  SendHold& operator=(const SendHold&) = delete;
+  void Want() { wanted_.store(true); }
+
+ private:
+  std::atomic<bool> wanted_{false};
+  std::function<void()> on_release_;
+};
 
 class RequestTracker {
  public:
@@ -53,9 +83,10 @@ class RequestTracker {
   // The key's name for messages (its number if unknown).
   std::string Name(uint64_t key) const;
 
-  // Starts the key's next operation, whose broadcast slices land in `out`; returns its iteration. A key
-  // without slices has nothing to wait for: *now then holds the completion to run at once.
-  uint64_t Begin(uint64_t key, char* out, Callback done, Completion* now);
+  // Starts the key's next operation, whose broadcast slices land in `out` and whose frames the sender holds
+  // through `hold` (none: nothing borrowed); returns its iteration. A key without slices has nothing to wait
+  // for: *now then holds the completion to run at once.
+  uint64_t Begin(uint64_t key, char* out, Callback done, Completion* now, std::weak_ptr<SendHold> hold = {});
 
   // A broadcast slice from `server` arrived (header read, payload not yet): checks it against the slice this
   // worker sent and sets *dst to where its payload goes, counting a writer until EndWrite. *dst is null (and
@@ -65,14 +96,20 @@ class RequestTracker {
   // operation's callback when this was its last slice, or when it failed meanwhile and this was its last writer.
   Completion EndWrite(const Header& h, bool ok);
 
-  // A server rejected (key, iteration): the operation completes with `error` at once, or when its last writer
-  // is done. The key's next Wait reports it too (TakeError).
+  // A server rejected (key, iteration): no new writes into `out` start, and the operation completes with `error`
+  // once nothing touches the caller's buffers any more: at once, or when its last writer is done (EndWrite), or
+  // when the sender released its last frame (Released), whichever comes last. The key's next Wait reports it
+  // too (TakeError).
   Completion Reject(uint64_t key, uint64_t iteration, const Status& error);
+  // The SendHold of (key, iteration) asked for was released: completes the operation if it failed and no
+  // writer is left.
+  Completion Released(uint64_t key, uint64_t iteration);
 
-  // The job failed: no new writes start from now on. Once writers() is 0, FailAll() hands back every pending
-  // operation's callback (to be called with the job's failure) and forgets the operations.
+  // The job failed: no new writes start from now on. Once writers() is 0, FailAll(status) fails every pending
+  // operation with `status` and returns the completions of those the sender holds nothing of; the others
+  // complete through Released (the worker shuts its connections, so the sender drops their frames promptly).
   void MarkFailed() { failed_ = true; }
-  std::vector<Callback> FailAll();
+  std::vector<Completion> FailAll(const Status& status);
   // Receivers writing into caller buffers right now.
   int writers() const { return writers_; }
 
@@ -82,7 +119,8 @@ class RequestTracker {
   Status TakeError(uint64_t key);
   // The first rejection of any key since the last call (keys in key order), then forgets them all.
   Status TakeAllErrors();
-  // What is still expected, for a timeout's message: "N slices still expected from servers {0, 2}".
+  // What is still expected, for a timeout's message: "N slices still expected from servers {0, 2}" (and
+  // "; M failed operations still queued in the sender" when some are).
   std::string Missing() const;
 
   // Control requests: a new id whose reply is awaited; the reply (ignored if the requester gave up);
@@ -99,7 +137,8 @@ class RequestTracker {
     size_t remaining;  // slices not yet received
     Callback done;
     int writers = 0;   // receivers writing a slice into `out` right now
-    Status failed;     // a server rejected it: completes with this once the last writer is done
+    Status failed;     // a server rejected it: completes with this once nothing touches its buffers
+    std::weak_ptr<SendHold> hold;  // expired once the sender holds none of its frames
   };
   struct KeyState {
     Key key;
@@ -107,6 +146,10 @@ class RequestTracker {
     std::deque<Op> ops;  // in iteration order
     Status error;        // first rejection since the last TakeError
   };
+  // Whether the sender still holds frames of `op`; if so, asks to hear of their release (Released).
+  static bool StillSending(const Op& op);
+  // A failed `op` with no writer left and nothing in the sender: its completion (erasing it), else nothing.
+  static Completion TryRelease(KeyState* ks, std::deque<Op>::iterator op);
   struct PendingRequest {
     bool done = false;
     Status status;

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "codec.h"
+#include "happens_before.h"
 
 namespace p3 {
 namespace {
@@ -48,6 +49,7 @@ struct Sender::Destination {
   bool stalled = false;        // the peer has taken no byte since stalled_since
   Clock::time_point stalled_since;
   double stall_limit_s = 0;    // the connection's send timeout when the stall began (0: none)
+  uint64_t pause_changes = 0;  // the connection's PauseChanges() when stalled_since was last set
 
   bool HasWork() const { return !failed && (frame || !queue.empty()); }
   const Entry& Next() const { return frame ? *frame : queue.top(); }
@@ -158,6 +160,7 @@ void Sender::Write(Destination* d) {
   if (d->written > before) d->stalled = false;
   if (d->written == kHeaderBytes + m.header.payload_bytes) {
     d->conn->ReleaseWrites(false);
+    if (!m.owned && m.data != nullptr) PayloadSent(m.data);
     const Header& h = m.header;
     trace_->Record(TraceEvent::kSend, h.key, h.slice, h.priority, h.iteration, m.peer_rank);
     d->frame.reset();
@@ -171,6 +174,7 @@ void Sender::Write(Destination* d) {
     d->stalled = true;
     d->stalled_since = Clock::now();
     d->stall_limit_s = d->conn->SendTimeout();
+    d->pause_changes = d->conn->PauseChanges();
   }
   if (d->written == 0) {
     d->conn->ReleaseWrites(false);
@@ -199,7 +203,7 @@ void Sender::Wait() {
         fds.push_back({d->conn->fd(), POLLOUT, 0});
         polled.push_back(d.get());
       }
-      if (d->stalled && d->stall_limit_s > 0) {
+      if (d->stalled && d->stall_limit_s > 0 && StallCounts(d.get(), now)) {
         const double left = d->stall_limit_s - std::chrono::duration<double>(now - d->stalled_since).count();
         const int stall_ms = static_cast<int>(std::ceil(std::max(0.0, left) * 1000));
         ms = ms < 0 ? stall_ms : std::min(ms, stall_ms);
@@ -229,7 +233,7 @@ void Sender::Wait() {
       d->claim_busy = false;
       d->writable = true;  // try to claim again
     }
-    if (d->writable || !d->stalled || d->stall_limit_s <= 0) continue;
+    if (d->writable || !d->stalled || d->stall_limit_s <= 0 || !StallCounts(d, after)) continue;
     const double stalled_s = std::chrono::duration<double>(after - d->stalled_since).count();
     if (stalled_s < d->stall_limit_s) continue;
     Header h;
@@ -239,6 +243,15 @@ void Sender::Wait() {
     }
     Fail(d, d->conn->SendStalled(h, stalled_s));
   }
+}
+
+bool Sender::StallCounts(Destination* d, Clock::time_point now) {
+  const uint64_t changes = d->conn->PauseChanges();
+  if (changes != d->pause_changes) {  // paused or resumed since: the peer was heard from, count from here
+    d->pause_changes = changes;
+    d->stalled_since = now;
+  }
+  return !d->conn->PeerPaused();
 }
 
 void Sender::Fail(Destination* d, const Status& st) {
@@ -256,6 +269,15 @@ void Sender::Fail(Destination* d, const Status& st) {
     d->failed = true;
   }
   on_error_(failed, st);
+}
+
+void Sender::Wake() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (signaled_) return;
+    signaled_ = true;
+  }
+  Signal();
 }
 
 void Sender::Signal() {

@@ -10,6 +10,7 @@
 // is finished at the priority of the most urgent frame queued behind it (priority inheritance).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -31,13 +32,17 @@ struct OutMessage {
   const void* data = nullptr;                     // payload, borrowed (caller keeps it alive until sent)...
   std::shared_ptr<const std::vector<char>> owned;  // ...or owned (shared by the W copies of a broadcast)
   int32_t peer_rank = -1;                         // for the trace
+  // Released when the sender is done with the message (sent, dropped or refused): tells the owner of `data`
+  // that the sender no longer reads it (the worker's SendHold, request_tracker.h).
+  std::shared_ptr<void> hold;
 };
 
 class Sender {
  public:
   // `on_error` runs on the sender thread, once per connection, when a write to it fails or the peer takes
-  // no byte for the connection's send timeout (Connection::SendTimeout; none by default). That connection's
-  // queued frames are then dropped, later ones refused; the other connections carry on.
+  // no byte for the connection's send timeout (Connection::SendTimeout; none by default) while it has not
+  // declared a pause (Connection::SetPeerPaused: time paused does not count, and a change restarts the count).
+  // That connection's queued frames are then dropped, later ones refused; the other connections carry on.
   using ErrorHandler = std::function<void(const OutMessage&, const Status&)>;
   // Throws std::system_error if the wakeup descriptor cannot be created (out of descriptors).
   Sender(Trace* trace, ErrorHandler on_error);
@@ -56,6 +61,9 @@ class Sender {
   void Abort();
   // Any thread. Frames queued and not yet started.
   size_t Queued() const;
+  // Any thread, after Connection::SetPeerPaused: the sender thread looks at its stalled destinations again (a
+  // resume restarts their count, which the thread must then time).
+  void Wake();
 
  private:
   struct Entry {
@@ -70,6 +78,9 @@ class Sender {
   bool RunOnce();
   void Write(Destination* d);
   void Wait();
+  // Sender thread: whether a stalled destination's send timeout applies now; restarts its count at `now` when the
+  // peer paused or resumed since the count began.
+  bool StallCounts(Destination* d, std::chrono::steady_clock::time_point now);
   void Fail(Destination* d, const Status& st);
   void Signal();
   void Stop(bool abort);

@@ -1,5 +1,6 @@
 #include "server_node.h"
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cstring>
@@ -17,6 +18,10 @@ constexpr double kHandshakeTimeoutS = 5.0;
 constexpr size_t kMaxHandshakes = 128;
 constexpr int32_t kByePriority = INT32_MIN;     // a worker's goodbye goes after all its frames
 constexpr double kLingerS = 1.0;  // after a failure, how long workers get to read the last words and close
+// A receiver that waits longer than this for its worker's share of P3_SERVER_QUEUE_BYTES tells the worker it is
+// paused (PAUSE, then RESUME): shorter waits, the consumer catching up, send nothing. A fraction of the heartbeat
+// timeout at most, so the notice reaches the worker long before its stall check would fire.
+constexpr double kPauseNoticeAfterS = 0.05;
 }  // namespace
 
 std::unique_ptr<Server> Server::Create(NodeConfig config, Updater updater, RequestHandler on_request) {
@@ -36,7 +41,10 @@ ServerNode::ServerNode(NodeConfig config, Updater updater, RequestHandler on_req
               }),
       // Keep freed receive buffers up to the queue bound: enough for every frame in flight to be reused.
       pool_(config_.server_queue_bytes),
-      admission_(config_.server_queue_bytes, config_.num_worker),
+      admission_(config_.server_queue_bytes, config_.num_worker,
+                 [this](int worker, bool paused) { NoticePause(worker, paused); },
+                 config_.heartbeat_timeout > 0 ? std::min(kPauseNoticeAfterS, config_.heartbeat_timeout / 4)
+                                                 : kPauseNoticeAfterS),
       aggregator_(config_.num_worker,
                   Aggregator::Hooks{[this](const UpdateRequest& r) { return Update(r); },
                                     [this](const SliceEntry& e, int32_t priority) { Broadcast(e, priority); },
@@ -126,7 +134,8 @@ Status ServerNode::OnHello(Socket* s, const std::string& peer, const uint8_t* he
   conn->SetFrameDeadline(config_.timeout);
   // A worker that is alive but stops reading (a hung receive thread) is caught within P3_HEARTBEAT_TIMEOUT, as a
   // silent node is, instead of at P3_TIMEOUT: a send to it that makes no progress for that long fails the job
-  // naming it (Sender). A live worker always reads; only the server ever stops reading on purpose (backpressure).
+  // naming it (Sender). A live worker always reads; only the server ever stops reading on purpose (backpressure),
+  // and then says so (NoticePause), so that the worker's own check spares it.
   conn->SetSendTimeout(config_.heartbeat_timeout);
   workers_[static_cast<size_t>(rank)] = conn;
   receivers_.push_back(Receiver{std::thread([this, rank, conn] { ReceiveLoop(rank, conn); }), conn});
@@ -282,6 +291,16 @@ void ServerNode::Queue(std::shared_ptr<Connection> conn, int worker, const Heade
     Log(LogLevel::kDebug, Name(), "a frame for worker " + std::to_string(worker) + " was not queued: its connection "
         "failed");
   }
+}
+
+void ServerNode::NoticePause(int worker, bool paused) {
+  std::shared_ptr<Connection> conn;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    conn = workers_[static_cast<size_t>(worker)];
+  }
+  // At the top priority, FIFO among equals: ahead of broadcasts, and a RESUME never overtakes its PAUSE.
+  if (conn) Queue(conn, worker, PauseFrame(rank_, paused, kErrorPriority), nullptr);
 }
 
 void ServerNode::Strand(const std::string& why) {

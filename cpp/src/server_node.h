@@ -64,6 +64,8 @@ class ServerNode final : public Server, private Node {
   Status Update(const UpdateRequest& r);
   void Broadcast(const SliceEntry& s, int32_t priority);
   void Reject(int worker, const Header& h, const std::string& why);
+  // Receiver thread of `worker` (Admission's PauseNotice): queues PAUSE or RESUME for it.
+  void NoticePause(int worker, bool paused);
   // Queues a frame (header + payload) for worker `worker` on `conn`.
   void Queue(std::shared_ptr<Connection> conn, int worker, const Header& h,
              std::shared_ptr<const std::vector<char>> payload);

@@ -5,20 +5,53 @@
 
 namespace p3 {
 
-Status SliceOptimizer::UseKernel(const OptimizerSpec& spec, StepSource steps) {
-  Clear();
+Status SliceOptimizer::UseKernel(const OptimizerSpec& spec, StepSource steps, StateCarry carry) {
+  Status st = BetweenIterations();
+  if (!st.ok()) return st;
+  std::map<std::pair<uint64_t, uint32_t>, States> carried;
+  if (carry == StateCarry::kKeep) {
+    carried = std::move(states_);
+  } else if (kernel_) {
+    for (auto& [id, s] : states_) {
+      if (!UpdatesMasterCopy(spec_, s.weight) || !UpdatesMasterCopy(spec, s.weight) ||
+          s.arrays.size() != static_cast<size_t>(NumStates(spec_, s.weight))) {
+        continue;
+      }
+      const std::vector<char>& master = s.arrays[static_cast<size_t>(MasterStateIndex(spec_))];
+      States fresh;
+      fresh.weight = s.weight;
+      fresh.dtype = StateDType(spec, s.weight);
+      fresh.count = s.count;
+      // InitStates' zeros for the new kernel's own states, and the weights' float32 copy as it was.
+      fresh.arrays.assign(static_cast<size_t>(NumStates(spec, s.weight)), std::vector<char>(master.size()));
+      fresh.arrays[static_cast<size_t>(MasterStateIndex(spec))] = master;
+      carried.emplace(id, std::move(fresh));
+    }
+  }
+  Reset();
+  states_ = std::move(carried);
   spec_ = spec;
   steps_ = std::move(steps);
   kernel_ = true;
   return Status::Ok();
 }
 
-void SliceOptimizer::UseFunction(Updater fn) {
-  Clear();
+Status SliceOptimizer::UseFunction(Updater fn) {
+  Status st = BetweenIterations();
+  if (!st.ok()) return st;
+  Reset();
   function_ = std::move(fn);
+  return Status::Ok();
 }
 
-void SliceOptimizer::Clear() {
+Status SliceOptimizer::Clear() {
+  Status st = BetweenIterations();
+  if (!st.ok()) return st;
+  Reset();
+  return Status::Ok();
+}
+
+void SliceOptimizer::Reset() {
   kernel_ = false;
   steps_ = nullptr;
   function_ = nullptr;
@@ -26,19 +59,34 @@ void SliceOptimizer::Clear() {
   cached_.clear();
 }
 
+Status SliceOptimizer::BetweenIterations() const {
+  if (cached_.empty()) return Status::Ok();
+  const auto& [id, c] = *cached_.begin();
+  return Status::Invalid("the optimizer cannot change now: key " + std::to_string(id.first) + " is partly updated " +
+                         "in iteration " + std::to_string(id.second) + " on this server (" + std::to_string(c.uses) +
+                         " of its slices here updated, the others not yet); a request that changes the optimizer "
+                         "or its states must come between two iterations (workers wait for their pushes first, "
+                         "as kvstore 'p3' does in set_optimizer and load_optimizer_states)");
+}
+
 Status SliceOptimizer::StepFor(const UpdateRequest& r, StepParams* out) {
-  const auto id = std::make_pair(r.key, r.iteration);
-  auto it = cached_.find(id);
-  if (it == cached_.end()) {
-    CachedStep c;
-    Status st = steps_(r.key, &c.params);
+  auto it = cached_.try_emplace(std::make_pair(r.key, r.iteration)).first;
+  CachedStep& c = it->second;
+  if (!c.asked) {
+    c.status = steps_(r.key, &c.params);
+    c.asked = true;
     ++step_calls_;
-    if (!st.ok()) return st;
-    it = cached_.emplace(id, c).first;
   }
-  *out = it->second.params;
+  const Status st = c.status;
+  if (st.ok()) *out = c.params;
+  if (++c.uses >= r.key_slices) cached_.erase(it);
+  return st;
+}
+
+Status SliceOptimizer::SliceFailed(const UpdateRequest& r, Status why) {
+  auto it = cached_.try_emplace(std::make_pair(r.key, r.iteration)).first;
   if (++it->second.uses >= r.key_slices) cached_.erase(it);
-  return Status::Ok();
+  return why;
 }
 
 Status SliceOptimizer::Update(const UpdateRequest& r) {
@@ -53,7 +101,7 @@ Status SliceOptimizer::Update(const UpdateRequest& r) {
   auto it = states_.find(std::make_pair(r.key, r.slice));
   if (it == states_.end()) {  // the slice's first update: MXNet's create_state
     Status st = CheckOptimizer(spec_, r.dtype);
-    if (!st.ok()) return st;
+    if (!st.ok()) return SliceFailed(r, st);
     States fresh;
     fresh.weight = r.dtype;
     fresh.dtype = state_dtype;
@@ -67,18 +115,19 @@ Status SliceOptimizer::Update(const UpdateRequest& r) {
   States& states = it->second;
   if (states.arrays.size() != static_cast<size_t>(n) || states.weight != r.dtype || states.dtype != state_dtype ||
       (n > 0 && states.count != r.count)) {
-    return Status::Invalid("the optimizer states of key " + std::to_string(r.key) + " slice " +
+    return SliceFailed(r, Status::Invalid("the optimizer states of key " + std::to_string(r.key) + " slice " +
                            std::to_string(r.slice) + " are " + std::to_string(states.arrays.size()) +
                            " arrays of " + std::to_string(states.count) + " " + DTypeName(states.dtype) + ", but " +
                            OptimizerKindName(spec_.kind) + " needs " + std::to_string(n) + " of " +
                            std::to_string(r.count) + " " + DTypeName(state_dtype) +
-                           " (states saved with another optimizer, dtype or slice size?)");
+                           " (states saved with another optimizer, dtype or slice size?)"));
   }
   void* ptrs[8];
-  if (n > 8) return Status::Invalid("too many optimizer states");
+  if (n > 8) return SliceFailed(r, Status::Invalid("too many optimizer states"));
   for (int i = 0; i < n; ++i) {
     if (states.arrays[static_cast<size_t>(i)].size() != state_bytes) {
-      return Status::Invalid("an optimizer state of key " + std::to_string(r.key) + " has the wrong size");
+      return SliceFailed(r, Status::Invalid("an optimizer state of key " + std::to_string(r.key) +
+                                            " has the wrong size"));
     }
     ptrs[i] = states.arrays[static_cast<size_t>(i)].data();
   }

@@ -28,9 +28,10 @@ WorkerNode::~WorkerNode() {
     std::lock_guard<std::mutex> lock(mu_);
     closing_ = true;
   }
-  sender_.Abort();
+  sender_.Abort();  // drops every queued frame: the release thread completes what waited for them
   for (auto& t : receivers_) t.join();
   scheduler_.Stop();
+  StopReleases();
 }
 
 Status WorkerNode::Start() {
@@ -51,12 +52,19 @@ Status WorkerNode::Start() {
     auto conn = std::make_shared<Connection>(std::move(s), peer, config_.max_message_bytes, &counters_);
     st = conn->Send(HelloFrame(rank_), nullptr);
     if (!st.ok()) return st;
+    // A server that is alive but stops reading this connection (a hung receive thread) is caught within
+    // P3_HEARTBEAT_TIMEOUT, as a silent node is, instead of at P3_TIMEOUT: a send to it that makes no progress for
+    // that long fails the job naming it (Sender). A server stops reading on purpose only while this worker is over
+    // its share of P3_SERVER_QUEUE_BYTES, and then says so (PAUSE ... RESUME, worker_receive.cc): that time does
+    // not count.
+    conn->SetSendTimeout(config_.heartbeat_timeout);
     servers_[static_cast<size_t>(n.rank)] = conn;
   }
   for (size_t i = 0; i < servers_.size(); ++i) {
     if (!servers_[i]) return Status::Invalid("the node table has no server " + std::to_string(i));
   }
   sender_.Start();
+  release_thread_ = std::thread([this] { ReleaseLoop(); });
   for (int s = 0; s < config_.num_server; ++s) receivers_.emplace_back([this, s] { ReceiveLoop(s); });
   scheduler_.Start({[] {}, [this](const Status& st) { Fail(st, /*from_scheduler=*/true); }});
   std::lock_guard<std::mutex> lock(mu_);
@@ -99,7 +107,11 @@ Status WorkerNode::Push(uint64_t key, const void* grad, void* out, int32_t prior
 Status WorkerNode::StartLocked(std::unique_lock<std::mutex>* lock, Command command, uint64_t key, int32_t priority,
                                const void* data, void* out, Callback done) {
   RequestTracker::Completion now;
-  const uint64_t iteration = tracker_.Begin(key, static_cast<char*>(out), std::move(done), &now);
+  // The frames borrow `data`: each holds a reference to the operation's SendHold, so that a failed operation is
+  // handed back only once the sender let go of them all (the last reference may go here, after the unlock).
+  std::shared_ptr<SendHold> hold = data != nullptr ? std::make_shared<SendHold>() : nullptr;
+  const uint64_t iteration = tracker_.Begin(key, static_cast<char*>(out), std::move(done), &now, hold);
+  if (hold) hold->set_on_release([this, key, iteration] { OnSendReleased(key, iteration); });
   const RequestTracker::Key& k = *tracker_.Find(key);
   const size_t size = DTypeSize(k.dtype);
   for (const Slice& s : k.slices) {
@@ -109,7 +121,10 @@ Status WorkerNode::StartLocked(std::unique_lock<std::mutex>* lock, Command comma
     const uint64_t bytes = data != nullptr ? s.count * size : 0;
     m.header = SliceFrame(command, rank_, SliceId{key, s.index, s.offset, s.count, k.dtype, iteration}, priority,
                           bytes);
-    if (data != nullptr) m.data = static_cast<const char*>(data) + s.offset * size;  // from the caller's array
+    if (data != nullptr) {
+      m.data = static_cast<const char*>(data) + s.offset * size;  // from the caller's array
+      m.hold = hold;
+    }
     trace_.Record(TraceEvent::kEnqueue, key, s.index, priority, iteration, s.server);
     // Refused only once this connection's write failed: the sender has then reported it (OnSendError), and
     // the job's failure completes this operation with the reason.
@@ -118,9 +133,63 @@ Status WorkerNode::StartLocked(std::unique_lock<std::mutex>* lock, Command comma
           " was not queued: its connection failed");
     }
   }
+  now = Completing(std::move(now));
   lock->unlock();
-  now.Run();  // a key without slices is complete at once
+  hold.reset();  // outside mu_ (its release may be reported from here)
+  Finish(&now);  // a key without slices is complete at once
   return Status::Ok();
+}
+
+RequestTracker::Completion WorkerNode::Completing(RequestTracker::Completion c) {
+  if (c.done) ++completing_;
+  return c;
+}
+
+void WorkerNode::Finish(RequestTracker::Completion* c) {
+  if (!c->done) return;
+  c->Run();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    --completing_;
+  }
+  cv_.notify_all();
+}
+
+void WorkerNode::OnSendReleased(uint64_t key, uint64_t iteration) {
+  {
+    std::lock_guard<std::mutex> lock(released_mu_);
+    released_.emplace_back(key, iteration);
+  }
+  released_cv_.notify_one();
+}
+
+void WorkerNode::ReleaseLoop() {
+  std::unique_lock<std::mutex> lock(released_mu_);
+  while (true) {
+    released_cv_.wait(lock, [&] { return !released_.empty() || stop_releases_; });
+    if (released_.empty()) return;  // stopping, and nothing left to complete
+    std::vector<std::pair<uint64_t, uint64_t>> batch;
+    batch.swap(released_);
+    lock.unlock();
+    std::vector<RequestTracker::Completion> completions;
+    {
+      std::lock_guard<std::mutex> worker_lock(mu_);
+      for (const auto& [key, iteration] : batch) {
+        completions.push_back(Completing(tracker_.Released(key, iteration)));
+      }
+    }
+    for (RequestTracker::Completion& c : completions) Finish(&c);
+    lock.lock();
+  }
+}
+
+void WorkerNode::StopReleases() {
+  {
+    std::lock_guard<std::mutex> lock(released_mu_);
+    stop_releases_ = true;
+  }
+  released_cv_.notify_one();
+  if (release_thread_.joinable()) release_thread_.join();
 }
 
 Status WorkerNode::Request(int server, uint32_t type, const std::string& body, std::string* reply,
@@ -167,7 +236,10 @@ void WorkerNode::OnSendError(const Status& st) {
     cv_.wait_for(lock, std::chrono::seconds(1), [&] { return !fatal_.ok() || closed_; });
     if (!fatal_.ok() || closed_) return;
   }
-  Fail(st);
+  Fail(st.code() == Status::Code::kTimeout
+           ? st.WithContext("the server is connected but stopped reading for longer than P3_HEARTBEAT_TIMEOUT "
+                            "without pausing this worker (hung or stopped process?)")
+           : st);
 }
 
 void WorkerNode::Fail(const Status& status, bool from_scheduler) {
@@ -185,21 +257,21 @@ void WorkerNode::Fail(const Status& status, bool from_scheduler) {
   // Tell the servers why this worker is leaving, so that none of them blames the closed connection on this
   // worker (outside mu_: each send may wait up to 1 s for a connection busy with a slice).
   SayLastWords(conns, Name() + " failed: " + status.message());
-  std::vector<Callback> callbacks;
+  std::vector<RequestTracker::Completion> completions;
   {
     std::unique_lock<std::mutex> lock(mu_);
     for (auto& conn : servers_) {
-      if (conn) conn->Shutdown();  // receivers blocked mid-payload return now
+      if (conn) conn->Shutdown();  // receivers blocked mid-payload return now; the sender's writes fail
     }
-    // No receiver may be writing into a caller's buffer once the caller hears of the failure.
+    // No receiver may be writing into a caller's buffer once the caller hears of the failure. Operations whose
+    // frames are still queued complete once the sender dropped them (its writes to the shut connections fail).
     cv_.wait(lock, [&] { return tracker_.writers() == 0; });
-    callbacks = tracker_.FailAll();
+    completions = tracker_.FailAll(status);
+    for (RequestTracker::Completion& c : completions) c = Completing(std::move(c));
   }
   cv_.notify_all();
   if (report) scheduler_.ReportFailure(Name() + ": " + status.message());
-  for (Callback& cb : callbacks) {
-    if (cb) cb(status);
-  }
+  for (RequestTracker::Completion& c : completions) Finish(&c);
 }
 
 Status WorkerNode::WaitFor(const std::function<bool()>& idle, double timeout_s, const InterruptCheck& interrupted,
@@ -235,14 +307,17 @@ Status WorkerNode::Wait(uint64_t key, double timeout_s, const InterruptCheck& in
     }
     name = tracker_.Name(key);
   }
-  Status st = WaitFor([&] { return tracker_.Idle(key); }, timeout_s, interrupted, "key '" + name + "'");
+  // Also until the callbacks ran: Python hears through them that the core let go of its arrays.
+  Status st = WaitFor([&] { return tracker_.Idle(key) && completing_ == 0; }, timeout_s, interrupted,
+                      "key '" + name + "'");
   if (!st.ok()) return st;  // a rejection stays for the Wait that sees the key complete
   std::lock_guard<std::mutex> lock(mu_);
   return tracker_.TakeError(key);
 }
 
 Status WorkerNode::WaitAll(double timeout_s, const InterruptCheck& interrupted) {
-  Status st = WaitFor([&] { return tracker_.AllIdle(); }, timeout_s, interrupted, "waiting for all keys");
+  Status st = WaitFor([&] { return tracker_.AllIdle() && completing_ == 0; }, timeout_s, interrupted,
+                      "waiting for all keys");
   std::lock_guard<std::mutex> lock(mu_);
   Status error = tracker_.TakeAllErrors();
   return st.ok() ? error : st;
@@ -289,8 +364,17 @@ Status WorkerNode::Close(double timeout_s) {
   for (auto& t : receivers_) t.join();
   receivers_.clear();
   scheduler_.Stop();
-  std::lock_guard<std::mutex> lock(mu_);
-  closed_ = true;
+  StopReleases();
+  // Nothing can touch a caller's buffer any more (the sender and the receivers are gone): what is still pending
+  // (its wait timed out) is handed back, failed.
+  std::vector<RequestTracker::Completion> completions;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+    completions = tracker_.FailAll(st.ok() ? Status::Aborted("the worker closed") : st);
+    for (RequestTracker::Completion& c : completions) c = Completing(std::move(c));
+  }
+  for (RequestTracker::Completion& c : completions) Finish(&c);
   return st;
 }
 

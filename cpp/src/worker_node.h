@@ -11,6 +11,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "connection.h"
@@ -61,6 +62,19 @@ class WorkerNode final : public Worker, private Node {
   Status CheckUsableLocked() const;
   Status WaitFor(const std::function<bool()>& idle, double timeout_s, const InterruptCheck& interrupted,
                  const std::string& what);
+  // Any thread, any lock held (a SendHold's release): the sender let go of the last frame of a failed operation.
+  void OnSendReleased(uint64_t key, uint64_t iteration);
+  // The release thread: completes the failed operations the sender let go of (the tracker under mu_, then the
+  // callbacks), since the thread that drops a frame may hold the sender's or the worker's mutex.
+  void ReleaseLoop();
+  // Ends the release thread once it has completed every release reported so far.
+  void StopReleases();
+  // mu_ held: `c`, just taken from the tracker, counts as completing until Finish ran its callback, so that a
+  // Wait returns only once the callbacks of what it waited for ran (Python learns from them that the core let
+  // go of its arrays).
+  RequestTracker::Completion Completing(RequestTracker::Completion c);
+  // mu_ not held: runs what Completing counted.
+  void Finish(RequestTracker::Completion* c);
 
   Sender sender_;
   std::vector<std::shared_ptr<Connection>> servers_;
@@ -71,9 +85,16 @@ class WorkerNode final : public Worker, private Node {
   RequestTracker tracker_;  // guarded by mu_
   uint64_t round_robin_ = 0;
   Status fatal_;
+  int completing_ = 0;  // completions taken from the tracker whose callbacks have not returned yet
   bool started_ = false;
   bool closing_ = false;
   bool closed_ = false;
+
+  std::mutex released_mu_;  // a leaf: nothing else is locked while it is held
+  std::condition_variable released_cv_;
+  std::vector<std::pair<uint64_t, uint64_t>> released_;  // (key, iteration), guarded by released_mu_
+  bool stop_releases_ = false;                           // guarded by released_mu_
+  std::thread release_thread_;
 };
 
 }  // namespace p3

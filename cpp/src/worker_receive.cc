@@ -1,7 +1,9 @@
 // A worker's receive side: one thread per server reads broadcasts straight into the caller's arrays, and
-// control frames (a rejection, a reply to a request, a failing server's last words) into the request tracker.
+// control frames (a rejection, a reply to a request, a failing server's last words) into the request tracker; a
+// server's PAUSE and RESUME go to the connection's pause state, which the sender's stall check reads.
 #include "worker_node.h"
 
+#include "happens_before.h"
 #include "p3/log.h"
 
 namespace p3 {
@@ -20,6 +22,11 @@ void WorkerNode::ReceiveLoop(int server) {
       std::string text;
       st = conn->ReadPayload(&text, h.payload_bytes);
       if (st.ok()) st = HandleControl(server, h, std::move(text));
+    } else if ((h.command == Command::kPause || h.command == Command::kResume) && h.payload_bytes == 0) {
+      // The server stops (or starts again) reading our data connection on purpose: the sender's stall check
+      // spares it meanwhile (sender.h).
+      conn->SetPeerPaused(h.command == Command::kPause);
+      sender_.Wake();
     } else {
       st = Status::Invalid(std::string("unexpected ") + CommandName(h.command) + " frame");
     }
@@ -51,11 +58,12 @@ Status WorkerNode::HandleBroadcast(int server, Connection* conn, const Header& h
   }
   if (dst == nullptr) return conn->SkipPayload(h.payload_bytes);
   // Straight from the socket into the caller's buffer: no copy of the parameter on the worker.
+  BroadcastArriving(dst);
   const Status st = conn->ReadPayload(dst, h.payload_bytes);
   RequestTracker::Completion c;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    c = tracker_.EndWrite(h, st.ok());
+    c = Completing(tracker_.EndWrite(h, st.ok()));
     if (c.received) trace_.Record(TraceEvent::kWorkerReceive, h.key, h.slice, h.priority, h.iteration, server);
     if (c.completed) {
       trace_.Record(TraceEvent::kComplete, h.key, static_cast<uint32_t>(tracker_.Find(h.key)->slices.size()),
@@ -63,9 +71,8 @@ Status WorkerNode::HandleBroadcast(int server, Connection* conn, const Header& h
     }
   }
   cv_.notify_all();  // Fail() waits for the last writer; Wait() for the completion
-  if (!st.ok()) return st;
-  c.Run();
-  return Status::Ok();
+  Finish(&c);  // after a failed read, only a rejected operation this was the last writer of (else FailAll)
+  return st;
 }
 
 Status WorkerNode::HandleControl(int server, const Header& h, std::string text) {
@@ -87,11 +94,11 @@ Status WorkerNode::HandleControl(int server, const Header& h, std::string text) 
       const Status error = Status::Rejected(peer + " rejected key '" + tracker_.Name(h.key) + "' (iteration " +
                                             std::to_string(h.iteration) + "): " + text);
       Log(LogLevel::kWarning, Name(), error.message());
-      c = tracker_.Reject(h.key, h.iteration, error);
+      c = Completing(tracker_.Reject(h.key, h.iteration, error));
     }
   }
   cv_.notify_all();
-  c.Run();
+  Finish(&c);
   return Status::Ok();
 }
 

@@ -444,10 +444,10 @@ void TestSliceOptimizerWithoutKernelAggregatesOrCallsTheFunction() {
   CHECK(opt.Update(r).ok());
   CHECK((value == std::vector<float>{4, 6}));  // aggregate only
   int calls = 0;
-  opt.UseFunction([&](const UpdateRequest&) {
-    ++calls;
-    return Status::Ok();
-  });
+  CHECK(opt.UseFunction([&](const UpdateRequest&) {
+          ++calls;
+          return Status::Ok();
+        }).ok());
   CHECK(opt.Update(r).ok() && calls == 1);
 }
 

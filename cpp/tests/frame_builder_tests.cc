@@ -1,6 +1,6 @@
 // Unit tests of the frame builder (cpp/src/frame_builder.h) through the codec: every kind of frame survives
 // encode + decode with the fields it sets and zeros elsewhere, control fields have their own places (a request's
-// type is not its key, a reply's error is its status), and the decoder refuses what protocol 4 forbids.
+// type is not its key, a reply's error is its status), and the decoder refuses what protocol 5 forbids.
 // Built and run by tests/test_cpp_worker_parts.py.
 #include <cstring>
 #include <string>
@@ -68,17 +68,20 @@ void TestControlFramesCarryOnlyTheirCommandSenderAndPayload() {
     CHECK(d.status == 0 && d.request == 0 && d.priority == 0);
   }
   Header d;
+  CHECK(RoundTrip(PauseFrame(3, true, 77), &d) && d.command == Command::kPause && d.sender == 3);
+  CHECK(d.priority == 77 && d.payload_bytes == 0 && d.status == 0 && d.key == 0 && d.iteration == 0);
+  CHECK(RoundTrip(PauseFrame(3, false, 77), &d) && d.command == Command::kResume && d.sender == 3);
   CHECK(RoundTrip(BarrierFrame(12), &d) && d.command == Command::kBarrier && d.key == 12 && d.payload_bytes == 0);
   CHECK(RoundTrip(HelloFrame(6), &d) && d.command == Command::kHello && d.sender == 6);
   CHECK(d.byte_order == HostByteOrder() && d.payload_bytes == 0);
 }
 
-void TestTheWireLayoutOfProtocol4() {
+void TestTheWireLayoutOfProtocol5() {
   uint8_t buf[kHeaderBytes];
   Header req = RequestFrame(2, 0x0304, 0x1122334455667788ull, -1, 5);
   EncodeHeader(ReplyFrame(9, req, Status::Code::kRejected, 0, 5), buf);
   CHECK(std::memcmp(buf, "P3KV", 4) == 0);
-  CHECK(buf[4] == 4 && buf[5] == 0);                                             // version u16
+  CHECK(buf[4] == 5 && buf[5] == 0);                                             // version u16
   CHECK(buf[6] == static_cast<uint8_t>(Command::kReply));                        // command u8
   CHECK(buf[7] == static_cast<uint8_t>(Status::Code::kRejected));                // status u8
   CHECK(buf[16] == 0 && buf[17] == 0);                                           // dtype, byte order
@@ -110,10 +113,10 @@ void TestTheDecoderRefusesMisplacedOrUnknownStatusesAndOtherVersions() {
   EncodeHeader(reply, buf);
   CHECK(!DecodeHeader(buf, 1 << 30, &d).ok());
   Header hello = HelloFrame(0);
-  hello.version = 3;  // a peer of the previous protocol
+  hello.version = 4;  // a peer of the previous protocol (it knows no PAUSE or RESUME)
   EncodeHeader(hello, buf);
   st = DecodeHeader(buf, 1 << 30, &d);
-  CHECK(!st.ok() && st.message().find("protocol version 3, expected 4") != std::string::npos);
+  CHECK(!st.ok() && st.message().find("protocol version 4, expected 5") != std::string::npos);
   CHECK(IsOtherVersion(buf));  // a p3kv peer of another version: the server and scheduler tell it why
   buf[6] = 0;  // an unknown command
   buf[4] = static_cast<uint8_t>(kProtocolVersion);  // of this version
@@ -133,7 +136,7 @@ int main() {
       RUN(TestARequestsTypeAndIdHaveTheirOwnFieldsAndTheReplyEchoesThem),
       RUN(TestAnErrorNamesTheRejectedOperationAndItsStatus),
       RUN(TestControlFramesCarryOnlyTheirCommandSenderAndPayload),
-      RUN(TestTheWireLayoutOfProtocol4),
+      RUN(TestTheWireLayoutOfProtocol5),
       RUN(TestTheDecoderRefusesMisplacedOrUnknownStatusesAndOtherVersions),
   });
 }

@@ -1,8 +1,10 @@
 // Unit tests of the worker's request tracker (cpp/src/request_tracker.h): completion once every broadcast slice
-// landed, broadcasts checked against the slices sent, rejections (at once, or after the last writer), the job's
-// failure (no new writes, every callback handed back), control requests. No sockets, no threads.
+// landed, broadcasts checked against the slices sent, rejections (at once, after the last writer, or once the
+// sender let go of every slice still queued), the job's failure (no new writes, every callback handed back once
+// nothing touches the buffers), control requests. No sockets, no threads.
 // Built and run by tests/test_cpp_worker_parts.py.
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -210,10 +212,107 @@ void TestTheJobsFailureStopsWritesAndHandsBackEveryCallback() {
   CHECK(t.writers() == 1);  // the worker waits for this before FailAll
   CHECK(!t.EndWrite(h, true).done);  // the failure completes it, not the slice
   CHECK(t.writers() == 0);
-  std::vector<RequestTracker::Callback> callbacks = t.FailAll();
-  CHECK(callbacks.size() == 2 && t.AllIdle());
-  for (auto& cb : callbacks) cb(Status::PeerLost("server 1 died"));
+  std::vector<RequestTracker::Completion> completions = t.FailAll(Status::PeerLost("server 1 died"));
+  CHECK(completions.size() == 2 && t.AllIdle());
+  for (auto& c : completions) c.Run();
   CHECK(calls.count == 2 && calls.last.code() == Status::Code::kPeerLost);
+}
+
+// An operation whose push frames the sender still holds (a SendHold alive), with a counter of its releases.
+struct Held {
+  int releases = 0;
+  std::shared_ptr<SendHold> hold = std::make_shared<SendHold>();
+  Held() {
+    hold->set_on_release([this] { ++releases; });
+  }
+};
+
+void TestARejectionWaitsForItsSlicesStillQueuedInTheSender() {
+  RequestTracker t;
+  const RequestTracker::Key k = FiveFloats();
+  CHECK(t.Declare(kKey, k).ok());
+  std::vector<float> out(5);
+  Calls calls;
+  Held held;  // slices for server 1 are still queued behind a slow connection
+  RequestTracker::Completion now;
+  t.Begin(kKey, reinterpret_cast<char*>(out.data()), calls.Callback(), &now, held.hold);
+  // Server 0 rejects: the sender still reads the gradient for server 1, so the caller must not get it back.
+  RequestTracker::Completion c = t.Reject(kKey, 0, Status::Rejected("no optimizer"));
+  CHECK(!c.done && calls.count == 0 && !t.Idle(kKey) && !t.AllIdle());
+  CHECK(t.Missing().find("1 failed operations still held") != std::string::npos);
+  char* dst = reinterpret_cast<char*>(1);
+  CHECK(t.StartWrite(1, BroadcastOf(k, 1, 0), &dst).ok() && dst == nullptr);  // still no writes into `out`
+  CHECK(!t.Released(kKey, 0).done);  // not released yet: nothing happens
+  // The sender sends (or drops) the last frame: the release is reported once, and completes the operation.
+  held.hold.reset();
+  CHECK(held.releases == 1 && calls.count == 0);
+  c = t.Released(kKey, 0);
+  CHECK(c.done && c.status.message() == "no optimizer");
+  c.Run();
+  CHECK(calls.count == 1 && t.Idle(kKey));
+  CHECK(!t.Released(kKey, 0).done);  // once
+  CHECK(t.TakeError(kKey).message() == "no optimizer");
+}
+
+void TestTheLastWriterOfARejectionLeavesItToTheSender() {
+  RequestTracker t;
+  const RequestTracker::Key k = FiveFloats();
+  CHECK(t.Declare(kKey, k).ok());
+  std::vector<float> out(5);
+  Calls calls;
+  Held held;
+  RequestTracker::Completion now;
+  t.Begin(kKey, reinterpret_cast<char*>(out.data()), calls.Callback(), &now, held.hold);
+  char* dst = nullptr;
+  const Header landing = BroadcastOf(k, 0, 0);
+  CHECK(t.StartWrite(0, landing, &dst).ok() && dst != nullptr);
+  CHECK(!t.Reject(kKey, 0, Status::Rejected("bad shape")).done);
+  CHECK(!t.EndWrite(landing, true).done);  // the writer is done, the sender is not
+  CHECK(calls.count == 0 && !t.Idle(kKey) && t.writers() == 0);
+  held.hold.reset();
+  CHECK(held.releases == 1);
+  t.Released(kKey, 0).Run();
+  CHECK(calls.count == 1 && calls.last.message() == "bad shape" && t.Idle(kKey));
+}
+
+void TestASuccessfulOperationNeitherWaitsForNorHearsOfTheSender() {
+  RequestTracker t;
+  const RequestTracker::Key k = FiveFloats();
+  CHECK(t.Declare(kKey, k).ok());
+  std::vector<float> out(5);
+  Calls calls;
+  Held held;
+  RequestTracker::Completion now;
+  t.Begin(kKey, reinterpret_cast<char*>(out.data()), calls.Callback(), &now, held.hold);
+  // Every broadcast slice landed, so every server had this worker's whole push: the sender reads no more of it
+  // even if it has not yet let go of the frame.
+  for (uint32_t i = 0; i < 3; ++i) Land(&t, k, i, 0, 1.0f).Run();
+  CHECK(calls.count == 1 && calls.last.ok() && t.Idle(kKey));
+  held.hold.reset();
+  CHECK(held.releases == 0);  // nobody asked: no release reported (no work for the worker's release thread)
+}
+
+void TestTheJobsFailureHandsBackHeldOperationsOnceTheSenderLetGo() {
+  RequestTracker t;
+  const RequestTracker::Key k = FiveFloats();
+  CHECK(t.Declare(kKey, k).ok());
+  CHECK(t.Declare(8, RequestTracker::Key{"bias", DType::kFloat32, 1, {Slice{0, 0, 1, 1}}}).ok());
+  std::vector<float> out(5), bias(1);
+  Calls held_calls, free_calls;
+  Held held;
+  RequestTracker::Completion now;
+  t.Begin(kKey, reinterpret_cast<char*>(out.data()), held_calls.Callback(), &now, held.hold);
+  t.Begin(8, reinterpret_cast<char*>(bias.data()), free_calls.Callback(), &now, std::weak_ptr<SendHold>());
+  std::vector<RequestTracker::Completion> completions = t.FailAll(Status::PeerLost("server 1 died"));
+  CHECK(completions.size() == 1 && !t.AllIdle() && t.Idle(8));
+  completions[0].Run();
+  CHECK(free_calls.count == 1 && held_calls.count == 0);
+  held.hold.reset();  // the sender drops the frames to the dead server
+  CHECK(held.releases == 1);
+  RequestTracker::Completion c = t.Released(kKey, 0);
+  CHECK(c.done && c.status.code() == Status::Code::kPeerLost);
+  c.Run();
+  CHECK(held_calls.count == 1 && t.AllIdle());
 }
 
 void TestMissingNamesTheSlicesAndServersStillExpected() {
@@ -273,6 +372,10 @@ int main() {
       RUN(TestARejectionWaitsForTheSliceBeingWritten),
       RUN(TestAFailedReadCompletesNothing),
       RUN(TestTheJobsFailureStopsWritesAndHandsBackEveryCallback),
+      RUN(TestARejectionWaitsForItsSlicesStillQueuedInTheSender),
+      RUN(TestTheLastWriterOfARejectionLeavesItToTheSender),
+      RUN(TestASuccessfulOperationNeitherWaitsForNorHearsOfTheSender),
+      RUN(TestTheJobsFailureHandsBackHeldOperationsOnceTheSenderLetGo),
       RUN(TestMissingNamesTheSlicesAndServersStillExpected),
       RUN(TestWaitAllReportsTheFirstRejectionOfAnyKeyOnce),
       RUN(TestRequestsAreAnsweredOnceAndLateRepliesIgnored),

@@ -1,6 +1,6 @@
 // Tests of the Sender over loopback TCP: per-destination (priority, FIFO) order, node-wide priority across
-// destinations, a peer that stops reading stalls no one else, large frames written in pieces arrive intact,
-// Drain/Abort, and write errors. Built and run by tests/test_cpp_sender.py.
+// destinations, a peer that stops reading stalls no one else (and fails unless it declared a pause), large frames
+// written in pieces arrive intact, Drain/Abort, and write errors. Built and run by tests/test_cpp_sender.py.
 #include <sys/socket.h>
 
 #include <atomic>
@@ -296,6 +296,45 @@ void TestStalledPeerTimesOutNamingIt() {
   sender.Drain();  // nothing of the failed peer is left to wait for
 }
 
+void TestDeclaredPauseIsNotAStallAndResumeRestartsTheCount() {
+  // A peer that declared a pause (a server's PAUSE) is spared the stall check however long it takes no byte;
+  // another stalled peer that did not pause fails meanwhile. Once the peer resumes without reading, the count
+  // starts again from the resume: it fails after the send timeout, not at once for the time it was paused.
+  p3::Counters counters;
+  p3::Trace trace(true);
+  Errors errors;
+  Link paused = MakeLink("server 2 at 10.0.0.2:9000", &counters, 16384);
+  Link stalled = MakeLink("server 3 at 10.0.0.3:9000", &counters, 16384);
+  paused.conn->SetSendTimeout(0.3);
+  stalled.conn->SetSendTimeout(0.3);
+  paused.conn->SetPeerPaused(true);
+  CHECK(paused.conn->PeerPaused() && paused.conn->PauseChanges() == 1);
+  paused.conn->SetPeerPaused(true);  // a repeated PAUSE changes nothing
+  CHECK(paused.conn->PauseChanges() == 1);
+  Sender sender(&trace, errors.Handler());
+  sender.Start();
+  for (uint64_t k = 0; k < 32; ++k) CHECK(sender.Enqueue(Frame(paused, k, 0, 65536, 2)));
+  for (uint64_t k = 0; k < 32; ++k) CHECK(sender.Enqueue(Frame(stalled, k, 0, 65536, 3)));
+  const auto start = Clock::now();
+  while (errors.Count() == 0 && SecondsSince(start) < 10) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // five send timeouts with the paused peer silent
+  CHECK(errors.Count() == 1);
+  if (errors.Count() >= 1) CHECK(errors.seen[0].first == stalled.conn.get());
+  paused.conn->SetPeerPaused(false);
+  sender.Wake();
+  const auto resumed = Clock::now();
+  while (errors.Count() < 2 && SecondsSince(resumed) < 10) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  CHECK(SecondsSince(resumed) >= 0.3);  // counted from the resume, not from when its buffer filled
+  CHECK(errors.Count() == 2);
+  if (errors.Count() == 2) {
+    const Status& st = errors.seen[1].second;
+    CHECK(errors.seen[1].first == paused.conn.get());
+    CHECK(st.code() == Status::Code::kTimeout);
+    CHECK(st.message().find("server 2 at 10.0.0.2:9000") != std::string::npos);
+  }
+  sender.Drain();
+}
+
 void TestLargeFramePartiallyWrittenArrivesIntact() {
   // 8 MB through tiny socket buffers: many partial writes, with small frames to another peer in between.
   p3::Counters counters;
@@ -467,6 +506,8 @@ int main() {
       {"drain_delivers_everything", TestDrainDeliversEverything},
       {"write_error_reports_once_others_continue", TestWriteErrorReportsOnceOthersContinue},
       {"stalled_peer_times_out_naming_it", TestStalledPeerTimesOutNamingIt},
+      {"declared_pause_is_not_a_stall_and_resume_restarts_the_count",
+       TestDeclaredPauseIsNotAStallAndResumeRestartsTheCount},
       {"large_frame_partially_written_arrives_intact", TestLargeFramePartiallyWrittenArrivesIntact},
       {"last_words_wait_for_part_frame", TestLastWordsWaitForPartFrame},
       {"part_frame_inherits_most_urgent_priority", TestPartFrameInheritsMostUrgentPriority},

@@ -169,7 +169,7 @@ void TestHelloDeclaresTheByteOrderAndAMismatchIsRefused() {
   h.version = 1;  // the protocol before HELLO declared the byte order
   p3::EncodeHeader(h, buf);
   st = p3::DecodeHeader(buf, 1 << 30, &d);
-  CHECK(!st.ok() && st.message().find("protocol version 1, expected 4") != std::string::npos);
+  CHECK(!st.ok() && st.message().find("protocol version 1, expected 5") != std::string::npos);
   h = p3::HelloFrame(0);
   h.command = p3::Command::kPush;
   CHECK(!p3::CheckHello(h, &mismatch).ok() && !mismatch);

@@ -1,7 +1,7 @@
 """Every environment variable p3kv reads, in one table: its own P3_* variables and the MXNet ones it consults.
 
 This module is the only place the environment is read, besides the launcher (p3kv.launch), which hands its own
-environment on to the processes it starts. The README's configuration table is generated from `VARIABLES`
+environment on to the processes it starts. docs/configuration.md's table is generated from `VARIABLES`
 (``python -m p3kv.core.config --markdown``) and a test checks the two agree.
 """
 
@@ -30,7 +30,7 @@ class Variable:
     default: object  # None means "required" for the roles listed in `required_for`
     help: str
     required_for: tuple[Role, ...] = ()
-    internal: bool = False  # set by the launcher for its own bookkeeping: not in the README's table
+    internal: bool = False  # set by the launcher for its own bookkeeping: not in docs/configuration.md's table
 
     @property
     def field(self) -> str | None:
@@ -266,7 +266,7 @@ def route_address(host: str, port: int) -> str:
 
 
 def markdown_table() -> str:
-    """The README's configuration table."""
+    """docs/configuration.md's table."""
     rows = ["| variable | default | meaning |", "|---|---|---|"]
     for var in VARIABLES:
         if var.internal:

@@ -7,7 +7,10 @@
     w.close()
 
 Priorities follow MXNet: larger is more urgent, so layer k of the forward pass pushes with priority -k.
-Arrays must stay alive and unmodified until their key completes (wait); the worker keeps a reference.
+Arrays must stay unmodified until their key completes (wait). The worker keeps a reference to them until the core
+has released them: also after a wait that timed out, was interrupted (Ctrl-C) or failed, since receivers may
+still write a late slice into `out` and the sender may still read `grad`. Passing such an array to another init
+or push raises ConfigError instead of letting a late slice overwrite it.
 An execution engine's arrays (MXNet's, through the engine bridge) are pushed with `push_engine` instead.
 """
 
@@ -28,12 +31,22 @@ log = logging.getLogger("p3kv.worker")
 
 
 @dataclasses.dataclass
+class _Operation:
+    """An init or push the core may still read or write through: its arrays stay referenced until `ticket`
+    (what the core returned) says released."""
+    label: object
+    ticket: object
+    arrays: tuple
+    abandoned: str = ""  # why a wait gave up on it while the core still held its arrays
+
+
+@dataclasses.dataclass
 class _Key:
     name: str
     label: object  # what messages call it: the user's key, or the name given to init
     shape: tuple
     dtype: np.dtype
-    in_use: list  # arrays the core reads or writes until the key's operations complete
+    in_use: list = dataclasses.field(default_factory=list)  # _Operations not yet released by the core
     wire: str = ""  # the core's element type, when numpy has none for it ("bfloat16" carried as uint16)
 
 
@@ -52,6 +65,7 @@ class P3Worker:
         if self.config.joined_file:
             node.mark_joined(self.config.joined_file)
         self._keys: dict[int, _Key] = {}
+        self._abandoned: list[_Operation] = []  # operations a wait gave up on, until the core releases them
         self._closed = False
         log.info("worker %d of %d joined (%d servers, slice size %d)", self.rank, self.num_workers,
                  self.num_servers, self.config.slice_size)
@@ -94,13 +108,16 @@ class P3Worker:
         self._check_out(key, out, value.shape, value.dtype)
         if not value.flags.c_contiguous:
             value = np.ascontiguousarray(value)
+        label = key if name is None else name
+        self._check_not_abandoned(label, (value, out))
         wire = wire_dtype or value.dtype.name
-        self._keys[kid] = _Key(str(key), key if name is None else name, value.shape, value.dtype, [value, out], wire)
+        k = self._keys[kid] = _Key(str(key), label, value.shape, value.dtype, wire=wire)
         try:
-            self._core.init(kid, str(key), wire, value.reshape(-1), out.reshape(-1))
+            ticket = self._core.init(kid, str(key), wire, value.reshape(-1), out.reshape(-1))
         except Exception:
             del self._keys[kid]
             raise
+        k.in_use.append(_Operation(label, ticket, (value, out)))
 
     def push(self, key: int | str, grad: np.ndarray, out: np.ndarray | None = None, priority: int = 0) -> None:
         """Sends `grad` slice by slice, most urgent first; non-blocking.
@@ -116,8 +133,11 @@ class P3Worker:
         out = grad if out is None else out
         self._check_out(k.label, out, k.shape, k.dtype)
         priority = self._send_priority(priority)
-        k.in_use += [grad, out]
-        self._core.push(key_id(key), k.wire, grad.reshape(-1), out.reshape(-1), priority)
+        self._check_not_abandoned(k.label, (grad, out))
+        ticket = self._core.push(key_id(key), k.wire, grad.reshape(-1), out.reshape(-1), priority)
+        # (Pruned here too, so that pushing without waiting keeps only what the core still holds.)
+        k.in_use[:] = [op for op in k.in_use if not op.ticket.released]
+        k.in_use.append(_Operation(k.label, ticket, (grad, out)))
 
     def push_engine(self, key: int | str, grad, out, engine, priority: int = 0) -> None:
         """`push` of an execution engine's arrays, as one engine operation; non-blocking.
@@ -135,21 +155,24 @@ class P3Worker:
         """Blocks until every operation on `key` (all keys if None) completed.
 
         Raises P3Error naming the cause (a server rejected the request, a node died) or P3TimeoutError
-        after `timeout` seconds (default P3_TIMEOUT) naming the servers still owing slices.
+        after `timeout` seconds (default P3_TIMEOUT) naming the servers still owing slices. A rejected operation
+        completes only once none of its slices is still queued for another server and no receiver writes into
+        its `out`.
+        An array stays referenced (and refused by init and push) while the core may still touch it: a wait that
+        gave up leaves its operations running.
         """
         timeout = self.config.timeout if timeout is None else timeout
-        if key is None:
-            try:
-                self._core.wait_all(timeout)
-            finally:
-                for k in self._keys.values():
-                    k.in_use.clear()
-            return
-        k = self._known(key)
+        keys = list(self._keys.values()) if key is None else [self._known(key)]
         try:
-            self._core.wait(key_id(key), timeout)
-        finally:
-            k.in_use.clear()
+            if key is None:
+                self._core.wait_all(timeout)
+            else:
+                self._core.wait(key_id(key), timeout)
+        except BaseException as e:  # KeyboardInterrupt too: the operations go on
+            why = str(e).splitlines()[0][:160] if str(e) else ""
+            self._release(keys, abandoned=f"{type(e).__name__}: {why}" if why else type(e).__name__)
+            raise
+        self._release(keys)
 
     def barrier(self, timeout: float | None = None) -> None:
         """Blocks until every worker reached the barrier."""
@@ -167,6 +190,7 @@ class P3Worker:
         try:
             self._core.close(self.config.timeout if timeout is None else timeout)
         finally:
+            self._release(list(self._keys.values()))  # the core's threads are gone: nothing is held any more
             if self.config.trace:
                 path = node.write_trace(self.config.trace, "worker", self.rank, self._core.trace(),
                                         self._core.trace_dropped())
@@ -209,6 +233,32 @@ class P3Worker:
             self._closed = True
 
     # -- helpers -----------------------------------------------------------------------------------------
+    def _release(self, keys: list, abandoned: str = "") -> None:
+        """Drops the arrays of the keys' operations the core released; marks the others `abandoned` (why)."""
+        if self._abandoned:
+            self._abandoned[:] = [op for op in self._abandoned if not op.ticket.released]
+        for k in keys:
+            k.in_use[:] = [op for op in k.in_use if not op.ticket.released]
+            if abandoned:
+                for op in k.in_use:
+                    if not op.abandoned:
+                        op.abandoned = abandoned
+                        self._abandoned.append(op)
+
+    def _check_not_abandoned(self, label, arrays: tuple) -> None:
+        """Refuses an array the core may still touch for an operation a wait gave up on: a late slice of that
+        operation would silently overwrite it (or the sender would read it while it changes)."""
+        if not self._abandoned:
+            return
+        self._abandoned[:] = [op for op in self._abandoned if not op.ticket.released]
+        for op in self._abandoned:
+            for mine in arrays:
+                if any(np.may_share_memory(mine, theirs) for theirs in op.arrays):
+                    raise ConfigError(
+                        f"an array given for key {label!r} is still in use by an operation on key {op.label!r} "
+                        f"whose wait gave up ({op.abandoned}): the core may still write a late slice into it or "
+                        f"send from it. Wait for key {op.label!r} again until it completes, or pass another array")
+
     def _check_gradient(self, k: _Key, grad) -> None:
         if tuple(grad.shape) != k.shape or np.dtype(grad.dtype) != k.dtype:
             raise ConfigError(f"push of key {k.label!r}: gradient has shape {tuple(grad.shape)} and dtype "

@@ -269,26 +269,48 @@ class P3(mx.kvstore.KVStoreBase):
             self._worker.request(s, requests.SET_HYPERPARAMETERS, body)
 
     # -- optimizer -------------------------------------------------------------------------------------
-    def set_optimizer(self, optimizer) -> None:
-        """Ships the optimizer to every server (from worker 0); servers then update each slice they own."""
+    def set_optimizer(self, optimizer, keep_states: bool = False) -> None:
+        """Ships the optimizer to every server (from worker 0); servers then update each slice they own.
+
+        As on MXNet's dist_sync, the servers drop every slice's optimizer state (momentum, Adam's m and v) and
+        take the update counts the optimizer carries (its `_index_update_count`, else `begin_num_update`); the
+        float32 copy of float16 weights under multi_precision is the weights, not a state, and is kept.
+        keep_states=True (p3kv only) continues instead: every slice keeps its state and each key's update count
+        is the larger of the servers' and the optimizer's, for a changed copy of the same optimizer (Sockeye's
+        entry point ships it again after each checkpoint); the new optimizer must keep the same states per
+        weight, or the servers refuse it.
+
+        The change applies between two iterations: every worker first waits for its pushes in flight (the
+        request would overtake slices still queued), so a slice is never updated by the new optimizer in an
+        iteration whose other slices the old one updated."""
         # Every worker refuses what the servers would refuse, so that all of them raise, not only worker 0.
         try:
             server_kernels.kernel_spec(optimizer)
         except ValueError as e:
             raise ConfigError(f"kvstore 'p3' cannot run {type(optimizer).__name__} on its servers: {e}") from None
-        # A new optimizer drops the servers' states: wait until no worker still reads them (save_optimizer_states).
-        self._worker.barrier()
-        self._use_optimizer(optimizer)
+        self._drain()
+        self._worker.barrier()  # no worker has a push in flight now: the servers are between iterations
+        self._use_optimizer(optimizer, keep_states)
         self._worker.barrier()
 
-    def _use_optimizer(self, optimizer) -> None:
+    def _drain(self) -> None:
+        """Waits until every push of this worker has its result. A key's result arrives once every server has
+        updated every slice of it with all workers' pushes, so when every worker has drained (then met at a
+        barrier), no slice of any key is between aggregation and update anywhere: a control request that
+        changes the optimizer or its states applies between two iterations for every key."""
+        for info in self._keys.values():
+            if info.latest is not None:
+                info.latest.wait_to_read()
+
+    def _use_optimizer(self, optimizer, keep_states: bool = False) -> None:
         """Makes `optimizer` this kvstore's; worker 0 sends it to every server."""
         self._optimizer = optimizer
         self._updater = mx.optimizer.get_updater(optimizer)
         self._hyper = hyperparameters(optimizer)
         self._pushed = set()
         if self.rank == 0:
-            body = pickle.dumps(server_copy(optimizer), protocol=4)
+            shipped = server_copy(optimizer)
+            body = pickle.dumps({"optimizer": shipped, "keep_states": True} if keep_states else shipped, protocol=4)
             for s in range(self._worker.num_servers):
                 try:
                     self._worker.request(s, requests.SET_OPTIMIZER, body)
@@ -306,9 +328,7 @@ class P3(mx.kvstore.KVStoreBase):
         # Pushpulls return before the servers have updated: wait for this worker's, or the servers could answer
         # with the states of the previous step for some slices (a checkpoint taken right after trainer.step).
         # Once this worker's are complete, every worker's are: a slice is updated only when all pushed it.
-        for info in self._keys.values():
-            if info.latest is not None:
-                info.latest.wait_to_read()
+        self._drain()
         states, counts = checkpoint.collect(self._worker, self._keys.values())
         # The servers did the updates, so the workers' optimizer has counted none: the saved one takes the
         # servers' update counts (Adam's bias correction, lr schedules), and Gluon's per-parameter lr_mult and
@@ -329,7 +349,10 @@ class P3(mx.kvstore.KVStoreBase):
         with open(fname, "rb") as f:
             loaded = pickle.loads(f.read())
         states, optimizer = loaded if isinstance(loaded, tuple) else (loaded, None)
-        self._worker.barrier()  # replacing the servers' states: no worker may still be reading them
+        # Replacing the servers' states between two iterations: no push of any worker may still be in flight
+        # (its slices would be updated with the loaded states, or overtaken by the request), see _drain.
+        self._drain()
+        self._worker.barrier()
         if optimizer is not None:
             if not getattr(optimizer, "param_dict", None) and self._optimizer is not None:
                 # Pickling dropped Gluon's param_dict; Trainer.load_states puts the current one back, but only

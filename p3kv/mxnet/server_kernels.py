@@ -69,6 +69,12 @@ def kernel_spec(optimizer) -> dict | None:
             return None  # MXNet creates a momentum state for it but never uses it
         spec["momentum"] = float(o.momentum)
         if kind == "signum":
+            if o.wd_lh and not o.momentum > 0:
+                # MXNet 1.9.1 passes wd_lh to signsgd_update, which has no such argument: its first update
+                # raises. Refused here, on every worker, instead of updating without wd_lh.
+                raise ValueError(f"Signum with momentum {o.momentum} runs MXNet's signsgd_update, which takes no "
+                                 f"wd_lh (MXNet raises at the first update): set wd_lh=0 (got {o.wd_lh}) or a "
+                                 "momentum > 0")
             spec["wd_lh"] = float(o.wd_lh or 0.0)
     elif kind in ("adam", "ftml"):
         spec.update(beta1=float(o.beta1), beta2=float(o.beta2), epsilon=float(o.epsilon))
@@ -92,7 +98,8 @@ def kernel_spec(optimizer) -> dict | None:
 def step_params(optimizer, index) -> tuple:
     """(lr, wd, rescale_grad, clip_gradient, t) for the next update of `index`, advancing the optimizer's
     update counts exactly as its update() does. Call it once per key and update, before the kernels run on
-    that key's slices. clip_gradient < 0 means no clipping.
+    that key's slices. clip_gradient < 0 means no clipping. If it raises (a failing lr_scheduler), nothing
+    is counted.
 
     Thread-safety: mutates the optimizer; call from one thread.
     """
@@ -100,6 +107,22 @@ def step_params(optimizer, index) -> tuple:
     kind = _KINDS.get(type(o).__name__)
     if kind is None:
         raise ValueError(f"no kernel for {type(o).__name__}")
+    counts, num_update = o._index_update_count, o.num_update
+    counted, before = index in counts, counts.get(index)
+    try:
+        return _step(o, kind, index)
+    except BaseException:
+        # Nothing counted: a step that failed (a raising lr_scheduler) is no update, and asking again for the
+        # same key and iteration must not count it twice.
+        if counted:
+            counts[index] = before
+        else:
+            counts.pop(index, None)
+        o.num_update = num_update
+        raise
+
+
+def _step(o, kind: str, index) -> tuple:
     if kind == "adadelta":
         wd = o._get_wd(index)  # AdaDelta reads wd before counting (it has no learning rate)
         o._update_count(index)

@@ -16,8 +16,9 @@ Every argument is sockeye.train's. What this entry point adds for a parameter-se
 - With kvstore 'p3', servers that follow the workers' optimizer. The servers run their own copy of it, shipped
   when training starts; Sockeye later changes the workers' copy: at a checkpoint its plateau scheduler may
   lower the learning rate, and on resume it sets the update count (Adam's bias correction). So the optimizer
-  is shipped again, with the update count, after each checkpoint and after resuming (servers keep their
-  per-slice states). MXNet's dist_sync servers drop their states on a new optimizer: not done for them.
+  is shipped again, with the update count, after each checkpoint and after resuming, with keep_states=True: the
+  servers keep their per-slice states (a plain set_optimizer drops them, as MXNet's dist_sync servers do on a
+  new optimizer; not done for dist_sync).
 Distributed kvstores of MXNet (dist_sync, ...) get the per-worker folders too; local ones run Sockeye unchanged.
 """
 
@@ -96,13 +97,13 @@ def _servers_follow_optimizer(training, kv):
                 import mxnet as mx
 
                 mx.nd.waitall()
-                # The servers continue each key's update count from the optimizer they receive, and the
-                # workers' copy has counted nothing: state it as Sockeye does on resume (every trainable key is
-                # updated once per update), or Adam's bias correction and the lr schedule would start over.
+                # The workers' copy has counted nothing: state the count as Sockeye does on resume (every
+                # trainable key is updated once per update), or Adam's bias correction and the lr schedule
+                # would start over where the servers have counted less (a reloaded best checkpoint).
                 optimizer = trainer._optimizer
                 optimizer.begin_num_update = optimizer.num_update = self.state.updates
                 optimizer._index_update_count.clear()
-                kv.set_optimizer(optimizer)
+                kv.set_optimizer(optimizer, keep_states=True)
             return result
 
         return wrapper

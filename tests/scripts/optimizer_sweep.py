@@ -56,6 +56,9 @@ def configs():
         # DCASGD with momentum fails in MXNet 1.9.1 itself (`if mom:` on an NDArray), on every system.
         ("dcasgd", "float32", lambda: mx.optimizer.DCASGD(learning_rate=0.1, **common)),
         ("user_subclass", "float32", lambda: ScaledSGD(learning_rate=0.1, momentum=0.9, **common)),
+        # MXNet's own update on float16 slices: the float32 copy of the weights from the float32 sum, as dist_sync.
+        ("user_subclass_fp16_multi_precision", "float16",
+         lambda: ScaledSGD(learning_rate=0.1, momentum=0.9, multi_precision=True, **common)),
     ]
     return cases
 

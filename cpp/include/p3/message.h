@@ -15,7 +15,8 @@ constexpr uint32_t kMagic = 0x564b3350;  // "P3KV" read as little-endian bytes
 // 3: control messages have their own fields (status, request type) instead of reusing key and a reserved
 //    byte; the command is one byte. A peer of another version is refused naming both versions.
 // 4: a REPLY may carry status kUnsupported (the server has no request handler), which version 3 refused.
-constexpr uint16_t kProtocolVersion = 4;
+// 5: PAUSE and RESUME (server -> worker), which version 4 refused as unknown commands.
+constexpr uint16_t kProtocolVersion = 5;
 constexpr size_t kHeaderBytes = 64;
 // Control payloads (node tables, error texts) are small; anything larger is hostile or corrupt.
 constexpr uint64_t kMaxControlBytes = 1 << 20;
@@ -39,8 +40,13 @@ enum class Command : uint16_t {
   kRequest = 14,     // worker -> server: control request (`request` = its type), e.g. the optimizer
   kReply = 15,       // server -> worker: answer to kRequest (same type and id); `status` marks an error
   kHeartbeat = 16,   // node <-> scheduler, every heartbeat_interval: silence means a hung node or a cut network
+  // server -> worker: the server stops reading this worker's data connection on purpose (the worker is over its
+  // share of P3_SERVER_QUEUE_BYTES, admission.h), and RESUME when it reads again. While paused, the worker does
+  // not count its sends' lack of progress against P3_HEARTBEAT_TIMEOUT (a stalled server is caught otherwise).
+  kPause = 17,
+  kResume = 18,
 };
-constexpr int kNumCommands = 17;  // array bound for per-command counters (index = value)
+constexpr int kNumCommands = 19;  // array bound for per-command counters (index = value)
 
 const char* CommandName(Command c);
 bool IsValidCommand(uint8_t raw);

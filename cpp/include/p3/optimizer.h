@@ -78,6 +78,8 @@ void ApplyUpdate(const OptimizerSpec& spec, const StepParams& step, DType dtype,
 // can hand it their float32 sum of the workers' gradients unrounded, as MXNet's dist_sync server does with
 // multi_precision (its float32 copy of the weights is updated from the float32 sum).
 bool UpdatesMasterCopy(const OptimizerSpec& spec, DType dtype);
+// UpdatesMasterCopy() only: which of the NumStates() arrays is the float32 master copy of the weights.
+int MasterStateIndex(const OptimizerSpec& spec);
 // UpdatesMasterCopy() only: updates the master copy from `grad` (count float32 values), then the float16 weights.
 void ApplyUpdateToMaster(const OptimizerSpec& spec, const StepParams& step, void* weight, const float* grad,
                          void* const* states, uint64_t count);

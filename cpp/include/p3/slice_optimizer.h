@@ -27,12 +27,26 @@ class SliceOptimizer {
   // Fills `step` for one update of `key`; asked once per key and iteration.
   using StepSource = std::function<Status(uint64_t key, StepParams* step)>;
 
-  // Uses a kernel from now on; drops every state and cached step.
-  Status UseKernel(const OptimizerSpec& spec, StepSource steps);
+  // What a new optimizer does with the slices' states.
+  enum class StateCarry {
+    // MXNet's dist_sync: a new optimizer gets a new Updater, so no slice keeps a state. The float32 copy of
+    // float16 weights under multi_precision is kept where the new kernel keeps one too: dist_sync keeps its
+    // float32 copy of the weights, which is the weights, not an optimizer state.
+    kDrop,
+    // Every slice keeps its states (a changed copy of the same optimizer): checked at each slice's next update.
+    kKeep,
+  };
+  // A new optimizer applies between two iterations: UseKernel, UseFunction and Clear refuse (Invalid, naming the
+  // key) while a key is partly updated here in an iteration (some of its slices updated, others not), or its
+  // other slices would be updated by another optimizer and ask for their step a second time. The workers
+  // drain their pushes before they send such a request (p3kv.mxnet.kvstore).
+  [[nodiscard]] Status UseKernel(const OptimizerSpec& spec, StepSource steps, StateCarry carry = StateCarry::kDrop);
   // Uses a per-slice function from now on (no kernel); drops every state.
-  void UseFunction(Updater fn);
-  // Back to aggregate only.
-  void Clear();
+  [[nodiscard]] Status UseFunction(Updater fn);
+  // Back to aggregate only; drops every state.
+  [[nodiscard]] Status Clear();
+  // Ok when no key is partly updated in an iteration here; otherwise which one.
+  Status BetweenIterations() const;
   bool has_kernel() const { return kernel_; }
 
   Status Update(const UpdateRequest& r);
@@ -52,13 +66,24 @@ class SliceOptimizer {
   const OptimizerSpec& spec() const { return spec_; }
   // Calls of the StepSource so far (once per key and iteration).
   uint64_t step_calls() const { return step_calls_; }
+  // (key, iteration) steps held for slices of the key that have not had their turn yet.
+  size_t pending_steps() const { return cached_.size(); }
 
  private:
+  // One key's step in one iteration, shared by its slices here; dropped once every slice of the key had its
+  // turn, also the slices that failed (a slice that fails before its step still counts, or the entry would
+  // stay). A failed step is kept as its status: the key's other slices report it without asking again (the
+  // step source counts updates: asking twice would count the key's update twice).
   struct CachedStep {
+    bool asked = false;
+    Status status = Status::Ok();
     StepParams params;
-    uint32_t uses = 0;  // slices of the key that applied it; dropped once all have
+    uint32_t uses = 0;
   };
   Status StepFor(const UpdateRequest& r, StepParams* out);
+  // A slice of `r`'s key had its turn without reaching its step: returns `why`.
+  Status SliceFailed(const UpdateRequest& r, Status why);
+  void Reset();
 
   bool kernel_ = false;
   OptimizerSpec spec_;

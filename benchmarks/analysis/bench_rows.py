@@ -1,0 +1,128 @@
+"""The emulated-cluster benchmark's result rows: their columns, and the one writer every runner uses.
+
+One row per run (one system, one repeat, one point); every timed iteration of every rank goes to a second file
+beside it (<csv stem>_iterations.csv). cluster_bench.py, sweeps.py and any other runner that wants the same
+tables and figures (e.g. a real-cluster runner) import `write_run` and the column tuples from here, so the
+files stay one schema. Rows written before this schema (the pre-optimizer sweeps in results/) are read with
+`read_runs`, which fills what they lack: optimizer "none", one repeat, the payload-only bound.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import pathlib
+from collections.abc import Callable, Sequence
+
+from benchmarks.analysis import bench_report
+
+# Settings, measurements, then the conditions of the run (load, CPU per host, tree state) and the versions.
+RUN_COLUMNS = (
+    "timestamp", "run_id", "tag", "smoke", "model", "kvstore", "compute", "status", "exit_code",
+    "hosts", "layout", "workers", "servers", "bandwidth", "bandwidth_bps", "p100_equiv_gbps", "batch_size",
+    "slice_size", "gpu", "gpu_scale", "efficiency", "efficiency_factor", "optimizer", "update_on",
+    "warmup", "iters", "repeats", "repeat", "order", "seed",
+    "unit", "samples_per_batch", "median_s", "q1_s", "q3_s", "iter_s", "throughput", "compute_s",
+    "payload_bound_s", "comm_bound_s", "bound_s", "bound_throughput", "pct_of_bound", "model_bytes",
+    "wire_bytes", "messages", "wall_s",
+    "load_1m_before", "load_1m_after", "max_load", "busy_pct_before", "max_busy_pct", "forced",
+    "cpu_host_pct", "cpu_total_pct",
+    "git_commit", "git_dirty", "allow_dirty", "cpus", "python", "mxnet", "p3kv", "horovod", "gluoncv", "sockeye",
+    "idle_wait_s", "idle_warning",  # the run guard's wait (wall clock) and why a run proceeded on a busy machine
+)
+ITERATION_COLUMNS = ("run_id", "tag", "model", "kvstore", "hosts", "bandwidth", "gpu_scale", "repeat", "rank",
+                     "iteration", "time_s")
+# What rows from before this schema lacked, as they ran: no optimizer, one run per point.
+LEGACY_DEFAULTS = {"optimizer": "none", "update_on": "none", "repeats": "1", "repeat": "0", "smoke": "False",
+                   "efficiency": "0.5", "efficiency_factor": "1"}
+
+
+def iterations_path(csv_path: pathlib.Path) -> pathlib.Path:
+    return csv_path.with_name(f"{csv_path.stem}_iterations.csv")
+
+
+def write_run(csv_path: pathlib.Path, row: dict, iterations: dict[int, Sequence[float]] | None = None) -> None:
+    """Appends one run's row to `csv_path` and its iterations ({rank: [seconds, ...]}) to the file beside it.
+    A column the row lacks is written empty; a key not in RUN_COLUMNS is an error (a typo would be lost)."""
+    unknown = set(row) - set(RUN_COLUMNS)
+    if unknown:
+        raise ValueError(f"not run columns: {', '.join(sorted(unknown))}")
+    row = dict(row)
+    if isinstance(row.get("iter_s"), (list, tuple)):
+        row["iter_s"] = json.dumps([round(t, 6) for t in row["iter_s"]])
+    bench_report.append_csv(csv_path, [row], RUN_COLUMNS)
+    if iterations:
+        keys = {k: row.get(k, "") for k in ITERATION_COLUMNS if k not in ("rank", "iteration", "time_s")}
+        rows = [{**keys, "rank": rank, "iteration": i, "time_s": round(t, 6)}
+                for rank, times in sorted(iterations.items()) for i, t in enumerate(times)]
+        bench_report.append_csv(iterations_path(csv_path), rows, ITERATION_COLUMNS)
+
+
+def read_runs(path: pathlib.Path, ok_only: bool = True) -> list[dict]:
+    """Rows of a run CSV (this schema or the legacy one), legacy gaps filled in (see LEGACY_DEFAULTS)."""
+    if not path.exists():
+        return []
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        legacy = "optimizer" not in (reader.fieldnames or [])
+        rows = []
+        for row in reader:
+            if ok_only and row.get("status") != "ok":
+                continue
+            if legacy:
+                row = {**LEGACY_DEFAULTS, **{k: v for k, v in row.items() if v not in (None, "")}, "legacy": "True"}
+                if row.get("compute") == "real":  # Gluon SGD on the servers, no momentum, no weight decay
+                    row["optimizer"] = row["update_on"] = "sgd-plain"
+                row.setdefault("payload_bound_s", row.get("bound_s", ""))
+            else:
+                row["legacy"] = "False"
+            rows.append(row)
+    return rows
+
+
+def _bounds_differ(row: dict, fresh: dict) -> bool:
+    def same(old: str, new) -> bool:
+        try:
+            return abs(float(old) - float(new)) <= 1e-9 * max(1.0, abs(float(new)))
+        except ValueError:
+            return str(old) == str(new)
+    return not all(same(row.get(k, ""), v) for k, v in fresh.items())
+
+
+def stale_bounds(path: pathlib.Path, bound_of: Callable[[dict], dict]) -> list[str]:
+    """run_ids of the ok rows in `path` (this schema) whose bound columns differ from `bound_of(row)`."""
+    return [r["run_id"] for r in read_runs(path) if r["legacy"] == "False" and _bounds_differ(r, bound_of(r))]
+
+
+def rewrite_bounds(path: pathlib.Path, bound_of: Callable[[dict], dict]) -> int:
+    """Replaces the bound columns of every ok row in `path` (this schema) with `bound_of(row)`, after a change to
+    the bound's model; measurements and conditions are kept as written. Returns the rows changed."""
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        fields = list(reader.fieldnames or [])
+        rows = list(reader)
+    if "optimizer" not in fields:
+        return 0  # legacy rows keep their payload-only bound
+    changed = 0
+    for row in rows:
+        if row.get("status") == "ok":
+            fresh = bound_of(row)
+            if _bounds_differ(row, fresh):
+                row.update({k: v for k, v in fresh.items()})
+                changed += 1
+    if changed:
+        tmp = path.with_suffix(".tmp")
+        with tmp.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=fields)
+            writer.writeheader()
+            writer.writerows(rows)
+        tmp.replace(path)
+    return changed
+
+
+def iteration_times(row: dict) -> list[float]:
+    """Rank 0's timed iterations of a run (this schema), or the run's median alone (legacy rows)."""
+    times = row.get("iter_s")
+    if times:
+        return [float(t) for t in (json.loads(times) if isinstance(times, str) else times)]
+    return [float(row["median_s"])] if row.get("median_s") else []

@@ -1,0 +1,141 @@
+"""Points from result rows: per point (model, link, host count, optimizer, ... and system) the median throughput
+over every timed iteration of every repeat, its interquartile range, the range of the per-repeat medians, n
+(repeats), the header-inclusive bound, the CPU the hosts used and the ratios against the baselines; and the
+markdown table every runner and the README print them in."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+from benchmarks.analysis import bench_rows, bench_stats
+
+LABEL = {"p3": "p3kv", "dist_sync": "dist_sync", "mxnet-p3": "MXNet P3", "horovod": "Horovod",
+         "p3-slicing-only": "p3kv slicing only", "p3-priority-split": "p3kv priority only (big arrays split)",
+         "p3-priority-only": "p3kv priority only (unsplit)"}
+
+
+# What makes two rows the same point (the system is part of it; comparisons group by everything else).
+POINT_KEY = ("tag", "model", "hosts", "layout", "bandwidth", "compute", "batch_size", "gpu_scale",
+             "efficiency_factor", "optimizer", "slice_size", "legacy")
+
+
+def number(value, default: float = 0.0) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def aggregate(rows: Sequence[dict], include_smoke: bool = False) -> list[dict]:
+    """One entry per point and system, in first-seen order, with the statistics over its repeats; ratios
+    against dist_sync and Horovod of the same comparison. Smoke rows only with `include_smoke` (a runner's own
+    summary), never in the README."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r.get("status") == "ok" and (include_smoke or str(r.get("smoke")) != "True"):
+            groups.setdefault((tuple(str(r.get(k, "")) for k in POINT_KEY), r["kvstore"]), []).append(r)
+    points = []
+    for (key, kvstore), runs in groups.items():
+        first = runs[0]
+        per_iteration = int(first["workers"]) * number(first["samples_per_batch"])
+        if first.get("legacy") == "True" or not first.get("iter_s"):  # one run, its recorded throughput
+            value = statistics.median(number(r["throughput"]) for r in runs)
+            low = high = value
+            run_values = [number(r["throughput"]) for r in runs]
+            iterations = sum(int(number(r.get("iters"))) for r in runs)
+        else:
+            spread = bench_stats.spread([bench_rows.iteration_times(r) for r in runs])
+            value, low, high = spread.throughput(per_iteration)
+            run_values = [per_iteration / spread.run_median_max_s, per_iteration / spread.run_median_min_s]
+            iterations = spread.iterations
+        cpu = [number(r.get("cpu_total_pct")) for r in runs if r.get("cpu_total_pct") not in (None, "")]
+        cpu_host = [number(c) for r in runs for c in str(r.get("cpu_host_pct") or "").split(";") if c]
+        bound = statistics.median(number(r["bound_throughput"]) for r in runs)
+        points.append({
+            "key": key, "kvstore": kvstore, "model": first["model"], "hosts": int(first["hosts"]),
+            "bandwidth": first["bandwidth"], "bandwidth_bps": number(first.get("bandwidth_bps")),
+            "gpu_scale": number(first.get("gpu_scale"), 0.0), "p100_equiv_gbps": equivalent_gbps(first),
+            "optimizer": optimizer_label(first.get("optimizer")),
+            "slice_size": first.get("slice_size") or "default", "efficiency_factor": first.get("efficiency_factor"),
+            "unit": first["unit"], "n": len(runs), "iterations": iterations, "throughput": value, "low": low,
+            "high": high, "run_min": min(run_values), "run_max": max(run_values), "bound_throughput": bound,
+            "pct_of_bound": 100 * value / bound if bound else None, "cpu_total_pct": max(cpu) if cpu else None,
+            "cpu_host_max_pct": max(cpu_host) if cpu_host else None, "legacy": first.get("legacy") == "True",
+            "load_max": max(max(number(r.get("load_1m_before")), number(r.get("load_1m_after"))) for r in runs),
+            "busy_max": max((number(r["busy_pct_before"]) for r in runs if r.get("busy_pct_before") not in (None, "")),
+                            default=None),
+            "dirty": any(str(r.get("git_dirty")) == "True" for r in runs),
+            "forced": any(str(r.get("forced")) == "True" for r in runs),
+        })
+    by_key: dict[tuple, dict[str, float]] = {}
+    for p in points:
+        by_key.setdefault(p["key"], {})[p["kvstore"]] = p["throughput"]
+    for p in points:
+        peers = by_key[p["key"]]
+        for peer in ("dist_sync", "horovod", "mxnet-p3"):
+            p[f"vs_{peer}"] = p["throughput"] / peers[peer] if peer in peers and peer != p["kvstore"] else None
+    return points
+
+
+def optimizer_label(recorded: str | None) -> str:
+    """"sgd" for the reviewed SGD (momentum + weight decay, recorded with its settings), else as recorded."""
+    recorded = recorded or "none"
+    return "sgd" if recorded.startswith("sgd(") else recorded
+
+
+def equivalent_gbps(row: dict) -> float | None:
+    if row.get("p100_equiv_gbps"):
+        return number(row["p100_equiv_gbps"])
+    rate, scale = number(row.get("bandwidth_bps")), number(row.get("gpu_scale"))
+    return rate / scale / 1e9 if rate and scale else None
+
+
+def fmt(value: float | None, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.{digits}f}" if value >= 100 else f"{value:.{digits}f}"
+
+
+def fmt_ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}×"
+
+
+def link_label(p: dict) -> str:
+    eq = p["p100_equiv_gbps"]
+    return f"{p['bandwidth']} ({eq:g} Gbps)" if eq else p["bandwidth"]
+
+
+def setting(p: dict) -> str:
+    """What a point changes from the defaults (slice size, calibrated efficiency), or ""."""
+    parts = []
+    if p.get("slice_size") not in (None, "", "default"):
+        parts.append(f"slice {int(number(p['slice_size'])):,}")
+    factor = number(p.get("efficiency_factor"), 1.0)
+    if factor != 1.0:
+        parts.append(f"efficiency ×{factor:g}")
+    return ", ".join(parts)
+
+
+def p100_equivalent(p: dict) -> float | None:
+    """The point's rate as real P100s would train (the figures' y axis): emulated compute runs 1 / --gpu-scale
+    times slower than a P100, and the links are slowed with it."""
+    return p["throughput"] / p["gpu_scale"] if p["gpu_scale"] and p["throughput"] is not None else None
+
+
+def point_table(points: Sequence[dict]) -> str:
+    lines = ["| model | hosts | link (P100-equiv.) | optimizer | system | throughput (median) | P100-equiv. | IQR | "
+             "repeat medians | n | % of bound | vs dist_sync | vs Horovod | CPU % (all hosts) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for p in points:
+        system = LABEL.get(p["kvstore"], p["kvstore"])
+        if setting(p):
+            system += f" ({setting(p)})"
+        iqr = "-" if p["legacy"] else f"{fmt(p['low'])}–{fmt(p['high'])}"
+        runs = "-" if p["n"] == 1 else f"{fmt(p['run_min'])}–{fmt(p['run_max'])}"
+        lines.append(f"| {p['model']} | {p['hosts']} | {link_label(p)} | {p['optimizer']} | {system} "
+                     f"| {fmt(p['throughput'])} {p['unit']}/s | {fmt(p100_equivalent(p))} | {iqr} | {runs} | "
+                     f"{p['n']} | "
+                     f"{fmt(p['pct_of_bound'], 0)}% | "
+                     f"{fmt_ratio(p['vs_dist_sync'])} | {fmt_ratio(p['vs_horovod'])} | {fmt(p['cpu_total_pct'], 0)} |")
+    return "\n".join(lines)

@@ -1,0 +1,327 @@
+"""An emulated cluster on one machine: N hosts as network namespaces joined by a bridge, links capped with tc.
+
+    with EmulatedCluster(hosts=4, bandwidth="1gbit") as cluster:
+        cluster.popen(0, ["python", "-m", "p3kv.launch", ...])   # runs inside host 0's namespace
+        cluster.address(1)                                       # "10.77.0.2"
+
+Layout: host i is namespace ``<name>h<i>`` with interface ``eth0`` at 10.77.0.<i+1>/24; its veth peer ``h<i>``
+sits in the namespace ``<name>br`` on the bridge ``br0``. The 10.77 addresses exist only inside these
+namespaces. A bandwidth cap is a tbf qdisc on both ends of each host's link (host egress on eth0, host ingress on
+the bridge side), i.e. a full-duplex NIC of that rate. The kernel has no netem, so there is no added latency.
+
+Needs root (CI runs as root) and iproute2. Teardown is guaranteed by the context manager, by SIGTERM/SIGHUP
+(turned into SystemExit while a cluster is up) and by atexit; `cleanup_stale()` removes namespaces left behind
+by processes that died without any of those (SIGKILL): namespace names carry the creating process's pid.
+
+Interface counters of every host link are sampled from the bridge namespace (one process reading
+/proc/net/dev every ~10 ms) with `start_sampler()`; see `read_samples()`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import itertools
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+
+from benchmarks import paths
+
+LOG = logging.getLogger("emulated_cluster")
+PREFIX = "p3c"  # namespace names: p3c<pid>x<n>h<i> and p3c<pid>x<n>br
+SUBNET = "10.77.0"
+_NAME = re.compile(rf"^{PREFIX}(\d+)x\d+(h\d+|br)$")
+_counter = itertools.count()
+_UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+
+
+class ClusterError(RuntimeError):
+    """The emulated cluster cannot be set up (not root, iproute2 missing, a command failed)."""
+
+
+def parse_rate(text: str) -> float:
+    """tc-style rate ("1gbit", "300mbit", "500kbit", "10gbit", "1e9") in bits per second."""
+    match = re.fullmatch(r"\s*([0-9.]+(?:e[0-9]+)?)\s*([kmgt]?)(bit|bps)?\s*", text.lower())
+    if not match:
+        raise ValueError(f"bandwidth {text!r} is not a rate: use e.g. 1gbit, 300mbit, 10gbit")
+    value = float(match.group(1)) * _UNITS[match.group(2)]
+    if match.group(3) == "bps":  # tc's "bps" means bytes per second
+        value *= 8
+    if value <= 0:
+        raise ValueError(f"bandwidth {text!r} must be positive")
+    return value
+
+
+def why_unavailable() -> str | None:
+    """None when this process can build a cluster, else the reason (for a skip message or an error)."""
+    if os.geteuid() != 0:
+        return "needs root to create network namespaces (CI runs as root; locally: sudo)"
+    missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
+    if missing:
+        return f"{', '.join(missing)} not found: apt-get install iproute2"
+    return None
+
+
+def _run(argv: Sequence[str], *, check: bool = True, timeout: float = 20) -> subprocess.CompletedProcess:
+    done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
+    if check and done.returncode != 0:
+        raise ClusterError(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()}")
+    return done
+
+
+def _namespaces() -> list[str]:
+    done = _run(["ip", "netns", "list"], check=False)
+    return [line.split()[0] for line in done.stdout.splitlines() if line.strip()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def cleanup_stale() -> list[str]:
+    """Deletes the namespaces of clusters whose creating process is gone; returns their names."""
+    removed = []
+    for name in _namespaces():
+        match = _NAME.match(name)
+        if match and not _alive(int(match.group(1))):
+            _kill_namespace_processes(name)
+            _run(["ip", "netns", "delete", name], check=False)
+            removed.append(name)
+    if removed:
+        LOG.warning("removed %d stale namespaces of dead clusters: %s", len(removed), " ".join(removed))
+    return removed
+
+
+def _kill_namespace_processes(namespace: str) -> None:
+    done = _run(["ip", "netns", "pids", namespace], check=False)
+    for pid in done.stdout.split():
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+
+
+def tbf_args(rate_bps: float) -> list[str]:
+    """tbf parameters for `rate_bps`: a burst of 10 ms of traffic (at least 128 KiB: veth hands tbf 64 KiB GSO
+    packets, and a packet larger than the burst would be dropped) and 50 ms of queue."""
+    burst = max(128 * 1024, int(rate_bps / 8 / 100))
+    return ["tbf", "rate", f"{int(rate_bps)}bit", "burst", str(burst), "latency", "50ms"]
+
+
+class EmulatedCluster:
+    """`hosts` namespaces on one bridge; `bandwidth` (e.g. "1gbit", None: uncapped) caps every host's link."""
+
+    def __init__(self, hosts: int, bandwidth: str | None = None):
+        if not 1 <= hosts <= 200:
+            raise ValueError(f"hosts must be 1..200 (got {hosts})")
+        self.hosts = hosts
+        self.name = f"{PREFIX}{os.getpid()}x{next(_counter)}"
+        self.bridge_ns = f"{self.name}br"
+        self.namespaces = [f"{self.name}h{i}" for i in range(hosts)]
+        self.bandwidth = bandwidth
+        self._rate = parse_rate(bandwidth) if bandwidth else None
+        self._up = False
+        self._sampler: subprocess.Popen | None = None
+        self._old_handlers: dict[int, object] = {}
+
+    # -- lifecycle --------------------------------------------------------------------------------------------
+    def start(self) -> EmulatedCluster:
+        reason = why_unavailable()
+        if reason:
+            raise ClusterError(reason)
+        cleanup_stale()
+        self._up = True
+        atexit.register(self.close)
+        self._install_signal_handlers()
+        try:
+            _run(["ip", "netns", "add", self.bridge_ns])
+            self._in(self.bridge_ns, "ip", "link", "set", "lo", "up")
+            self._in(self.bridge_ns, "ip", "link", "add", "br0", "type", "bridge")
+            self._in(self.bridge_ns, "ip", "link", "set", "br0", "up")
+            for i, ns in enumerate(self.namespaces):
+                _run(["ip", "netns", "add", ns])
+                self._in(ns, "ip", "link", "set", "lo", "up")
+                self._in(ns, "ip", "link", "add", "eth0", "type", "veth", "peer", "name", f"h{i}", "netns",
+                         self.bridge_ns)
+                self._in(ns, "ip", "addr", "add", f"{self.address(i)}/24", "dev", "eth0")
+                self._in(ns, "ip", "link", "set", "eth0", "up")
+                self._in(self.bridge_ns, "ip", "link", "set", f"h{i}", "master", "br0")
+                self._in(self.bridge_ns, "ip", "link", "set", f"h{i}", "up")
+            self.set_bandwidth(self.bandwidth)
+        except BaseException:
+            self.close()
+            raise
+        LOG.info("cluster %s: %d hosts at %s.1-%d, bandwidth %s", self.name, self.hosts, SUBNET, self.hosts,
+                 self.bandwidth or "uncapped")
+        return self
+
+    def close(self) -> None:
+        """Stops the sampler, kills every process still in the namespaces, deletes them. Idempotent."""
+        if not self._up:
+            return
+        self._up = False
+        self.stop_sampler()
+        for ns in [*self.namespaces, self.bridge_ns]:
+            _kill_namespace_processes(ns)
+            _run(["ip", "netns", "delete", ns], check=False)
+        for sig, handler in self._old_handlers.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        self._old_handlers.clear()
+        atexit.unregister(self.close)
+
+    def __enter__(self) -> EmulatedCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _install_signal_handlers(self) -> None:
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def on_signal(signum: int, _frame: object) -> None:
+            raise SystemExit(128 + signum)  # unwinds through close()
+
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) in (signal.SIG_DFL, None):
+                self._old_handlers[sig] = signal.signal(sig, on_signal)
+
+    # -- hosts ------------------------------------------------------------------------------------------------
+    def address(self, i: int) -> str:
+        return f"{SUBNET}.{i + 1}"
+
+    def netns(self, i: int) -> str:
+        return self.namespaces[i]
+
+    def wrap(self, i: int, argv: Sequence[str]) -> list[str]:
+        """`argv` run inside host i's namespace."""
+        return ["ip", "netns", "exec", self.namespaces[i], *argv]
+
+    def run(self, i: int, argv: Sequence[str], **kwargs) -> subprocess.CompletedProcess:
+        kwargs.setdefault("timeout", 60)
+        return subprocess.run(self.wrap(i, argv), **kwargs)
+
+    def popen(self, i: int, argv: Sequence[str], env: Mapping[str, str] | None = None, **kwargs) -> subprocess.Popen:
+        return subprocess.Popen(self.wrap(i, argv), env=None if env is None else dict(env), **kwargs)
+
+    def _in(self, ns: str, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
+        return _run(["ip", "netns", "exec", ns, *argv], check=check)
+
+    # -- links ------------------------------------------------------------------------------------------------
+    def set_bandwidth(self, bandwidth: str | None) -> None:
+        """Caps (or, with None, uncaps) both directions of every host's link."""
+        rate = parse_rate(bandwidth) if bandwidth else None
+        for i, ns in enumerate(self.namespaces):
+            for where, dev in ((ns, "eth0"), (self.bridge_ns, f"h{i}")):
+                if rate is None:
+                    self._in(where, "tc", "qdisc", "del", "dev", dev, "root", check=False)
+                else:
+                    self._in(where, "tc", "qdisc", "replace", "dev", dev, "root", *tbf_args(rate))
+        self.bandwidth, self._rate = bandwidth, rate
+
+    @property
+    def rate_bps(self) -> float | None:
+        return self._rate
+
+    def set_link(self, i: int, up: bool) -> None:
+        """Cuts (up=False) or restores host i's link: its bridge port goes down, as if the cable were pulled."""
+        self._in(self.bridge_ns, "ip", "link", "set", f"h{i}", "up" if up else "down")
+
+    def counters(self) -> dict[int, tuple[int, int]]:
+        """{host: (bytes sent by the host, bytes received by the host)} now."""
+        text = self._in(self.bridge_ns, "cat", "/proc/net/dev").stdout
+        return {host: (rx, tx) for host, rx, tx in _parse_net_dev(text)}  # the bridge side sees them mirrored
+
+    # -- utilisation sampler ----------------------------------------------------------------------------------
+    def start_sampler(self, path: str, interval: float = 0.01) -> None:
+        """Starts sampling every host link's counters into `path` (CSV: time_s,host,tx_bytes,rx_bytes)."""
+        self.stop_sampler()
+        argv = [*paths.python_module("benchmarks.emulation.emulated_cluster"), "sample", "--out", path,
+                "--interval", str(interval)]
+        self._sampler = subprocess.Popen(["ip", "netns", "exec", self.bridge_ns, *argv], cwd=paths.ROOT)
+
+    def stop_sampler(self) -> None:
+        if self._sampler is None:
+            return
+        self._sampler.terminate()
+        try:
+            self._sampler.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._sampler.kill()
+            self._sampler.wait()
+        self._sampler = None
+
+
+def _parse_net_dev(text: str) -> list[tuple[int, int, int]]:
+    """(host, rx_bytes, tx_bytes) of the bridge-side ports h<i> in /proc/net/dev text."""
+    found = []
+    for line in text.splitlines():
+        name, sep, rest = line.partition(":")
+        name = name.strip()
+        if not sep or not re.fullmatch(r"h\d+", name):
+            continue
+        fields = rest.split()
+        found.append((int(name[1:]), int(fields[0]), int(fields[8])))
+    return sorted(found)
+
+
+def sample(out: str, interval: float) -> None:
+    """The sampler process (runs in the bridge namespace until SIGTERM)."""
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    start = time.monotonic()
+    with open(out, "w") as f, open("/proc/net/dev") as dev:
+        f.write("time_s,host,tx_bytes,rx_bytes\n")
+        while not stop:
+            dev.seek(0)
+            now = time.monotonic() - start
+            for host, rx, tx in _parse_net_dev(dev.read()):
+                f.write(f"{now:.4f},{host},{rx},{tx}\n")  # bridge rx = host tx
+            time.sleep(interval)
+
+
+def read_samples(path: str) -> dict[int, list[tuple[float, int, int]]]:
+    """{host: [(time_s, tx_bytes, rx_bytes), ...]} from a sampler file."""
+    series: dict[int, list[tuple[float, int, int]]] = {}
+    with open(path) as f:
+        next(f, None)
+        for line in f:
+            parts = line.strip().split(",")
+            if len(parts) == 4:
+                series.setdefault(int(parts[1]), []).append((float(parts[0]), int(parts[2]), int(parts[3])))
+    return series
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("sample", help="(internal) sample /proc/net/dev of the bridge namespace")
+    s.add_argument("--out", required=True)
+    s.add_argument("--interval", type=float, default=0.01)
+    sub.add_parser("cleanup", help="delete namespaces left behind by dead clusters")
+    args = parser.parse_args(argv)
+    if args.command == "sample":
+        sample(args.out, args.interval)
+    else:
+        logging.basicConfig(level=logging.INFO)
+        print("\n".join(cleanup_stale()) or "nothing to clean up")  # noqa: T201 (a command's output)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

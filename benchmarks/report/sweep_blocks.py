@@ -1,0 +1,113 @@
+"""The blocks of the emulated-cluster sweeps: one table with its sentences per reviewed sweep
+(results/sweeps/<name>.csv), the rows from before the reviewed settings (results/legacy/), and the status table
+that says which file satisfies them."""
+
+from __future__ import annotations
+
+import pathlib
+
+from benchmarks.analysis import bench_rows
+from benchmarks.analysis.points import aggregate, number, optimizer_label, point_table
+from benchmarks.report.sentences import (
+    MIN_REPEATS,
+    dilation_sentences,
+    saturation_sentences,
+    slice_sentences,
+    utilisation_sentences,
+    verdicts,
+)
+from benchmarks.suites import sweeps
+
+LEGACY = "legacy"  # results/legacy/: rows from before that schema, and the figures drawn from them
+
+
+LEGACY_RUNS = ("demo", "sweep_bandwidth", "sweep_ablation", "sweep_slice", "sweep_scale", "sweep_utilisation",
+               "sweep_targets")
+
+
+# The models each --models sweep covers (sweeps.py runs these by default): a block names those without rows yet.
+SWEEP_MODELS = {"bandwidth": tuple(sweeps.MODELS)}
+
+
+def _rows(path: pathlib.Path) -> list[dict]:
+    return bench_rows.read_runs(path)
+
+
+def reviewed_block(name: str, results: pathlib.Path) -> str:
+    """A sweep's table and sentences from results/sweeps/<name>.csv."""
+    path = results / "sweeps" / f"{name}.csv"
+    points = aggregate(_rows(path))
+    if not points:
+        return ("Not measured yet with the reviewed settings: "
+                f"`sudo .venv/bin/python -m benchmarks.suites.sweeps {name}` (or `make sweeps`) writes "
+                f"`benchmarks/results/sweeps/{name}.csv`.")
+    flags = []
+    if any(p["dirty"] for p in points):
+        flags.append("some rows ran on a dirty tree (--allow-dirty)")
+    if any(p["forced"] for p in points):
+        flags.append("some rows started on a busy machine (--force)")
+    commits = sorted({str(r.get("git_commit"))[:7] for r in _rows(path) if str(r.get("smoke")) != "True"})
+    if len(commits) > 1:
+        flags.append(f"rows from {len(commits)} commits ({', '.join(commits)})")
+    load = max(p["load_max"] for p in points)
+    busy = [p["busy_max"] for p in points if p["busy_max"] is not None]
+    idle = f"; CPUs busy before a run at most {max(busy):.0f}% (5-second sample)" if busy else ""
+    head = (f"From `benchmarks/results/sweeps/{name}.csv` ({sum(p['n'] for p in points)} runs{idle}; highest "
+            f"1-minute load before/after a run {load:.2f}, the runs' own included"
+            f"{'; ' + '; '.join(flags) if flags else ''}). Throughput: median over "
+            "every timed iteration of every repeat, in emulated time (P100-equiv.: divided by --gpu-scale, the rate "
+            "real P100s on the equivalent links would reach); IQR: its 25–75% range; repeat medians: the range of the "
+            "per-repeat medians; bound: headers included.")
+    extra = []
+    missing = [m for m in SWEEP_MODELS.get(name, ()) if m not in {p["model"] for p in points}]
+    if missing:
+        extra.append(f"- Not measured yet: {', '.join(missing)} "
+                     f"(`sudo .venv/bin/python -m benchmarks.suites.sweeps {name} "
+                     f"--models {' '.join(missing)}` appends them).")
+    if name == "slice":
+        extra += slice_sentences(points)
+    rows = [r for r in _rows(path) if str(r.get("smoke")) != "True"]
+    cpus = int(number(rows[0].get("cpus"), 2)) if rows else 2
+    if name == "dilation":
+        extra = dilation_sentences(points, cpus)
+    else:
+        extra += saturation_sentences(points, cpus)
+    if name == "utilisation":
+        extra += utilisation_sentences(_rows(path), results / "sweeps" / "utilisation")
+    return "\n".join([head, "", point_table(points), "", *verdicts(points), *extra])
+
+
+def legacy_block(results: pathlib.Path) -> str:
+    """The rows measured before the reviewed settings: shown as they are, optimizer none, n=1."""
+    parts = []
+    for name in LEGACY_RUNS:
+        points = [p for p in aggregate(_rows(results / LEGACY / f"{name}.csv")) if p["legacy"]]
+        if points:
+            parts += [f"`{name}.csv` (bound: payload only):", "", point_table(points), ""]
+    if not parts:
+        return "No rows from before the reviewed settings."
+    return "\n".join(parts).rstrip()
+
+
+def status_block(results: pathlib.Path) -> str:
+    """Which result files satisfy the reviewed settings and which predate them."""
+    lines = ["| file | rows (ok) | optimizer | repeats per point (n) | bound | satisfies 1–4 |",
+             "|---|---|---|---|---|---|"]
+    files = sorted((results / "sweeps").glob("*.csv")) + [results / LEGACY / f"{n}.csv" for n in LEGACY_RUNS]
+    for path in files:
+        if path.name.endswith("_iterations.csv") or not path.exists():
+            continue
+        rows = [r for r in _rows(path) if str(r.get("smoke")) != "True"]
+        if not rows:
+            continue
+        legacy = rows[0]["legacy"] == "True"
+        optimizers = sorted({optimizer_label(r.get("optimizer")) for r in rows})
+        counts = [p["n"] for p in aggregate(rows)]  # the repeats each point has, not the ones planned
+        repeats = f"{min(counts)}" if min(counts) == max(counts) else f"{min(counts)}–{max(counts)}"
+        short = sum(n < MIN_REPEATS for n in counts)
+        verdict = "no (predates them)" if legacy else "yes"
+        if short and not legacy:
+            verdict = f"not yet: {short} of {len(counts)} points have fewer than {MIN_REPEATS} repeats"
+        lines.append(f"| `{path.relative_to(results.parent.parent)}` | {len(rows)} | {', '.join(optimizers)} | "
+                     f"{repeats} | {'payload only' if legacy else 'headers included'} | {verdict} |")
+    return "\n".join(lines)

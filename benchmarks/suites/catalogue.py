@@ -1,0 +1,49 @@
+"""Every benchmark suite: what it measures, how to run it, whether it needs root, and how long it takes.
+`python -m benchmarks` prints this list; the sweeps' times are computed (sweeps.estimates: the bound scaled by
+what measured rows showed), the others' are the times measured on an idle 2-core machine, as the Makefile
+states them, or "-" where nobody has timed it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Suite:
+    name: str
+    what: str
+    command: str  # how to run it (a make target where there is one)
+    root: bool  # network namespaces: needs root (the make targets use sudo otherwise)
+    stated_time: str = "-"  # measured once on an idle 2-core machine; "-": not timed
+
+
+SUITES = (
+    Suite("demo", "p3kv vs MXNet dist_sync (MXNet's P3, Horovod when asked), ResNet-50 on an emulated 4-host "
+          "cluster, 95% CIs; writes only build/demo/", "make demo  (more systems: DEMO_SYSTEMS=\"p3 dist_sync "
+          "mxnet-p3 horovod\")", root=True),
+    Suite("demo-full", "the 12-job comparison of all four systems, 20 timed iterations (the sweeps' demo): "
+          "appends to results/sweeps/demo.csv, rewrites docs/benchmarks.md's tables", "make demo-full", root=True),
+    Suite("sweeps", "the paper's evaluation: bandwidth, slice, ablation, scale, sensitivity, dilation, utilisation",
+          "make sweeps  (one: python -m benchmarks.suites.sweeps NAME)", root=True),
+    Suite("cluster_bench", "one comparison on the emulated cluster, any model/link/host count",
+          "python -m benchmarks.suites.cluster_bench --model resnet50_v1 --bandwidth 1gbit",
+          root=True),
+    Suite("kvstore", "like-for-like kvstore pushpull with the same SGD, all systems, loopback",
+          "make bench-kvstore", root=False),
+    Suite("accuracy", "the paper's accuracy claim in miniature (digits MLP, 4 hosts on 100 Mbit links)",
+          "make bench-accuracy", root=True, stated_time="25 min"),
+    Suite("server", "the server's CPU per slice against a memcpy floor (C++ only, one thread)",
+          "make bench-server", root=False, stated_time="about 1 min"),
+    Suite("startup", "a job's first step and CPU, servers importing mxnet at start-up or not",
+          "make bench-startup", root=False),
+    Suite("transport", "the raw numpy P3Worker against MXNet's kvstores, loopback (not like-for-like)",
+          "make bench-transport", root=False),
+    Suite("soak", "memory of every process over a long p3kv job",
+          "python -m benchmarks.suites.soak_bench --iters 3000", root=False),
+    Suite("link_overhead", "bytes a capped emulated link meters per payload byte (checks the bound)",
+          "sudo .venv/bin/python -m benchmarks.suites.link_overhead", root=True),
+    Suite("kernels", "the server optimizer kernels, ns per element",
+          "python -m benchmarks.suites.kernel_bench", root=False),
+    Suite("sim", "the simulator: fit, validate against the emulated rows, the paper's evaluation at scale",
+          "make sim", root=False),
+)

@@ -1,0 +1,291 @@
+"""One job of the emulated-cluster benchmark: a system's processes on every emulated host, and its row.
+
+A parameter-server system (p3kv, dist_sync, MXNet's P3, p3kv's ablations) runs the paper's layout: on every host
+`python -m p3kv.launch` starts that host's worker and server inside its namespace, the scheduler on host 0.
+Horovod runs through the same launcher (`--kvstore horovod`): one rank per host, no servers, Horovod's rendezvous
+on host 0; each host's launcher runs in a UTS namespace of its own named by its address, because Gloo finds a
+rank's address from its hostname and the namespaces would otherwise share this machine's. Every host's output
+goes to a log, host
+0's also to the terminal; the CPU each host's processes use is sampled while the job runs (host_cpu.py). The
+row carries the measurement, the bound with headers (wire_bound.py) and the conditions; cluster_bench.py adds
+the columns common to a whole invocation and writes it through bench_rows.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import pathlib
+import secrets
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+from benchmarks import paths
+from benchmarks.analysis import bench_rows, bench_stats
+from benchmarks.emulation import emulated_cluster, emulated_compute, host_cpu, proc_monitor, wire_bound
+from benchmarks.paths import ROOT
+from benchmarks.workloads import job_env, model_shapes
+
+LOG = logging.getLogger("cluster_job")
+# What --kvstore names: (the launcher's --kvstore, extra environment, extra worker flags).
+KVSTORES = {
+    "p3": ("p3", {}, []),
+    "dist_sync": ("dist_sync", {}, []),
+    "mxnet-p3": ("mxnet-p3", {}, []),
+    "horovod": ("horovod", {}, ["--system", "horovod"]),
+    "p3-slicing-only": ("p3", {"P3_PRIORITY": "none"}, []),
+    "p3-priority-split": ("p3", {"P3_SLICE_SIZE": str(1 << 30)}, ["--split-big-arrays", "SERVERS"]),
+    "p3-priority-only": ("p3", {"P3_SLICE_SIZE": str(1 << 30)}, []),
+}
+
+
+@dataclasses.dataclass
+class Point:
+    """One run's settings."""
+
+    model: str
+    kvstore: str
+    hosts: int = 4
+    bandwidth: str | None = "1gbit"
+    compute: str = "emulated"
+    batch_size: int = 32
+    slice_size: int | None = None
+    gpu: str = "p100"
+    gpu_scale: float = 1.0
+    efficiency_factor: float = 1.0
+    optimizer: str = "sgd"
+    warmup: int = 3
+    iters: int = 20
+    repeat: int = 0
+    repeats: int = 1
+    order: int = 0
+    tag: str = ""
+    timeout: float = 900.0
+    log_interval: int = 5
+    layout: str = "colocated"  # or "separate": workers on the first half of the hosts, servers on the rest
+
+    @property
+    def workers(self) -> int:
+        return self.hosts if self.layout == "colocated" or self.kvstore == "horovod" else self.hosts // 2
+
+    @property
+    def servers(self) -> int:
+        return 0 if self.kvstore == "horovod" else self.workers
+
+    def roles(self, host: int) -> tuple[int, int]:
+        """(workers, servers) on `host`."""
+        if self.kvstore == "horovod":
+            return 1, 0
+        if self.layout == "colocated":
+            return 1, 1
+        return (1, 0) if host < self.workers else (0, 1)
+
+    def group(self) -> tuple:
+        """Everything but the system: the runs one comparison interleaves."""
+        return tuple(v for k, v in dataclasses.asdict(self).items() if k not in ("kvstore", "repeat", "order"))
+
+
+def model_arrays(model: str) -> tuple[list[int], int]:
+    """(elements of every array, model bytes)."""
+    return model_shapes.array_sizes(model)
+
+
+def model_bytes(model: str) -> int:
+    return model_arrays(model)[1]
+
+
+def comm_bound_seconds(bytes_per_model: int, hosts: int, rate_bps: float | None, layout: str = "colocated") -> float:
+    """Payload-only time of one iteration's traffic on the busiest link (each direction); the bound uses
+    wire_bound.link_load, which adds the headers. Colocated: 2 (N-1)/N of the model each way; separate: 1."""
+    if rate_bps is None or hosts < 2:
+        return 0.0
+    share = 2 * (hosts - 1) / hosts if layout == "colocated" else 1.0
+    return share * bytes_per_model * 8 / rate_bps
+
+
+BOUND_COLUMNS = ("comm_bound_s", "bound_s", "bound_throughput", "pct_of_bound", "wire_bytes", "messages")
+
+
+def bound_columns(row: dict) -> dict:
+    """A row's bound (BOUND_COLUMNS) from its settings and measurements (model, kvstore, hosts, layout,
+    slice_size, bandwidth_bps, compute_s, workers, samples_per_batch, throughput): the same function at run time
+    and when `sweeps.py rebound` rewrites older rows after a change to the header model (wire_bound.py)."""
+    def number(key: str) -> float:
+        value = row.get(key)
+        return float(value) if value not in (None, "") else 0.0
+
+    sizes, nbytes = model_arrays(row["model"])
+    slice_size = int(number("slice_size")) or None
+    link = wire_bound.link_load(row["kvstore"], sizes, nbytes, int(row["hosts"]), row.get("layout") or "colocated",
+                                slice_size)
+    comm = link.seconds(number("bandwidth_bps") or None)
+    bound = max(number("compute_s"), comm)
+    bound_throughput = number("workers") * number("samples_per_batch") / bound if bound else float("inf")
+    throughput = number("throughput")
+    return {"comm_bound_s": round(comm, 4), "bound_s": round(bound, 4), "bound_throughput": round(bound_throughput, 2),
+            "pct_of_bound": round(100 * throughput / bound_throughput, 1) if bound else "",
+            "wire_bytes": round(link.wire), "messages": round(link.messages)}
+
+
+def calibrated_efficiency(model: str) -> float:
+    return emulated_compute.efficiency_of(emulated_compute.load_description(model))
+
+
+def _worker_argv(point: Point, out: pathlib.Path) -> list[str]:
+    extra = [point.servers and str(point.servers) if a == "SERVERS" else a for a in KVSTORES[point.kvstore][2]]
+    return [*paths.python_module("benchmarks.workloads.cluster_worker"), "--model", point.model,
+            "--compute", point.compute, "--batch-size", str(point.batch_size), "--warmup", str(point.warmup),
+            "--iters", str(point.iters),
+            "--gpu", point.gpu, "--gpu-scale", str(point.gpu_scale), "--efficiency-factor",
+            str(point.efficiency_factor), "--optimizer", point.optimizer, "--log-interval", str(point.log_interval),
+            "--out", str(out), *extra]
+
+
+def _environment(point: Point, extra: dict) -> dict:
+    env = job_env.job_environment(point.kvstore, point.slice_size)
+    if point.kvstore != "horovod":
+        env["P3_SECRET"] = secrets.token_hex(32)  # one per job, the same on every host
+    # Hosts share 2 cores: one compute thread per process (the real-compute mode's fairness).
+    env.update(OMP_NUM_THREADS="1", MXNET_CPU_WORKER_NTHREADS="1", PYTHONUNBUFFERED="1")
+    env.update(extra)
+    return env
+
+
+def _forward(stream, prefix: str, sink, log_file) -> None:
+    for line in stream:
+        log_file.write(line)
+        if sink is not None:
+            sink.write(prefix + line)
+            sink.flush()
+
+
+def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: pathlib.Path, port: int,
+              live=sys.stdout) -> tuple[dict, dict[int, list[float]]]:
+    """Runs one job across the cluster's hosts; returns its row (without the common columns) and every rank's
+    timed iterations."""
+    launcher_kvstore, extra, _ = KVSTORES[point.kvstore]
+    hosts = cluster.hosts
+    name = f"{point.model}.{point.kvstore}.{point.bandwidth}.{hosts}h.{point.repeat}.{port}"
+    out = scratch / name
+    env = _environment(point, extra)
+    LOG.info("%s on %s (repeat %d, position %d): %d hosts, %s, %s compute, batch %d, optimizer %s", point.model,
+             point.kvstore, point.repeat, point.order, hosts, point.bandwidth or "uncapped", point.compute,
+             point.batch_size, point.optimizer)
+    load_before = os.getloadavg()[0]
+    start = time.perf_counter()
+    procs, threads, logs = [], [], []
+    for i in range(hosts):
+        local_workers, local_servers = point.roles(i)
+        argv = [sys.executable, "-m", "p3kv.launch", "-n", str(point.workers), "-s", str(point.servers),
+                "--kvstore", launcher_kvstore, "--host", cluster.address(i), "--port", str(port),
+                "--local-workers", str(local_workers), "--local-servers", str(local_servers),
+                "--timeout", str(point.timeout)]
+        if i:
+            argv += ["--no-scheduler", "--root", cluster.address(0)]
+        if launcher_kvstore == "horovod":
+            argv += ["--slots", ",".join(f"{cluster.address(h)}:1" for h in range(hosts))]
+            # Gloo finds a rank's address from its hostname (not HOROVOD_GLOO_IFACE): a name of its own per host.
+            argv = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', cluster.address(i), *argv]
+        argv += ["--", *_worker_argv(point, out)]
+        host_env = env
+        log = open(scratch / f"{name}.host{i}.log", "w")
+        logs.append(log)
+        proc = cluster.popen(i, argv, env=host_env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, start_new_session=True)
+        procs.append(proc)
+        thread = threading.Thread(target=_forward, args=(proc.stdout, f"[host{i}] ", live if i == 0 else None, log),
+                                  daemon=True)
+        thread.start()
+        threads.append(thread)
+    cpu = host_cpu.HostCpuMonitor([p.pid for p in procs]).start()
+
+    def results_complete() -> bool:
+        return len(list(scratch.glob(f"{name}.rank*.json"))) == point.workers
+
+    exit_code = wait_all(procs, point.timeout + 60, results_complete)
+    cpu_pct = cpu.stop()
+    for thread in threads:
+        thread.join(timeout=10)
+    for log in logs:
+        log.close()
+    wall = time.perf_counter() - start
+    nbytes = model_bytes(point.model)
+    emulated = point.compute == "emulated"
+    row = {"model": point.model, "kvstore": point.kvstore, "compute": point.compute, "hosts": hosts,
+           "workers": point.workers, "servers": point.servers, "layout": point.layout,
+           "bandwidth": point.bandwidth or "uncapped", "bandwidth_bps": cluster.rate_bps or "",
+           "p100_equiv_gbps": round(cluster.rate_bps / point.gpu_scale / 1e9, 3)
+           if emulated and cluster.rate_bps else "",
+           "batch_size": point.batch_size, "slice_size": point.slice_size or "",
+           "gpu": point.gpu if emulated else "", "gpu_scale": point.gpu_scale if emulated else "",
+           "efficiency": round(calibrated_efficiency(point.model) * point.efficiency_factor, 4) if emulated else "",
+           "efficiency_factor": point.efficiency_factor if emulated else "", "optimizer": point.optimizer,
+           "warmup": point.warmup, "iters": point.iters, "repeat": point.repeat, "repeats": point.repeats,
+           "order": point.order, "tag": point.tag, "exit_code": exit_code, "wall_s": round(wall, 1),
+           "load_1m_before": round(load_before, 2), "load_1m_after": round(os.getloadavg()[0], 2),
+           "cpu_host_pct": ";".join(f"{c:g}" for c in cpu_pct), "cpu_total_pct": round(sum(cpu_pct), 1),
+           "model_bytes": nbytes, "run_id": name}
+    results = [json.loads(p.read_text()) for p in sorted(scratch.glob(f"{name}.rank*.json"))]
+    # MXNet's ps-lite servers sometimes hang at shutdown after every worker reported (more often under load):
+    # the measurement is complete, so a baseline's row keeps it, with the exit code. p3kv gets no such pass.
+    baseline_hang = exit_code != 0 and len(results) == point.workers and launcher_kvstore != "p3"
+    if baseline_hang:
+        LOG.warning("%s on %s: every worker reported, then the job did not end cleanly (exit code %s); keeping "
+                    "the measurement", point.model, point.kvstore, exit_code)
+    if (exit_code != 0 and not baseline_hang) or len(results) != point.workers:
+        tails = []
+        for i in range(hosts):
+            lines = (scratch / f"{name}.host{i}.log").read_text(errors="replace").splitlines()[-15:]
+            tails.append(f"--- host {i} ---\n" + "\n".join(lines))
+        LOG.error("%s on %s failed (exit codes %s, %d of %d results); last output:\n%s", point.model,
+                  point.kvstore, [p.returncode for p in procs], len(results), point.workers, "\n".join(tails))
+        row["status"] = f"failed({exit_code})"
+        return row, {}
+    first = next(r for r in results if r["rank"] == 0)
+    compute = round(statistics.median(r["compute_s"] for r in results), 4)
+    throughput = sum(r["samples_per_batch"] / r["median_s"] for r in results)
+    q1, _, q3 = bench_stats.quartiles(first["iter_s"])
+    row.update(status="ok", unit=first["unit"], samples_per_batch=first["samples_per_batch"],
+               median_s=round(first["median_s"], 4), q1_s=round(q1, 4), q3_s=round(q3, 4), iter_s=first["iter_s"],
+               throughput=round(throughput, 2), compute_s=compute,
+               payload_bound_s=round(max(compute, comm_bound_seconds(nbytes, hosts, cluster.rate_bps, point.layout)),
+                                     4),
+               optimizer=first["optimizer"], update_on=first["update_on"],
+               **{k: v for k, v in first["versions"].items() if k in bench_rows.RUN_COLUMNS})
+    row.update(bound_columns(row))
+    bound_throughput, comm = row["bound_throughput"], row["comm_bound_s"]
+    LOG.info("%s on %s: %.1f %s/s (bound %.1f, %.0f%%), median %.3f s/iter, compute %.3f s, link %.3f s, CPU per "
+             "host %s%%", point.model, point.kvstore, throughput, first["unit"], bound_throughput,
+             row["pct_of_bound"] or 0, first["median_s"], compute, comm, row["cpu_host_pct"])
+    return row, {r["rank"]: r["iter_s"] for r in results}
+
+
+SHUTDOWN_GRACE = 60.0  # seconds the hosts get to end the job once every worker has reported
+
+
+def wait_all(procs: list[subprocess.Popen], timeout: float, results_complete=lambda: False) -> int:
+    """Waits for every host's launcher; the first failure stops the others, and so does a job that has not
+    ended SHUTDOWN_GRACE seconds after every worker reported. Returns the job's exit code."""
+    deadline = time.monotonic() + timeout
+    code = 0
+    while [p.poll() for p in procs].count(None):  # poll every one: a list, not a short-circuiting any()
+        failed = [p for p in procs if p.returncode not in (None, 0)]
+        if results_complete():
+            deadline = min(deadline, time.monotonic() + SHUTDOWN_GRACE)
+        if failed or time.monotonic() > deadline:
+            code = failed[0].returncode if failed else 124
+            for p in procs:
+                if p.poll() is None:
+                    proc_monitor.stop_tree(p, set(proc_monitor.descendants(p.pid)))
+            break
+        time.sleep(0.2)
+    for p in procs:
+        p.wait()
+    return code or next((p.returncode for p in procs if p.returncode), 0)
+
+

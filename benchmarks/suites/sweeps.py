@@ -1,0 +1,325 @@
+"""The paper's evaluation (section 5), reproduced in shape on an emulated cluster; one command per sweep.
+
+    python -m benchmarks.suites.sweeps bandwidth     # throughput vs link rate, 4 models, 6 points each, all 4 systems
+    python -m benchmarks.suites.sweeps slice         # p3kv's slice size 5k ... 1M at a link-bound point
+    python -m benchmarks.suites.sweeps ablation      # VGG-19 at 30 Gbps-equiv.: slicing only, priority only, both
+    python -m benchmarks.suites.sweeps scale         # 2 / 4 / 8 hosts, all 4 systems
+    python -m benchmarks.suites.sweeps sensitivity   # the calibrated efficiency x0.5, x1, x2 at the headline points
+    python -m benchmarks.suites.sweeps dilation      # the least dilation 2 cores allow (CPU per host vs --gpu-scale)
+    python -m benchmarks.suites.sweeps demo          # make demo's comparison
+    python -m benchmarks.suites.sweeps utilisation   # tx/rx of every link over time, dist_sync vs p3kv vs Horovod
+                                              # (also fig_utilisation_links.png, see link_utilisation.py)
+    python -m benchmarks.suites.sweeps estimate      # how long each sweep takes (from the bound and older rows)
+    python -m benchmarks.suites.sweeps plot NAME     # redraw a figure from its CSV
+    python -m benchmarks.suites.sweeps rebound       # rewrite the rows' bound columns after a change to wire_bound.py
+
+Every run trains with SGD (momentum 0.9, wd 1e-4: on the servers for p3kv and dist_sync, on the workers for MXNet's
+P3 and Horovod), 3 repeats in a freshly shuffled order, 2 warm-up + 20 timed iterations, under the run guard (clean
+tree, idle machine; see cluster_bench.py). Each sweep appends to results/sweeps/<name>.csv (and
+<name>_iterations.csv; delete them to start over; --resume runs only the runs they lack) and draws
+results/sweeps/fig_<name>.png with the IQR as error bars; `python -m benchmarks.report` then rewrites the tables
+of docs/benchmarks.md. Compute is emulated with each model's calibrated P100 efficiency
+(benchmarks/workloads/shapes/*.json) and time dilated by --gpu-scale: a P100 at scale s on links of rate b has the
+compute/network ratio of real P100s on links of rate b/s ("P100-equivalent"), which is how every point below is
+chosen. Each point uses the least dilation its link allows: links up to --link-max (2 Gbit: what 2 cores move
+without saturating, see `dilation`) run undilated (scale 1, link = equivalent), faster equivalents at scale =
+link-max / equivalent on a link-max link. Every row records its scale and the CPU utilisation of every host, so a
+point where the CPUs, not the links, were the limit
+shows.
+"""
+
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import pathlib
+import statistics
+import sys
+from collections.abc import Sequence
+
+from benchmarks.analysis import bench_rows
+from benchmarks.analysis.points import optimizer_label
+from benchmarks.emulation import emulated_cluster, emulated_compute, run_guard, wire_bound
+from benchmarks.suites import cluster_bench
+from benchmarks.suites.sweep_plots import SYSTEM_COLORS, plot, plot_links  # noqa: F401  (SYSTEM_COLORS: the tests')
+
+LOG = logging.getLogger("sweeps")
+RESULTS = cluster_bench.RESULTS / "sweeps"
+
+
+SYSTEMS = list(cluster_bench.SYSTEMS)
+MODELS = ["resnet50_v1", "inceptionv3", "sockeye", "vgg19"]  # the bandwidth sweep's, and the README block's
+
+
+LINK_MAX_GBPS = 2.0  # the fastest emulated link; faster P100-equivalents are reached by dilation
+
+
+# P100-equivalent Gbps per model: >= 6 points over 1-30, ResNet-50 at 4 (the paper's headline) and VGG-19 at 15.
+EQUIVALENTS = {"resnet50_v1": [1, 2, 4, 10, 20, 30], "inceptionv3": [1, 2, 4, 10, 20, 30],
+               "sockeye": [1, 2, 4, 10, 20, 30], "vgg19": [2, 5, 10, 15, 20, 30]}
+
+
+SLICE_POINT = ("resnet50_v1", 2)  # link-bound: 0.62 s of traffic vs 0.16 s of compute per iteration, 4 hosts
+SLICE_SIZES = [5_000, 20_000, 50_000, 200_000, 1_000_000]
+
+
+ABLATION = ("vgg19", 30, ["dist_sync", "p3-priority-split", "p3-slicing-only", "p3"])
+SCALE = (["resnet50_v1", "sockeye", "vgg19"], 10, [2, 4, 8])
+
+
+SENSITIVITY = ([("resnet50_v1", 4), ("vgg19", 15)], [0.5, 1.0, 2.0])
+DILATION = ("resnet50_v1", 10, [0.1, 0.2, 0.3, 0.5, 1.0])
+
+
+UTILISATION = ("sockeye", 10, ["dist_sync", "p3", "horovod"])
+
+
+def link(equivalent_gbps: float, scale: float) -> str:
+    """The emulated link rate (tc syntax, Mbit) of a P100-equivalent rate at dilation `scale`."""
+    mbit = round(equivalent_gbps * scale * 1000)
+    return f"{mbit // 1000}gbit" if mbit % 1000 == 0 else f"{mbit}mbit"
+
+
+def least_dilation(equivalent_gbps: float, link_max_gbps: float = LINK_MAX_GBPS) -> float:
+    """The largest --gpu-scale (least dilation) whose link for `equivalent_gbps` stays within link_max."""
+    return min(1.0, link_max_gbps / equivalent_gbps)
+
+
+def _point(name: str, args: argparse.Namespace, model: str, kvstore: str, equivalent: float,
+           **settings) -> cluster_bench.Point:
+    scale = settings.pop("gpu_scale", None) or args.gpu_scale or least_dilation(equivalent, args.link_max)
+    return cluster_bench.Point(model=model, kvstore=kvstore, hosts=settings.pop("hosts", args.hosts),
+                               bandwidth=link(equivalent, scale), compute="emulated", batch_size=args.batch_size,
+                               gpu="p100", gpu_scale=scale, optimizer=args.optimizer, warmup=args.warmup,
+                               iters=args.iters, tag=name, timeout=args.timeout, **settings)
+
+
+def sweep_bandwidth(args):
+    return [_point("bandwidth", args, m, kv, eq) for m in args.models for eq in args.equivalents.get(m, [])
+            for kv in args.kvstores]
+
+
+def sweep_slice(args):
+    model, eq = SLICE_POINT
+    return [_point("slice", args, model, "p3", eq, slice_size=size) for size in SLICE_SIZES]
+
+
+def sweep_ablation(args):
+    model, eq, kvs = ABLATION
+    return [_point("ablation", args, model, kv, eq) for kv in kvs]
+
+
+def sweep_scale(args):
+    models, eq, host_counts = SCALE
+    return [_point("scale", args, m, kv, eq, hosts=h) for m in models for h in host_counts for kv in args.kvstores]
+
+
+def sweep_sensitivity(args):
+    points, factors = SENSITIVITY
+    return [_point("sensitivity", args, m, kv, eq, efficiency_factor=f) for m, eq in points for f in factors
+            for kv in args.kvstores]
+
+
+def sweep_dilation(args):
+    model, eq, scales = DILATION
+    return [_point("dilation", args, model, kv, eq, gpu_scale=s) for s in scales for kv in args.kvstores]
+
+
+def sweep_demo(args):
+    return [_point("demo", args, "resnet50_v1", kv, 10) for kv in args.kvstores]
+
+
+def sweep_utilisation(args):
+    model, eq, kvs = UTILISATION
+    return [_point("utilisation", args, model, kv, eq) for kv in kvs]
+
+
+SWEEPS = {"bandwidth": sweep_bandwidth, "slice": sweep_slice, "ablation": sweep_ablation, "scale": sweep_scale,
+          "sensitivity": sweep_sensitivity, "dilation": sweep_dilation, "demo": sweep_demo,
+          "utilisation": sweep_utilisation}
+
+
+ALL = ("demo", "bandwidth", "slice", "ablation", "scale", "sensitivity", "dilation", "utilisation")
+GATE_S = 5.0  # the run guard's idle sample before every run
+
+
+def measured_factors(results: pathlib.Path = cluster_bench.RESULTS) -> tuple[float, float, str]:
+    """(seconds per job outside the timed iterations, measured s/iter over the bound, where they come from):
+    what `estimate` scales the bound by. From the reviewed rows (results/sweeps/*.csv) once there are any, else
+    from the older rows of results/legacy/sweep_*.csv."""
+    def timed(paths):
+        return [r for path in paths if not path.stem.endswith("_iterations") for r in bench_rows.read_runs(path)
+                if r.get("compute") == "emulated" and r.get("median_s") and r.get("bound_s") and r.get("wall_s")]
+
+    source, rows = "the reviewed rows", timed(sorted((results / "sweeps").glob("*.csv")))
+    if not rows:
+        source, rows = "the older rows", timed(sorted((results / "legacy").glob("sweep_*.csv")))
+    if not rows:
+        return 30.0, 1.15, "defaults"
+    overhead = statistics.median(float(r["wall_s"]) - (int(r["warmup"]) + int(r["iters"])) * float(r["median_s"])
+                                 for r in rows)
+    slowdown = statistics.median(float(r["median_s"]) / float(r["bound_s"]) for r in rows)
+    return max(overhead, 0.0) + GATE_S, slowdown, f"{source}, {len(rows)} runs"
+
+
+def estimate_seconds(points: Sequence[cluster_bench.Point], repeats: int,
+                     factors: tuple[float, float, str]) -> float:
+    """Run time of the points: (warm-up + timed iterations) x the header-inclusive bound x the slowdown measured
+    rows showed over their bound, plus each job's start-up, shutdown and idle sample."""
+    overhead, slowdown, _ = factors
+    total = 0.0
+    for p in points:
+        sizes, nbytes = cluster_bench.model_arrays(p.model)
+        description = emulated_compute.load_description(p.model)
+        profile = emulated_compute.Profile(p.gpu, p.gpu_scale,
+                                           emulated_compute.efficiency_of(description, p.efficiency_factor))
+        compute = sum(layer.forward_s + layer.backward_s
+                      for layer in emulated_compute.layers_of(description, p.batch_size, profile))
+        comm = wire_bound.link_load(p.kvstore, sizes, nbytes, p.hosts, p.layout, p.slice_size).seconds(
+            emulated_cluster.parse_rate(p.bandwidth))
+        total += (p.warmup + p.iters) * max(compute, comm) * slowdown + overhead
+    return total * repeats
+
+
+def _signature(settings: dict) -> tuple:
+    """A run's identity for --resume, from a Point's fields or a CSV row's columns alike."""
+    def number(value) -> float | None:
+        return None if value in (None, "") else float(value)
+
+    return (str(settings["tag"]), str(settings["model"]), str(settings["kvstore"]), int(settings["hosts"]),
+            str(settings["layout"]), str(settings["bandwidth"]), str(settings["compute"]),
+            int(settings["batch_size"]), number(settings["gpu_scale"]), number(settings["efficiency_factor"]),
+            number(settings["slice_size"]), optimizer_label(str(settings["optimizer"])),
+            int(settings["warmup"]), int(settings["iters"]), int(settings["repeat"]))
+
+
+def not_yet_run(points: Sequence[cluster_bench.Point], csv_path: pathlib.Path) -> list[cluster_bench.Point]:
+    """The points without an ok, non-smoke row of the same settings, system and repeat in csv_path: what is left
+    of an interrupted sweep (--resume)."""
+    done = {_signature(r) for r in bench_rows.read_runs(csv_path) if str(r.get("smoke")) != "True"}
+    return [p for p in points if _signature(dataclasses.asdict(p)) not in done]
+
+
+def estimates(args: argparse.Namespace, results_dir: pathlib.Path) -> tuple[list[tuple[str, float, float]], str]:
+    """Per sweep: (name, seconds for all its runs, seconds for the runs its CSV in `results_dir` lacks), and
+    where the factors the bound is scaled by come from (see measured_factors)."""
+    factors = measured_factors(results_dir.parent)
+    rows = []
+    for name in ALL:
+        points = cluster_bench.interleave(SWEEPS[name](args), args.repeats, args.seed)
+        left = not_yet_run(points, results_dir / f"{name}.csv")
+        rows.append((name, estimate_seconds(points, 1, factors), estimate_seconds(left, 1, factors)))
+    source = (f"start-up, shutdown and idle sample {factors[0]:.0f} s per job, s/iter = {factors[1]:.2f} x the "
+              f"header-inclusive bound, from {factors[2]}")
+    return rows, source
+
+
+def estimate_block(results_dir: pathlib.Path = RESULTS) -> str:
+    """The README's table of run times: each sweep in full, and what `make sweeps` (--resume) would still run."""
+    rows, source = estimates(parse_args(["estimate"]), results_dir)
+    lines = ["| sweep | all runs | not yet in `results/sweeps/` |", "|---|---|---|"]
+    lines += [f"| {name} | {full / 3600:.1f} h | {left / 3600:.1f} h |" for name, full, left in rows]
+    lines.append(f"| all | {sum(r[1] for r in rows) / 3600:.1f} h | {sum(r[2] for r in rows) / 3600:.1f} h |")
+    return "\n".join([*lines, "", f"Estimated by `sweeps.py estimate` ({source}), on an idle 2-core machine."])
+
+
+def run_csvs(results_dir: pathlib.Path) -> list[pathlib.Path]:
+    """The run CSVs of the reviewed sweeps (not their _iterations files)."""
+    return [p for p in sorted(results_dir.glob("*.csv")) if not p.stem.endswith("_iterations")]
+
+
+def write_summary(name: str, results_dir: pathlib.Path, skipped: dict[str, str] | None = None) -> str:
+    """The sweep's summary table (results_dir/NAME.md) from its CSV; returns it."""
+    table = cluster_bench.summary([r for r in bench_rows.read_runs(results_dir / f"{name}.csv") if r["tag"] == name])
+    table += "".join(f"\n- {kv} skipped: {why}\n" for kv, why in (skipped or {}).items())
+    (results_dir / f"{name}.md").write_text(table)
+    return table
+
+
+def rebound(results_dir: pathlib.Path = RESULTS) -> dict[pathlib.Path, int]:
+    """Rewrites every reviewed row's bound from wire_bound.py as it is now (after a change to the header model):
+    {csv: rows changed}. `python -m benchmarks.report --check` fails while a row's bound differs."""
+    from benchmarks.suites import cluster_job
+
+    return {p: bench_rows.rewrite_bounds(p, cluster_job.bound_columns) for p in run_csvs(results_dir)}
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("sweep", choices=[*SWEEPS, "estimate", "plot", "rebound"])
+    parser.add_argument("name", nargs="?", help="with plot: which sweep's figure to redraw")
+    parser.add_argument("--models", nargs="+", default=MODELS, help="bandwidth sweep: which models")
+    parser.add_argument("--kvstores", nargs="+", default=SYSTEMS, choices=list(cluster_bench.KVSTORES))
+    parser.add_argument("--hosts", type=int, default=4)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--gpu-scale", type=float, default=None, help="one dilation for every point (default: "
+                        "the least each point's link allows, see --link-max)")
+    parser.add_argument("--link-max", type=float, default=LINK_MAX_GBPS, help="fastest emulated link, Gbit/s")
+    parser.add_argument("--optimizer", choices=("sgd", "none"), default="sgd")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--timeout", type=float, default=1800.0)
+    parser.add_argument("--results-dir", type=pathlib.Path, default=RESULTS)
+    parser.add_argument("--resume", action="store_true", help="skip the runs the sweep's CSV already holds (same "
+                        "settings, system and repeat, status ok): continue an interrupted sweep")
+    cluster_bench.add_condition_arguments(parser)
+    args = parser.parse_args(argv)
+    args.models = [cluster_bench.MODEL_ALIASES.get(m, m) for m in args.models]
+    args.equivalents = EQUIVALENTS
+    if args.sweep == "plot" and args.name not in SWEEPS:
+        parser.error(f"plot what? one of {', '.join(SWEEPS)}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if args.sweep == "estimate":
+        rows, source = estimates(args, args.results_dir)
+        for name, full, left in rows:
+            sys.stdout.write(f"{name:12s} {full / 3600:5.1f} h   not yet run: {left / 3600:5.1f} h\n")
+        sys.stdout.write(f"{'all':12s} {sum(r[1] for r in rows) / 3600:5.1f} h   not yet run: "
+                         f"{sum(r[2] for r in rows) / 3600:5.1f} h\n({source})\n")
+        return 0
+    if args.sweep == "rebound":
+        for path, changed in rebound(args.results_dir).items():
+            LOG.info("%s: %d rows' bound rewritten", path.name, changed)
+            if changed and path.stem in SWEEPS:  # its summary and figure show the bound too
+                write_summary(path.stem, args.results_dir)
+                plot(path.stem, bench_rows.read_runs(path), args.results_dir / f"fig_{path.stem}.png")
+        return 0
+    name = args.name if args.sweep == "plot" else args.sweep
+    csv_path = args.results_dir / f"{name}.csv"
+    figure = args.results_dir / f"fig_{name}.png"
+    if args.sweep == "plot":
+        plot(name, bench_rows.read_runs(csv_path), figure)
+        plot_links(name, args.results_dir)
+        return 0
+    reason = emulated_cluster.why_unavailable()
+    if reason:
+        LOG.error("cannot build the emulated cluster: %s", reason)
+        return 2
+    points, skipped = cluster_bench.drop_unavailable(cluster_bench.interleave(SWEEPS[name](args), args.repeats,
+                                                                              args.seed))
+    if args.resume:
+        left = not_yet_run(points, csv_path)
+        LOG.info("--resume: %d of %d runs are already in %s; %d to go", len(points) - len(left), len(points),
+                 csv_path, len(left))
+        points = left
+    try:
+        rows = cluster_bench.run_points(points, csv_path, cluster_bench.conditions_from_args(args),
+                                        utilisation_dir=args.results_dir / "utilisation"
+                                        if name == "utilisation" else None)
+    except run_guard.Refused as e:
+        LOG.error("%s", e)
+        return 3
+    sys.stdout.write("\n" + write_summary(name, args.results_dir, skipped))
+    plot(name, bench_rows.read_runs(csv_path), figure, include_smoke=args.smoke)
+    plot_links(name, args.results_dir)
+    return 0 if all(r["status"] == "ok" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

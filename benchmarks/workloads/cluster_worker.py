@@ -1,0 +1,304 @@
+"""One worker of the emulated-cluster benchmark (started by benchmarks/suites/cluster_bench.py through the launcher).
+
+Trains --model through MXNet's kvstore interface: kvstore 'p3' in p3kv jobs, 'dist_sync' in the baselines
+(P3_BASELINE=dist_sync, or mxnet-p3: dist_sync with ps-lite's P3 van). Two compute modes:
+
+* ``emulated``: the model's real parameter arrays; every layer's forward/backward is an engine operation that
+  takes its profiled time (benchmarks/emulation/emulated_compute.py).
+* ``none``: as emulated with zero-time layers: push + pull only.
+* ``real``: the real network (benchmarks/workloads/real_models.py) trained with gluon.Trainer (SGD) on synthetic data.
+
+Optimizer (--optimizer sgd, the default): SGD with momentum 0.9 and weight decay 1e-4, where each system runs
+it in practice: on the servers for p3kv and dist_sync (kv.set_optimizer: update_on_kvstore), on the workers for
+MXNet's P3 (it refuses server-side updates) and Horovod (allreduce, then the updater). --optimizer none: the
+servers only sum (the pulled sum becomes the weight), the transport-only comparison.
+
+--system horovod (Horovod's Gloo environment from cluster_bench.py, or from `p3kv.launch --kvstore horovod` as
+`fab bench` runs it; no servers): horovod.mxnet's allreduce_ (ring allreduce with tensor fusion) sums every
+gradient, priority as for the others, then every worker runs the same SGD (real compute: a Gluon Trainer
+without a kvstore).
+--split-big-arrays N cuts every array above 10^6 elements into N parts (own keys, consecutive, so p3kv's
+round-robin puts them on different servers): with unsliced p3kv, the priority-only ablation that still
+spreads big arrays over the servers as MXNet's dist_sync does.
+
+The loop is an ordinary training loop: queue forward, backward and one pushpull per parameter (priority: minus
+its layer's forward index), then wait for the forward result (as a metric update would), so communication
+overlaps backward and the next forward exactly as in real training. Iteration time is the interval between
+consecutive forward completions. Each rank writes <out>.rank<r>.json with its iteration times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import statistics
+import sys
+import time
+
+from benchmarks.workloads import worker_output
+
+LOG = logging.getLogger("cluster_worker")
+MODES = ("p3kv", "dist_sync", "mxnet-p3", "horovod")
+LEARNING_RATE = 0.01
+MOMENTUM = 0.9
+WEIGHT_DECAY = 1e-4
+BIG_ARRAY = 1_000_000  # MXNet's MXNET_KVSTORE_BIGARRAY_BOUND default
+
+
+def mode_from_env(system: str | None = None) -> str:
+    if system == "horovod":
+        if "HOROVOD_RANK" not in os.environ:
+            raise SystemExit("--system horovod needs Horovod's Gloo environment (HOROVOD_RANK, ...): "
+                             "cluster_bench.py and `python -m p3kv.launch --kvstore horovod` set it")
+        return "horovod"
+    mode = os.environ.get("P3_BASELINE", "") or "p3kv"
+    if mode not in MODES:
+        raise SystemExit(f"P3_BASELINE={mode!r} is not one of dist_sync, mxnet-p3 (unset means p3kv)")
+    if mode == "mxnet-p3" and os.environ.get("DMLC_PS_VAN_TYPE") != "p3":
+        raise SystemExit("mode mxnet-p3 needs DMLC_PS_VAN_TYPE=p3 (the launcher's --kvstore mxnet-p3 sets it)")
+    return mode
+
+
+def create_kvstore(mode: str):
+    import mxnet as mx
+
+    if mode == "p3kv":
+        import p3kv  # noqa: F401  (registers kvstore 'p3')
+
+        return mx.kv.create("p3")
+    return mx.kv.create("dist_sync")
+
+
+def make_optimizer(mx, num_workers: int):
+    return mx.optimizer.SGD(learning_rate=LEARNING_RATE, momentum=MOMENTUM, wd=WEIGHT_DECAY,
+                            rescale_grad=1.0 / num_workers)
+
+
+def optimizer_label(name: str, num_workers: int) -> str:
+    if name == "none":
+        return "none"
+    return f"sgd(lr={LEARNING_RATE},momentum={MOMENTUM},wd={WEIGHT_DECAY},rescale_grad=1/{num_workers})"
+
+
+def split_big_arrays(description: dict, parts: int, bound: int = BIG_ARRAY) -> dict:
+    """The description with every array above `bound` elements cut into `parts` flat arrays, each listed
+    where the array was (so consecutive keys) and read/written by the same layer."""
+    params, index_of = [], {}
+    for i, p in enumerate(description["params"]):
+        n = 1
+        for d in p["shape"]:
+            n *= d
+        if n > bound and parts > 1:
+            step = -(-n // parts)
+            sizes = [min(step, n - k * step) for k in range(parts) if k * step < n]
+        else:
+            sizes = None
+        index_of[i] = []
+        for k, size in enumerate(sizes or [None]):
+            index_of[i].append(len(params))
+            params.append(p if size is None else {**p, "name": f"{p['name']}.part{k}", "shape": [size]})
+    layers = [{**layer, "params": [j for i in layer["params"] for j in index_of[i]]}
+              for layer in description["layers"]]
+    return {**description, "params": params, "layers": layers}
+
+
+class EmulatedTraining:
+    def __init__(self, args: argparse.Namespace, mode: str):
+        import mxnet as mx
+
+        from benchmarks.emulation import emulated_compute
+
+        description = emulated_compute.load_description(args.model)
+        if args.split_big_arrays > 1:
+            description = split_big_arrays(description, args.split_big_arrays)
+        # compute "none": the same loop with zero-time layers (push + pull only).
+        scale = math.inf if args.compute == "none" else args.gpu_scale
+        profile = emulated_compute.Profile(args.gpu, scale, emulated_compute.efficiency_of(description,
+                                                                                           args.efficiency_factor))
+        self.model = emulated_compute.EmulatedModel(description, args.batch_size, profile)
+        self.samples = args.batch_size * int(description.get("tokens_per_sample", 1))
+        self.unit = description.get("sample_unit", "images")
+        self.compute_s = self.model.compute_seconds
+        self.mode = mode
+        self.updater = None
+        weights = self.model.weights
+        if mode == "horovod":
+            import horovod.mxnet as hvd
+
+            self.hvd = hvd
+            hvd.init()
+            self.rank, self.num_workers = hvd.rank(), hvd.size()
+            for key, weight in enumerate(weights):
+                hvd.broadcast_(weight, root_rank=0, name=f"init{key}")
+        else:
+            self.kv = create_kvstore(mode)
+            for key, weight in enumerate(weights):  # increasing order: P3StoreDist assigns keys so
+                self.kv.init(key, weight)
+            self.rank, self.num_workers = self.kv.rank, self.kv.num_workers
+        if args.optimizer == "sgd":
+            optimizer = make_optimizer(mx, self.num_workers)
+            if mode in ("p3kv", "dist_sync"):
+                self.kv.set_optimizer(optimizer)  # update_on_kvstore: the servers run it
+            else:
+                self.updater = mx.optimizer.get_updater(optimizer)
+        self.update_on = "none" if args.optimizer == "none" else (
+            "servers" if mode in ("p3kv", "dist_sync") else "workers")
+        mx.nd.waitall()
+
+    def _sync(self, key: int, grad, weight, priority: int) -> None:
+        if self.mode == "horovod":
+            self.hvd.allreduce_(grad, average=False, name=str(key), priority=priority)
+            if self.updater is None:
+                grad.copyto(weight)
+        elif self.updater is None:  # servers update (or only sum): the pulled value is the new weight
+            self.kv.pushpull(key, grad, out=weight, priority=priority)
+        else:
+            self.kv.pushpull(key, grad, out=grad, priority=priority)
+        if self.updater is not None:
+            self.updater(key, grad, weight)
+
+    def step(self):
+        loss = self.model.forward()
+        self.model.backward()
+        grads, weights = self.model.grads, self.model.weights
+        for key in reversed(range(len(grads))):
+            self._sync(key, grads[key], weights[key], self.model.priority(key))
+        return loss
+
+    def close(self) -> None:
+        if self.mode == "horovod":
+            import mxnet as mx
+
+            self.hvd.allreduce(mx.nd.zeros(1), name="barrier").wait_to_read()
+            self.hvd.shutdown()
+
+
+class RealTraining:
+    def __init__(self, args: argparse.Namespace, mode: str):
+        import mxnet as mx
+        from mxnet import autograd, gluon
+
+        from benchmarks.workloads import real_models
+
+        self.mx, self.autograd = mx, autograd
+        self.model = real_models.build(args.model, args.batch_size, mx.cpu())
+        self.batch = self.model.batch()
+        self.samples = self.model.samples_per_batch
+        self.unit = "tokens" if args.model == "sockeye" else "images"
+        self.compute_s = self._compute_only_seconds()
+        if args.optimizer == "none":
+            raise SystemExit("--compute real trains with SGD; --optimizer none applies to emulated compute only")
+        sgd = {"learning_rate": LEARNING_RATE, "momentum": MOMENTUM, "wd": WEIGHT_DECAY}
+        params = self.model.net.collect_params()
+        self.hvd = None
+        self.rank = self.num_workers = -1
+        if mode == "horovod":
+            import horovod.mxnet as hvd
+
+            hvd.init()
+            hvd.broadcast_parameters(params, root_rank=0)
+            self.hvd, self.rank, self.num_workers = hvd, hvd.rank(), hvd.size()
+            # Gradients summed by allreduce (not averaged), then the same SGD on every worker: the arithmetic of
+            # the servers' update, so every system does the same work. Forward order: first layers first.
+            self.grads = [p for p in params.values() if p.grad_req != "null"]
+            self.trainer = gluon.Trainer(params, "sgd", sgd, kvstore=None)
+        else:
+            kvstore = "p3" if mode == "p3kv" else "dist_sync"
+            if mode == "p3kv":
+                import p3kv  # noqa: F401
+            # MXNet's P3 port needs the update on the workers (DESIGN.md); the others update on the servers.
+            self.trainer = gluon.Trainer(params, "sgd", sgd, kvstore=kvstore, update_on_kvstore=mode != "mxnet-p3")
+        self.update_on = "servers" if mode in ("p3kv", "dist_sync") else "workers"
+        self.batch_size = args.batch_size
+
+    def _compute_only_seconds(self) -> float:
+        """Forward + backward without communication (second of two runs), the compute part of the bound."""
+        seconds = 0.0
+        for _ in range(2):
+            start = time.perf_counter()
+            with self.autograd.record():
+                loss = self.model.loss(*self.batch)
+            loss.backward()
+            self.mx.nd.waitall()
+            seconds = time.perf_counter() - start
+        return seconds
+
+    def step(self):
+        with self.autograd.record():
+            loss = self.model.loss(*self.batch)
+        loss.backward()
+        if self.hvd is not None:
+            for i, param in enumerate(self.grads):
+                self.hvd.allreduce_(param.grad(), average=False, name=param.name, priority=-i)
+        self.trainer.step(self.batch_size)
+        if self.rank < 0:  # Gluon's Trainer creates its kvstore in the first step
+            self.rank, self.num_workers = self.trainer._kvstore.rank, self.trainer._kvstore.num_workers
+        return loss
+
+    def close(self) -> None:
+        if self.hvd is not None:
+            self.hvd.allreduce(self.mx.nd.zeros(1), name="barrier").wait_to_read()
+            self.hvd.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--compute", choices=("emulated", "real", "none"), default="emulated")
+    parser.add_argument("--batch-size", type=int, default=32)
+    worker_output.add_iteration_arguments(parser, warmup=3, iters=20)
+    parser.add_argument("--gpu", default="p100")
+    parser.add_argument("--gpu-scale", type=float, default=1.0)
+    parser.add_argument("--efficiency-factor", type=float, default=1.0,
+                        help="multiplies the model's calibrated efficiency (the sensitivity sweep)")
+    parser.add_argument("--optimizer", choices=("sgd", "none"), default="sgd")
+    parser.add_argument("--system", choices=("auto", "horovod"), default="auto",
+                        help="auto: p3kv or the baseline the launcher set (P3_BASELINE); horovod: Gloo ranks")
+    parser.add_argument("--split-big-arrays", type=int, default=0, metavar="N",
+                        help="cut arrays above 10^6 elements into N keys (the fair priority-only ablation)")
+    parser.add_argument("--log-interval", type=int, default=5)
+    worker_output.add_out_argument(parser, per_rank=True)
+    args = parser.parse_args(argv)
+    worker_output.start_logging(rank_lines=True)
+    mode = mode_from_env(args.system if args.system != "auto" else None)
+    start = time.perf_counter()
+    training = (RealTraining if args.compute == "real" else EmulatedTraining)(args, mode)
+    import mxnet as mx
+
+    times: list[float] = []
+    last = None
+    rank = num_workers = -1
+    for it in range(args.warmup + args.iters):
+        training.step().wait_to_read()
+        if it == 0:
+            rank, num_workers = training.rank, training.num_workers
+            LOG.info("rank %d/%d %s %s %s batch %d: first iteration after %.1f s; compute %.3f s/iter", rank,
+                     num_workers, mode, args.model, args.compute, args.batch_size, time.perf_counter() - start,
+                     training.compute_s)
+        now = time.perf_counter()
+        if last is not None and it >= args.warmup:
+            times.append(now - last)
+        last = now
+        if times and len(times) % args.log_interval == 0:
+            recent = times[-args.log_interval:]
+            LOG.info("rank %d iter %d: %.1f %s/s (%.3f s/iter over the last %d)", rank, it + 1,
+                     training.samples / statistics.median(recent), training.unit, statistics.median(recent),
+                     len(recent))
+    mx.nd.waitall()
+    training.close()
+    result = {"rank": rank, "num_workers": num_workers, "mode": mode, "model": args.model,
+              "optimizer": optimizer_label(args.optimizer, num_workers), "update_on": training.update_on,
+              "compute": args.compute, "batch_size": args.batch_size, "samples_per_batch": training.samples,
+              "unit": training.unit, "compute_s": training.compute_s, "iter_s": times,
+              "median_s": statistics.median(times) if times else None,
+              "versions": worker_output.versions("mxnet", "p3kv", "gluoncv", "sockeye", "numpy", "horovod")}
+    worker_output.write_rank(args.out, rank, result)
+    LOG.info("rank %d: median %.4f s/iter, %.1f %s/s", rank, result["median_s"] or 0,
+             training.samples / result["median_s"] if result["median_s"] else 0, training.unit)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
