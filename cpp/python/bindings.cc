@@ -103,8 +103,8 @@ Buffer GetBuffer(const py::buffer& b, const std::string& what, p3::DType dtype, 
 p3::DType ToDType(const std::string& name) {
   p3::DType t;
   if (!p3::ParseDType(name, &t)) {
-    Raise(Status::Invalid("dtype " + name + " is not supported (use float32, float64, float16, int32, int64 or "
-                          "uint8)"));
+    Raise(Status::Invalid("dtype " + name + " is not supported (use float32, float64, float16, bfloat16, int32, "
+                          "int64 or uint8)"));
   }
   return t;
 }
@@ -224,7 +224,8 @@ PYBIND11_MODULE(_p3, m) {
       .def_readwrite("trace", &p3::NodeConfig::trace)
       .def_readwrite("secret", &p3::NodeConfig::secret)
       .def_readwrite("heartbeat_interval", &p3::NodeConfig::heartbeat_interval)
-      .def_readwrite("heartbeat_timeout", &p3::NodeConfig::heartbeat_timeout);
+      .def_readwrite("heartbeat_timeout", &p3::NodeConfig::heartbeat_timeout)
+      .def_readwrite("rank", &p3::NodeConfig::rank);
 
   py::class_<p3::Scheduler>(m, "Scheduler")
       .def(py::init(&p3::Scheduler::Create))

@@ -28,7 +28,7 @@ Aggregator::Slice* Aggregator::Find(const Header& h) {
   }
   const uint64_t value_bytes = h.count * DTypeSize(h.dtype);
   const uint64_t needed = value_bytes + h.count * DTypeSize(AccumulatorType(h.dtype)) +
-                          (h.dtype == DType::kFloat16 ? value_bytes : 0);
+                          (AccumulatorType(h.dtype) != h.dtype ? value_bytes : 0);
   if (slice_budget_ != 0 && needed > slice_budget_ - std::min(slice_budget_, slice_bytes_)) {
     hooks_.reject(h.sender, h, "INIT of key " + std::to_string(h.key) + " slice " + std::to_string(h.slice) + " (" +
                                    std::to_string(h.count) + " elements) needs " + std::to_string(needed) +
@@ -46,7 +46,7 @@ Aggregator::Slice* Aggregator::Find(const Header& h) {
   // Allocated once per slice for the job; INIT carries at most the value, so nothing is read into these.
   s.entry.value = std::make_shared<std::vector<char>>(h.count * DTypeSize(h.dtype));
   s.accum.resize(h.count * DTypeSize(AccumulatorType(h.dtype)));
-  if (h.dtype == DType::kFloat16) s.rounded.resize(s.entry.value->size());
+  if (AccumulatorType(h.dtype) != h.dtype) s.rounded.resize(s.entry.value->size());
   s.contributed.assign(static_cast<size_t>(workers_), false);
   s.sent.assign(static_cast<size_t>(workers_), 0);
   slice_bytes_ += s.entry.value->size() + s.accum.size() + s.rounded.size();

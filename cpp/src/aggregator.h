@@ -97,7 +97,7 @@ class Aggregator {
   struct Slice {
     SliceEntry entry;
     std::vector<char> accum;    // this iteration's sum, in AccumulatorType(dtype)
-    std::vector<char> rounded;  // float16 only: the sum rounded back for the update function
+    std::vector<char> rounded;  // float16, bfloat16 only: the sum rounded back for the update function
     std::vector<bool> contributed;
     std::vector<uint64_t> sent;  // per worker: frames (INIT, then one PUSH per iteration) it sent this slice
     int arrived = 0;

@@ -233,6 +233,7 @@ std::string EncodeRegistration(const Registration& r) {
   PutValue(&out, r.port);
   PutValue(&out, r.num_worker);
   PutValue(&out, r.num_server);
+  PutValue(&out, r.rank);
   return out;
 }
 
@@ -241,7 +242,8 @@ Status DecodeRegistration(const std::string& bytes, Registration* out) {
   uint8_t role;
   Registration reg;
   if (!r.Get(&role) || role > static_cast<uint8_t>(Role::kWorker) || !r.GetString(&reg.host) ||
-      !r.Get(&reg.port) || !r.Get(&reg.num_worker) || !r.Get(&reg.num_server) || !r.done()) {
+      !r.Get(&reg.port) || !r.Get(&reg.num_worker) || !r.Get(&reg.num_server) ||
+      (!r.done() && (!r.Get(&reg.rank) || !r.done()))) {
     return Status::Invalid("malformed registration");
   }
   reg.role = static_cast<Role>(role);

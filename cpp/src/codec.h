@@ -42,6 +42,7 @@ struct Registration {
   uint16_t port = 0;  // servers: where workers connect
   uint32_t num_worker = 0;
   uint32_t num_server = 0;
+  int32_t rank = -1;  // the rank asked for, or -1 (an optional trailing field: older encoders omit it)
 };
 
 struct NodeTable {

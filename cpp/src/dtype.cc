@@ -14,6 +14,7 @@ size_t DTypeSize(DType t) {
     case DType::kInt32: return 4;
     case DType::kInt64: return 8;
     case DType::kUInt8: return 1;
+    case DType::kBFloat16: return 2;
   }
   return 0;
 }
@@ -26,6 +27,7 @@ const char* DTypeName(DType t) {
     case DType::kInt32: return "int32";
     case DType::kInt64: return "int64";
     case DType::kUInt8: return "uint8";
+    case DType::kBFloat16: return "bfloat16";
   }
   return "?";
 }
@@ -40,7 +42,24 @@ bool ParseDType(const std::string& name, DType* out) {
   return false;
 }
 
-DType AccumulatorType(DType t) { return t == DType::kFloat16 ? DType::kFloat32 : t; }
+DType AccumulatorType(DType t) {
+  return t == DType::kFloat16 || t == DType::kBFloat16 ? DType::kFloat32 : t;
+}
+
+float BFloat16ToFloat(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+uint16_t FloatToBFloat16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, sizeof x);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40);  // nan stays a quiet nan
+  x += 0x7fffu + ((x >> 16) & 1u);  // round to nearest, ties to even (overflow rounds to inf)
+  return static_cast<uint16_t>(x >> 16);
+}
 
 float HalfToFloat(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
@@ -107,6 +126,12 @@ void Add(const void* src, void* accum, size_t n) {
 }  // namespace
 
 void CopyToAccumulator(DType t, const void* src, void* accum, size_t count) {
+  if (t == DType::kBFloat16) {
+    const uint16_t* s = static_cast<const uint16_t*>(src);
+    float* a = static_cast<float*>(accum);
+    for (size_t i = 0; i < count; ++i) a[i] = BFloat16ToFloat(s[i]);
+    return;
+  }
   if (t == DType::kFloat16) {
     const uint16_t* s = static_cast<const uint16_t*>(src);
     float* a = static_cast<float*>(accum);
@@ -129,10 +154,22 @@ void AddToAccumulator(DType t, const void* src, void* accum, size_t count) {
       for (size_t i = 0; i < count; ++i) a[i] += HalfToFloat(s[i]);
       return;
     }
+    case DType::kBFloat16: {
+      const uint16_t* s = static_cast<const uint16_t*>(src);
+      float* a = static_cast<float*>(accum);
+      for (size_t i = 0; i < count; ++i) a[i] += BFloat16ToFloat(s[i]);
+      return;
+    }
   }
 }
 
 void CopyFromAccumulator(DType t, const void* accum, void* dst, size_t count) {
+  if (t == DType::kBFloat16) {
+    const float* a = static_cast<const float*>(accum);
+    uint16_t* d = static_cast<uint16_t*>(dst);
+    for (size_t i = 0; i < count; ++i) d[i] = FloatToBFloat16(a[i]);
+    return;
+  }
   if (t == DType::kFloat16) {
     const float* a = static_cast<const float*>(accum);
     uint16_t* d = static_cast<uint16_t*>(dst);

@@ -175,14 +175,43 @@ Status SchedulerNode::Admit(Member* m, const std::string& payload) {
                            "); the job has P3_NUM_" + (reg.role == Role::kServer ? "SERVER=" : "WORKER=") +
                            std::to_string(limit) + ": is another job using the same P3_ROOT_PORT?");
   }
+  if (reg.rank >= limit || reg.rank < -1) {
+    return Status::Invalid("a " + std::string(RoleName(reg.role)) + " at " + reg.host + " asked for rank " +
+                           std::to_string(reg.rank) + " but the job has " + std::to_string(limit) + ": give "
+                           "P3_WORKER_RANK a value from 0 to " + std::to_string(limit - 1));
+  }
+  for (auto& other : members_) {
+    if (reg.rank >= 0 && other->registered && other->reg.role == reg.role && other->reg.rank == reg.rank) {
+      return Status::Invalid("two " + std::string(RoleName(reg.role)) + "s asked for rank " +
+                             std::to_string(reg.rank) + " (" + Describe(*other) + " and one at " + reg.host +
+                             "): give each its own P3_WORKER_RANK");
+    }
+  }
   m->registered = true;
   m->reg = reg;
-  m->rank = same_role;  // ranks follow registration order within a role
+  // Ranks follow registration order within a role, except those asked for (see NumberRanks).
+  m->rank = reg.rank >= 0 ? reg.rank : same_role;
   Log(LogLevel::kInfo, "scheduler", "registered " + Describe(*m));
   return Status::Ok();
 }
 
+void SchedulerNode::NumberRanks() {
+  for (Role role : {Role::kServer, Role::kWorker}) {
+    std::vector<bool> taken(members_.size() + config_.num_worker + config_.num_server, false);
+    for (auto& m : members_) {
+      if (m->registered && m->reg.role == role && m->reg.rank >= 0) taken[m->reg.rank] = true;
+    }
+    int next = 0;
+    for (auto& m : members_) {
+      if (!m->registered || m->reg.role != role || m->reg.rank >= 0) continue;
+      while (taken[next]) ++next;
+      m->rank = next++;
+    }
+  }
+}
+
 Status SchedulerNode::SendTables() {
+  NumberRanks();
   NodeTable table;
   for (Role role : {Role::kServer, Role::kWorker}) {
     for (int rank = 0;; ++rank) {

@@ -35,6 +35,7 @@ Status SchedulerClient::Join(const std::string& host, uint16_t listen_port, Node
   reg.port = listen_port;
   reg.num_worker = static_cast<uint32_t>(config_.num_worker);
   reg.num_server = static_cast<uint32_t>(config_.num_server);
+  reg.rank = config_.rank;
   const std::string payload = EncodeRegistration(reg);
   st = link_->Send(ControlFrame(Command::kRegister, -1, payload.size()), payload.data());
   if (!st.ok()) return st;

@@ -41,6 +41,7 @@ class SchedulerNode final : public Scheduler {
  private:
   struct Member;
   Status Admit(Member* m, const std::string& payload);
+  void NumberRanks();  // final ranks: those asked for (P3_WORKER_RANK), the rest in registration order
   Status SendTables();
   Status HandleFrame(Member* m, const Header& h, std::string payload);
   void Broadcast(Command c, const std::string& payload, bool servers, bool workers);

@@ -181,6 +181,13 @@ void TestRegistrationAndTableRoundTrip() {
   CHECK(p3::DecodeRegistration(p3::EncodeRegistration(r), &r2).ok());
   CHECK(r2.role == r.role && r2.host == r.host && r2.port == r.port && r2.num_worker == 4 && r2.num_server == 2);
   CHECK(!p3::DecodeRegistration("\x01", &r2).ok());
+  CHECK(r2.rank == -1);  // not asked for
+  r.rank = 3;  // P3_WORKER_RANK: asked for, and an encoding without it (older nodes) still decodes
+  const std::string with_rank = p3::EncodeRegistration(r);
+  CHECK(p3::DecodeRegistration(with_rank, &r2).ok() && r2.rank == 3);
+  CHECK(p3::DecodeRegistration(with_rank.substr(0, with_rank.size() - 4), &r2).ok() && r2.rank == -1);
+  CHECK(!p3::DecodeRegistration(with_rank + "x", &r2).ok());
+  CHECK(!p3::DecodeRegistration(with_rank.substr(0, with_rank.size() - 2), &r2).ok());
   p3::NodeTable t;
   t.your_rank = 1;
   t.nodes = {{p3::Role::kServer, 0, "a", 1}, {p3::Role::kWorker, 1, "bb", 0}};
@@ -218,6 +225,30 @@ void TestHalf() {
   CHECK(std::isinf(p3::HalfToFloat(p3::FloatToHalf(70000.0f))));
   CHECK(std::isnan(p3::HalfToFloat(p3::FloatToHalf(std::nanf("")))));
   CHECK(p3::HalfToFloat(p3::FloatToHalf(1e-9f)) == 0.0f);
+}
+
+void TestBFloat16() {
+  // torch's bfloat16: the high half of a float32, rounded to nearest even; nan stays nan, overflow gives inf.
+  for (float f : {0.0f, 1.0f, -2.5f, 3.3895313892515355e+38f, 1.1754943508222875e-38f}) {
+    CHECK(p3::BFloat16ToFloat(p3::FloatToBFloat16(f)) == f);
+  }
+  CHECK(p3::FloatToBFloat16(1.0f + 1.0f / 256) == p3::FloatToBFloat16(1.0f));                 // tie -> even
+  CHECK(p3::FloatToBFloat16(1.0f + 3.0f / 256) == p3::FloatToBFloat16(1.0f + 2.0f / 128));    // tie -> even (up)
+  CHECK(p3::FloatToBFloat16(1.0f + 1.5f / 256) == p3::FloatToBFloat16(1.0f + 1.0f / 128));    // above half: up
+  CHECK(std::isinf(p3::BFloat16ToFloat(p3::FloatToBFloat16(3.4e38f))));
+  CHECK(std::isnan(p3::BFloat16ToFloat(p3::FloatToBFloat16(std::nanf("")))));
+  // Summed in float32, rounded once: 1 + 2^-8 + 2^-8 is 1 + 2^-7 exactly (a bfloat16 sum would stay at 1).
+  const uint16_t a[2] = {p3::FloatToBFloat16(1.0f), p3::FloatToBFloat16(1.0f / 256)};
+  float acc[2];
+  p3::CopyToAccumulator(p3::DType::kBFloat16, a, acc, 2);
+  p3::AddToAccumulator(p3::DType::kBFloat16, a + 1, acc, 1);
+  p3::AddToAccumulator(p3::DType::kBFloat16, a + 1, acc, 1);
+  uint16_t out[2];
+  p3::CopyFromAccumulator(p3::DType::kBFloat16, acc, out, 2);
+  CHECK(p3::BFloat16ToFloat(out[0]) == 1.0f + 1.0f / 128);
+  CHECK(p3::DTypeSize(p3::DType::kBFloat16) == 2 && p3::AccumulatorType(p3::DType::kBFloat16) == p3::DType::kFloat32);
+  p3::DType parsed;
+  CHECK(p3::ParseDType("bfloat16", &parsed) && parsed == p3::DType::kBFloat16);
 }
 
 void TestAggregation() {
@@ -321,6 +352,7 @@ int main() {
       {"registration_and_table_round_trip", TestRegistrationAndTableRoundTrip},
       {"slicer", TestSlicer},
       {"half", TestHalf},
+      {"bfloat16", TestBFloat16},
       {"aggregation", TestAggregation},
       {"handshake", TestHandshake},
       {"virtual_stream", TestVirtualStream},

@@ -97,6 +97,9 @@ VARIABLES: tuple[Variable, ...] = (
              "that only sum (no optimizer on the kvstore) never need it: `0` saves them the import."),
     Variable("P3_LOG_LEVEL", str, "WARNING", "Log level of p3kv's Python and C++ logs (DEBUG, INFO, WARNING, "
              "ERROR)."),
+    Variable("P3_WORKER_RANK", int, -1, "Worker: the rank to take (0 to P3_NUM_WORKER-1, each worker its own); "
+             "-1 (default) takes ranks in the order workers register. The launcher sets it to equal the RANK it "
+             "exports (torchrun's variables) in jobs on one host.", internal=True),
     Variable("P3_JOINED_FILE", str, "", "Set by the launcher for each worker: a file the worker creates once it "
              "joined the job, so that the launcher can name a worker that exits without joining.", internal=True),
     # MXNet's own variables that p3kv consults (MXNet reads them too).
@@ -138,6 +141,7 @@ class Config:
     baseline: str = ""
     preload_mxnet: int = 1
     log_level: str = "WARNING"
+    worker_rank: int = -1
     joined_file: str = ""
 
     def bind_host(self) -> str:
@@ -224,6 +228,9 @@ def load(environ: Mapping[str, str] | None = None, role: Role | None = None, **o
         raise ConfigError(f"P3_ROOT_PORT={values['root_port']} is not a TCP port (1-65535)")
     if not 0 <= int(values["port"]) < 65536:
         raise ConfigError(f"P3_PORT={values['port']} is not a TCP port (0-65535; 0 picks a free one)")
+    if not -1 <= int(values["worker_rank"]) < int(values["num_worker"]):
+        raise ConfigError(f"P3_WORKER_RANK={values['worker_rank']} is not a worker rank: use 0 to "
+                          f"P3_NUM_WORKER-1={int(values['num_worker']) - 1}, or -1 for registration order")
     if values["preload_mxnet"] not in (0, 1):
         raise ConfigError(f"P3_PRELOAD_MXNET={values['preload_mxnet']} must be 1 (import mxnet at start-up) or 0 "
                           "(only when an optimizer arrives)")
@@ -278,6 +285,8 @@ def environment_for(config: Config, role: Role) -> dict[str, str]:
         value = getattr(config, var.field)
         if var.name == "P3_ROLE":
             value = role.value
+        if var.name == "P3_WORKER_RANK":
+            continue  # one worker's own (the launcher sets it per worker)
         if var.name == "P3_SECRET" and config.secret_file:
             continue  # the children read the file themselves: keep the secret out of environments
         if value is None or value == "":

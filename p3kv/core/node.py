@@ -52,6 +52,7 @@ def node_config(config: Config) -> _p3.NodeConfig:
     node.secret = config.secret
     node.heartbeat_interval = config.heartbeat_interval
     node.heartbeat_timeout = config.heartbeat_timeout
+    node.rank = config.worker_rank if config.role.value == "worker" else -1
     return node
 
 

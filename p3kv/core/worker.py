@@ -47,6 +47,7 @@ class _Key:
     shape: tuple
     dtype: np.dtype
     in_use: list = dataclasses.field(default_factory=list)  # _Operations not yet released by the core
+    wire: str = ""  # the core's element type, when numpy has none for it ("bfloat16" carried as uint16)
 
 
 class P3Worker:
@@ -87,14 +88,15 @@ class P3Worker:
         return self.config.slice_size
 
     # -- operations --------------------------------------------------------------------------------------
-    def init(self, key: int | str, value: np.ndarray, out: np.ndarray | None = None, name: str | None = None
-             ) -> None:
+    def init(self, key: int | str, value: np.ndarray, out: np.ndarray | None = None, name: str | None = None,
+             wire_dtype: str | None = None) -> None:
         """Declares `key` and starts its initialisation; non-blocking.
 
         Worker 0's `value` becomes the value on the servers and is written into `out` (default: `value`
         itself) on every worker, so all workers start equal. Every worker must init the same keys, with the
         same shapes and dtypes, in the same order. `name` is what error messages call the key (default: the
-        key itself; the MXNet adapter passes Module's parameter names for its numbered keys).
+        key itself; the MXNet adapter passes Module's parameter names for its numbered keys). `wire_dtype` names an
+        element type numpy lacks: "bfloat16", whose arrays are uint16 views of the bits (p3kv.torch).
         """
         kid = key_id(key)
         if kid in self._keys:
@@ -108,9 +110,10 @@ class P3Worker:
             value = np.ascontiguousarray(value)
         label = key if name is None else name
         self._check_not_abandoned(label, (value, out))
-        k = self._keys[kid] = _Key(str(key), label, value.shape, value.dtype)
+        wire = wire_dtype or value.dtype.name
+        k = self._keys[kid] = _Key(str(key), label, value.shape, value.dtype, wire=wire)
         try:
-            ticket = self._core.init(kid, str(key), value.dtype.name, value.reshape(-1), out.reshape(-1))
+            ticket = self._core.init(kid, str(key), wire, value.reshape(-1), out.reshape(-1))
         except Exception:
             del self._keys[kid]
             raise
@@ -131,7 +134,7 @@ class P3Worker:
         self._check_out(k.label, out, k.shape, k.dtype)
         priority = self._send_priority(priority)
         self._check_not_abandoned(k.label, (grad, out))
-        ticket = self._core.push(key_id(key), k.dtype.name, grad.reshape(-1), out.reshape(-1), priority)
+        ticket = self._core.push(key_id(key), k.wire, grad.reshape(-1), out.reshape(-1), priority)
         # (Pruned here too, so that pushing without waiting keeps only what the core still holds.)
         k.in_use[:] = [op for op in k.in_use if not op.ticket.released]
         k.in_use.append(_Operation(k.label, ticket, (grad, out)))

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from p3kv.core import config
 from p3kv.core.errors import ConfigError
 from p3kv.launch.horovod import parse_slots
-from p3kv.launch.job import DEFAULT_GRACE, Job, KVStore
+from p3kv.launch.job import DEFAULT_GRACE, SERVER_MODULES, Job, KVStore
 from p3kv.launch.launcher import LOG, launch
 
 
@@ -64,6 +64,9 @@ def _parser() -> argparse.ArgumentParser:
                    "host's address and worker count, in rank order (the same on every host)")
     p.add_argument("--server-command", type=_command, metavar="CMD", help="run CMD as each server instead of "
                    "the default (split like a shell does)")
+    p.add_argument("--servers", choices=sorted(SERVER_MODULES), default="mxnet", help="p3 jobs: mxnet (default) "
+                   "runs the MXNet optimizer a worker sends; core runs framework-free servers that import neither "
+                   "MXNet nor torch and sum gradients (p3kv.torch)")
     p.add_argument("--scheduler-command", type=_command, metavar="CMD", help="run CMD as the scheduler")
     p.add_argument("--env", type=_env_pair, action="append", default=[], metavar="KEY=VALUE",
                    help="set KEY for every process (repeatable), e.g. --env P3_SLICE_SIZE=40000")
@@ -86,7 +89,7 @@ def job_from_args(argv: Sequence[str]) -> tuple[Job, bool]:
               server_command=args.server_command, scheduler_command=args.scheduler_command,
               timeout=args.timeout, log_dir=args.log_dir, grace=args.grace, local_workers=args.local_workers,
               local_servers=args.local_servers, scheduler=not args.no_scheduler, root=args.root,
-              slots=args.slots)
+              slots=args.slots, servers=args.servers)
     return job, args.verbose
 
 

@@ -24,6 +24,9 @@ _MANAGED = {
 }
 
 
+SERVER_MODULES = {"mxnet": "p3kv.mxnet.server", "core": "p3kv.core.server"}
+
+
 class KVStore(enum.Enum):
     """Which parameter server the job runs."""
 
@@ -60,6 +63,9 @@ class Job:
     root: str | None = None
     # Horovod only: every host's address and worker count, in rank order (None: this host runs all W).
     slots: tuple[tuple[str, int], ...] | None = None
+    # p3 jobs: which servers run (SERVER_MODULES): "mxnet" (MXNet's optimizer when a worker sends one) or "core"
+    # (framework-free, import neither MXNet nor torch: they sum; what p3kv.torch's worker placement needs).
+    servers: str = "mxnet"
 
     @property
     def spans_hosts(self) -> bool:
@@ -98,6 +104,8 @@ class Job:
                               "out on the scheduler's host (it runs at --host)")
         if self.spans_hosts and not self.port:
             raise ConfigError("a job across hosts needs a fixed scheduler port: pass the same --port on every host")
+        if self.servers not in SERVER_MODULES:
+            raise ConfigError(f"--servers {self.servers!r}: use one of {', '.join(SERVER_MODULES)}")
         for flag, argv in (("--server-command", self.server_command),
                            ("--scheduler-command", self.scheduler_command)):
             if argv is not None and not argv:

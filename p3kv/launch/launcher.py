@@ -34,8 +34,8 @@ from typing import TextIO
 from p3kv.core import config
 from p3kv.core.config import BULK_VARIABLE, Role
 from p3kv.core.errors import ConfigError
-from p3kv.launch import baselines, horovod
-from p3kv.launch.job import BASELINE_VARIABLE, Job, KVStore
+from p3kv.launch import baselines, horovod, torchrun
+from p3kv.launch.job import BASELINE_VARIABLE, SERVER_MODULES, Job, KVStore
 from p3kv.launch.supervisor import ProcessSpec, Supervisor
 
 LOG = logging.getLogger("p3kv.launch")
@@ -86,9 +86,9 @@ def check_port(address: str, port: int) -> None:
             raise ConfigError(f"--port {port} cannot be used on {address} ({e.strerror}); {hint}") from None
 
 
-def _default_command(kvstore: KVStore, role: Role) -> tuple[str, ...]:
-    if kvstore is KVStore.P3:  # servers run the MXNet optimizer workers send (aggregate only until one arrives)
-        module = "p3kv.mxnet.server" if role is Role.SERVER else f"p3kv.core.{role.value}"
+def _default_command(kvstore: KVStore, role: Role, servers: str = "mxnet") -> tuple[str, ...]:
+    if kvstore is KVStore.P3:  # "mxnet" servers run the MXNet optimizer workers send (they sum until one arrives)
+        module = SERVER_MODULES[servers] if role is Role.SERVER else f"p3kv.core.{role.value}"
         return (sys.executable, "-m", module)
     return baselines.command(role)
 
@@ -127,7 +127,9 @@ def plan(job: Job, host: str, port: int, environ: Mapping[str, str], joined_dir:
     With `joined_dir`, each worker of a p3 job with p3kv's own scheduler gets P3_JOINED_FILE in that directory:
     a worker that exits 0 without having joined then fails the job at once, named."""
     base = dict(environ)
-    base.pop("P3_JOINED_FILE", None)  # per worker, below (a launcher started inside a worker must not inherit it)
+    # Per worker, below (a launcher started inside a worker must not inherit them).
+    for per_worker in ("P3_JOINED_FILE", "P3_WORKER_RANK", "RANK", "LOCAL_RANK"):
+        base.pop(per_worker, None)
     base.setdefault("PYTHONUNBUFFERED", "1")  # so output is forwarded as it is written, not at exit
     base.update(job.env)
     if job.kvstore is KVStore.P3 and not base.get("P3_SECRET") and not base.get("P3_SECRET_FILE"):
@@ -149,16 +151,20 @@ def plan(job: Job, host: str, port: int, environ: Mapping[str, str], joined_dir:
                                  _role_environment(job, Role.SCHEDULER, host, port, base), "scheduler",
                                  primary=services_primary))
     server_env = _role_environment(job, Role.SERVER, host, port, base)
-    server_argv = job.server_command or _default_command(job.kvstore, Role.SERVER)
+    server_argv = job.server_command or _default_command(job.kvstore, Role.SERVER, job.servers)
     specs += [ProcessSpec(f"server {i}", server_argv, server_env, f"server{i}", primary=services_primary)
               for i in range(servers)]
     worker_env = _role_environment(job, Role.WORKER, host, port, base)
+    master_port = free_port(host) if job.kvstore is KVStore.P3 else 0
     for i in range(workers):
         # With a stand-in scheduler (--scheduler-command, for tests) workers need not join anything.
         joined = None
         if joined_dir is not None and job.kvstore is KVStore.P3 and job.scheduler_command is None:
             joined = os.path.join(joined_dir, f"worker{i}.joined")
         env = worker_env if joined is None else {**worker_env, "P3_JOINED_FILE": joined}
+        if job.kvstore is KVStore.P3:
+            env = {**env, **torchrun.worker_environment(i, workers, job.num_workers, job.root or host, master_port,
+                                                        not job.spans_hosts)}
         specs.append(ProcessSpec(f"worker {i}", job.command, env, f"worker{i}", primary=True, joined_file=joined,
                                  join_hint=JOIN_HINT))
     if not specs:

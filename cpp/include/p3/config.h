@@ -25,6 +25,7 @@ struct NodeConfig {
   std::string secret;              // the job's shared secret: every connection proves it (handshake.h)
   double heartbeat_interval = 1.0;  // seconds between heartbeats node <-> scheduler
   double heartbeat_timeout = 10.0;  // silence after which a node (or the scheduler) is declared dead
+  int rank = -1;  // the rank this node asks the scheduler for (P3_WORKER_RANK); -1: registration order decides
 };
 
 }  // namespace p3

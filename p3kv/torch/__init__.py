@@ -1,0 +1,12 @@
+"""p3kv for PyTorch: P3 (priority-based parameter propagation) under an unchanged torch training loop.
+
+    model, optimizer = p3kv.torch.distribute(model, torch.optim.SGD(model.parameters(), lr=0.1))
+
+run under ``python -m p3kv.launch -n W -s S -- python train.py`` (which exports torchrun's RANK, WORLD_SIZE,
+LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT as well). The contract is `distribute`'s docstring;
+docs/torch.md says what works and what is refused. Pure Python over p3kv.core (no extension built against torch).
+"""
+
+from p3kv.torch.distributed import distribute, worker
+
+__all__ = ["distribute", "worker"]

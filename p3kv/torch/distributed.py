@@ -1,0 +1,144 @@
+"""`distribute(model, optimizer)`: the one call that makes a torch training loop a p3kv worker."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import sys
+import types
+
+import torch
+
+from p3kv.core.errors import ConfigError
+from p3kv.core.worker import P3Worker
+from p3kv.torch.synchronizer import Synchronizer
+
+log = logging.getLogger("p3kv.torch")
+
+PLACEMENTS = ("worker",)
+_worker: P3Worker | None = None
+
+
+def worker() -> P3Worker:
+    """This process's P3Worker (joined at the first call; the job comes from the P3_* environment that
+    `python -m p3kv.launch` sets). Its rank is the worker's rank, equal to the RANK the launcher exports."""
+    global _worker
+    if _worker is None:
+        _worker = P3Worker()
+        atexit.register(_close_at_exit, _worker)
+    return _worker
+
+
+def _close_at_exit(w: P3Worker) -> None:
+    """A script that ends normally leaves the job cleanly; one that dies of an exception (sys.last_value is set
+    for an unhandled one) must not: a clean close would tell the others it merely ran fewer steps. Its
+    connections drop instead, and the job fails naming this worker."""
+    if getattr(sys, "last_value", None) is not None:
+        w.__exit__(type(sys.last_value), sys.last_value, None)
+        return
+    w.close()
+
+
+def distribute(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, placement: str = "worker",
+               unused_parameters: str = "error", backward_passes_per_step: int = 1,
+               broadcast_buffers: bool = True) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """Makes `model` and `optimizer` train data-parallel over p3kv; returns them (the same objects, hooked).
+
+    The training loop stays as it is (forward, loss.backward(), optimizer.step(), optimizer.zero_grad()); the
+    result equals torch's DistributedDataParallel with the same optimizer, seed and data shards (bitwise for two
+    workers in float32 without BatchNorm):
+
+    - At this call every worker joins the job and takes worker 0's parameters and buffers (as DDP's broadcast at
+      construction).
+    - Worker placement (the only one yet): servers only sum. Each parameter's gradient leaves as soon as it is
+      final (its post-accumulate-grad hook), multiplied by 1/world size as DDP does, as one key sliced by the core
+      and pushed with its forward-order priority (the first forward pass learns the order of the modules; the
+      first layer is the most urgent). `optimizer.step()` returns at once: each parameter's update is the user's
+      own optimizer run on that one parameter with the hyperparameters step() saw (LR schedulers may change them
+      right after step()), applied when its average has arrived and the module that reads it starts its next
+      forward pass. The next forward therefore overlaps the communication of the later layers. This needs an
+      optimizer whose update of one parameter depends on that parameter only (every torch.optim optimizer but
+      LBFGS); otherwise call `optimizer.synchronize()` before `optimizer.step()` (below).
+    - `optimizer.synchronize()` waits for every average and writes it into each parameter's .grad; the next
+      step() then updates all parameters at once. Call it before clipping by global norm, GradScaler's unscale_
+      or anything that reads averaged gradients (as with Horovod). Without it, .grad holds this worker's local
+      gradient after backward.
+    - Parameters are current when the modules reading them run forward, after `optimizer.synchronize()`, and
+      after `model.state_dict()` / `optimizer.state_dict()` (both finish pending updates first). Read them
+      directly (e.g. `model.parameters()` at the end) only after one of these.
+    - Gradient accumulation: backward passes inside `with model.no_sync():` only accumulate locally (as DDP);
+      or `backward_passes_per_step=N` pushes after every N-th backward pass (as Horovod).
+    - Unused parameters: a trained parameter that got no gradient since the last step() is an error naming it
+      (`unused_parameters='error'`, like DDP's find_unused_parameters=False), or zeros are pushed for it
+      (`unused_parameters='zeros'`). Parameters with requires_grad=False are never sent.
+    - Buffers: with broadcast_buffers (default, as DDP) worker 0's floating-point buffers (BatchNorm's running
+      statistics) reach every worker after each synchronized forward pass, before the modules owning them run
+      again.
+    - Tensors: dense contiguous CPU float32, float16, bfloat16 or float64 parameters (the servers sum float16
+      and bfloat16 in float32); CUDA tensors are refused with a ConfigError (the GPU path is not built yet).
+    - Refused: step(closure) (LBFGS re-runs forward and backward inside step()).
+    """
+    if placement not in PLACEMENTS:
+        raise ConfigError(f"placement={placement!r}: p3kv.torch supports {PLACEMENTS} (the server placement, "
+                          "optimizers run on the servers, is not built yet): use placement='worker'")
+    if getattr(optimizer, "_p3kv_sync", None) is not None:
+        raise ConfigError("this optimizer is already distributed by p3kv.torch.distribute")
+    sync = Synchronizer(model, optimizer, worker(), unused_parameters=unused_parameters,
+                        backward_passes_per_step=backward_passes_per_step, broadcast_buffers=broadcast_buffers)
+    _patch_optimizer(optimizer, sync)
+    model.no_sync = types.MethodType(_no_sync_of(sync), model)
+    log.info("worker %d of %d: %d parameters, %d servers", sync.worker.rank, sync.worker.num_workers,
+             len(sync.slots), sync.worker.num_servers)
+    return model, optimizer
+
+
+def _no_sync_of(sync: Synchronizer):
+    @contextlib.contextmanager
+    def no_sync(model):
+        """Backward passes inside only accumulate gradients locally (DDP's no_sync)."""
+        previous, sync.no_sync = sync.no_sync, True
+        try:
+            yield
+        finally:
+            sync.no_sync = previous
+    return no_sync
+
+
+def _patch_optimizer(optimizer: torch.optim.Optimizer, sync: Synchronizer) -> None:
+    """The optimizer stays the user's object (LR schedulers, isinstance checks); step/state_dict are wrapped on
+    the instance. Per-parameter updates call the original step."""
+    inner_step = sync.inner_step
+    inner_state_dict = optimizer.state_dict
+    inner_load = optimizer.load_state_dict
+
+    def step(self, closure=None):
+        if closure is not None:
+            raise ConfigError("p3kv.torch cannot run step(closure): a closure (LBFGS) re-runs forward and backward "
+                              "inside step(), which the other workers would not match; use an optimizer without "
+                              "a closure")
+        self._opt_called = True  # what an LR scheduler's own wrapper of step() records
+        if sync.synchronized:
+            sync.stepped()
+            return inner_step()
+        sync.request_step()
+        return None
+
+    def synchronize(self):
+        sync.synchronize()
+
+    def state_dict(self):
+        sync.finish_all()
+        return inner_state_dict()
+
+    def load_state_dict(self, state_dict):
+        sync.finish_all()
+        return inner_load(state_dict)
+
+    # An LR scheduler made before distribute() wrapped step() and checks that it still is: ours counts as its.
+    step._wrapped_by_lr_sched = True
+    optimizer._p3kv_sync = sync
+    optimizer.step = types.MethodType(step, optimizer)
+    optimizer.synchronize = types.MethodType(synchronize, optimizer)
+    optimizer.state_dict = types.MethodType(state_dict, optimizer)
+    optimizer.load_state_dict = types.MethodType(load_state_dict, optimizer)
