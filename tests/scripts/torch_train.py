@@ -153,6 +153,9 @@ def main() -> int:
     checksum = sum(float(t.double().sum()) for t in state.values() if t.is_floating_point())
     print(f"rank {rank} checksum {checksum:.10f}", flush=True)
     if args.mode == "ddp":
+        # Every rank at the end before any tears down: a rank whose peer (rank 0 holds the store) had already gone
+        # hung in destroy_process_group now and then.
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
     return 0
 
