@@ -152,8 +152,9 @@ def main() -> int:
         torch.save(state, args.out)
     checksum = sum(float(t.double().sum()) for t in state.values() if t.is_floating_point())
     print(f"rank {rank} checksum {checksum:.10f}", flush=True)
-    # DDP's ranks leave without destroy_process_group: a rank whose peer had already gone (rank 0 holds the store)
-    # hung in it now and then, with or without a barrier first; exiting frees the group as well.
+    if args.mode == "ddp":
+        torch.distributed.barrier()  # every rank at the end before any tears down
+        torch.distributed.destroy_process_group()
     return 0
 
 
