@@ -60,6 +60,9 @@ def main():
     kind = "ddp" if args.ddp else "p3kv"
     print(f"worker {rank}/{world} {kind}: {throughput:.1f} samples/s, final loss {loss.item():.4f}, "
           f"weight checksum {checksum:.10f}", flush=True)
+    if args.ddp:
+        torch.distributed.barrier()  # both ranks done before either tears gloo down (else exits abort or hang)
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
