@@ -97,20 +97,25 @@ def build(model: str, batch_size: int, ctx: mx.Context, *, hybridize: bool = Tru
 
 
 def _gluoncv_model_zoo():
-    """gluoncv's model zoo. gluoncv 0.10's own import raises RuntimeError when torch 2.x is installed beside it
+    """gluoncv's model zoo. gluoncv 0.10's own import raises RuntimeError when torch 2.x is importable beside it
     (its check wants torch<2 for a PyTorch half p3kv never uses, and the `test` extra installs torch for
-    p3kv.torch): unless torch is already loaded, it is imported with torch hidden, so gluoncv sees MXNet only."""
+    p3kv.torch): it is imported with torch hidden for that moment (even where torch is loaded already, as in a
+    test session that also runs the torch tests), so gluoncv sees MXNet only."""
     import importlib
     import sys
 
-    hide = "gluoncv" not in sys.modules and "torch" not in sys.modules
-    if hide:
-        sys.modules["torch"] = None  # `import torch` raises ImportError: gluoncv's "no PyTorch" path
+    if "gluoncv" in sys.modules:
+        return importlib.import_module("gluoncv.model_zoo")
+    missing = object()
+    loaded = sys.modules.get("torch", missing)
+    sys.modules["torch"] = None  # `import torch` raises ImportError: gluoncv's "no PyTorch" path
     try:
         return importlib.import_module("gluoncv.model_zoo")
     finally:
-        if hide:
+        if loaded is missing:
             del sys.modules["torch"]
+        else:
+            sys.modules["torch"] = loaded
 
 
 def _gluoncv(model: str, batch_size: int, ctx: mx.Context) -> RealModel:
