@@ -29,6 +29,7 @@ RUN_COLUMNS = (
     "cpu_host_pct", "cpu_total_pct",
     "git_commit", "git_dirty", "allow_dirty", "cpus", "python", "mxnet", "p3kv", "horovod", "gluoncv", "sockeye",
     "idle_wait_s", "idle_warning",  # the run guard's wait (wall clock) and why a run proceeded on a busy machine
+    "update_placement",  # where the optimizer ran: servers (CPU), workers (virtual GPU at its bandwidth), none
 )
 ITERATION_COLUMNS = ("run_id", "tag", "model", "kvstore", "hosts", "bandwidth", "gpu_scale", "repeat", "rank",
                      "iteration", "time_s")

@@ -17,6 +17,20 @@ training throughput (fp32, batch 32 where published) and the efficiency that rep
 (`calibrated_efficiency`); it can exceed 1 where cuDNN's Winograd/FFT convolutions need fewer FLOPs than the
 direct count (VGG). A file without one falls back to EFFICIENCY. `scale` dilates time: a P100 at scale 0.1 on
 1 Gbit links has the compute/network ratio of real P100s on 10 Gbit links.
+
+The optimizer, where a system runs it on the workers (MXNet's P3, Horovod): on a GPU the update is one
+elementwise kernel per parameter, bound by memory traffic, not FLOPs. SGD with momentum and weight decay
+(MXNet's sgd_mom_update, one fused kernel) reads the weight, the gradient and the momentum and writes the weight
+and the momentum: SGD_MOMENTUM_ACCESSES = 5 accesses of the parameter's element size (20 bytes per float32
+element; rescale_grad, wd and lr are scalars of the same kernel). Its time is those bytes at the GPU's memory
+bandwidth (GPU_MEMORY_BANDWIDTH, the datasheet peak, so an optimistic ~0.7 ms for ResNet-50's 25.6M parameters
+on a P100), dilated by `scale` like compute. `EmulatedModel.update` queues it on the same virtual device, after
+the summed gradient and before the next forward of that layer, as the real kernel would run; the servers' updates
+of p3kv and dist_sync stay real CPU work, as on a real parameter-server cluster.
+
+The virtual device forgives gaps shorter than its dispatch slack between one operation's end and the next one's
+arrival (cpp/src/device_clock.h: the engine's latency in dispatching an operation released by the previous one);
+`EmulatedModel.device_stats` reports what it forgave and how late completions ran.
 """
 
 from __future__ import annotations
@@ -28,6 +42,14 @@ from benchmarks.paths import SHAPES_DIR
 from benchmarks.workloads import model_shapes
 
 GPU_PEAK_FLOPS = {"p100": 9.3e12, "v100": 15.7e12, "k80": 4.37e12, "t4": 8.1e12}  # fp32, vendor datasheets
+# Memory bandwidth, bytes/s, the same datasheets: NVIDIA Tesla P100 (PCIe 16 GB, the 9.3 TFLOP/s part above, and
+# SXM2): 732 GB/s HBM2; V100 SXM2 900 GB/s; K80 480 GB/s per board of two GPUs (240 per GPU, as its FLOP/s above);
+# T4 320 GB/s.
+GPU_MEMORY_BANDWIDTH = {"p100": 732e9, "v100": 900e9, "k80": 240e9, "t4": 320e9}
+# Memory accesses per element of SGD with momentum and weight decay: read weight, gradient, momentum; write weight,
+# momentum (one fused kernel). A plain copy (the sum becoming the weight) is 2: read, write.
+SGD_MOMENTUM_ACCESSES = 5
+COPY_ACCESSES = 2
 EFFICIENCY = 0.5  # models without a calibration
 BACKWARD_FACTOR = 2.0
 
@@ -75,6 +97,20 @@ class Profile:
     def seconds(self, flops: float) -> float:
         return flops / self.flops_per_second
 
+    @property
+    def bytes_per_second(self) -> float:
+        """The emulated GPU's memory bandwidth, dilated like its FLOP/s."""
+        return GPU_MEMORY_BANDWIDTH[self.gpu] * self.scale
+
+    def memory_seconds(self, elements: int, itemsize: int, accesses: int = SGD_MOMENTUM_ACCESSES) -> float:
+        """Time of an elementwise kernel that makes `accesses` passes over `elements` of `itemsize` bytes (the
+        default: an SGD-with-momentum update), at the emulated GPU's memory bandwidth."""
+        return accesses * itemsize * elements / self.bytes_per_second
+
+    def describe_bandwidth(self) -> str:
+        """Where a worker-side update runs, as the result rows say it."""
+        return f"workers (virtual GPU, {GPU_MEMORY_BANDWIDTH[self.gpu] / 1e9:g} GB/s x {self.scale:g})"
+
 
 @dataclasses.dataclass(frozen=True)
 class Layer:
@@ -97,17 +133,22 @@ class EmulatedModel:
     `weights[i]`/`grads[i]` follow the shape file's params order (forward order); `priority(i)` is -layer.
     """
 
-    def __init__(self, description: dict, batch_size: int, profile: Profile):
+    def __init__(self, description: dict, batch_size: int, profile: Profile, slack_us: float | None = None):
         import mxnet as mx
+        import numpy as np
 
         from p3kv import _p3
 
         self._mx = mx
         self._bridge = _p3.EngineBridge.load(mx.libinfo.find_lib_path()[0])
+        if slack_us is not None:  # else the device's default (cpp/src/device_clock.h)
+            self._bridge.set_emulation_slack(slack_us)
+        self.profile = profile
         self.layers = layers_of(description, batch_size, profile)
         params = description["params"]
         self.weights = [mx.nd.zeros(p["shape"], dtype=p["dtype"]) for p in params]
         self.grads = [mx.nd.zeros(p["shape"], dtype=p["dtype"]) for p in params]
+        self._sizes = [(int(np.prod(p["shape"])), np.dtype(p["dtype"]).itemsize) for p in params]
         self.layer_of = {i: k for k, layer in enumerate(self.layers) for i in layer.params}
         if sorted(self.layer_of) != list(range(len(params))):
             raise SystemExit(f"{description['model']}: the layers do not cover every parameter exactly once")
@@ -120,8 +161,31 @@ class EmulatedModel:
         """Forward + backward time of one iteration on the virtual device."""
         return sum(layer.forward_s + layer.backward_s for layer in self.layers)
 
+    def update_seconds(self, index: int, accesses: int = SGD_MOMENTUM_ACCESSES) -> float:
+        """Time of parameter `index`'s update (or of a kernel with `accesses` per element) on the virtual device."""
+        return self.profile.memory_seconds(*self._sizes[index], accesses)
+
+    @property
+    def update_seconds_total(self) -> float:
+        """Every parameter's SGD-with-momentum update of one iteration on the virtual device."""
+        return sum(self.update_seconds(i) for i in range(len(self._sizes)))
+
     def priority(self, index: int) -> int:
         return -self.layer_of[index]
+
+    def update(self, index: int, accesses: int = SGD_MOMENTUM_ACCESSES) -> None:
+        """Queues parameter `index`'s update on the virtual device: after the summed gradient is written (it reads
+        it), before the next forward of its layer (it writes the weight), on the same stream as the layers, as
+        the real kernel. Nothing is computed (the emulated model learns nothing: its data are zeros), so the
+        weight keeps its value and the host's CPU does no work; the engine orders everything as for the real
+        update. `accesses`: COPY_ACCESSES where the summed gradient only becomes the weight."""
+        self._op([self.grads[index]], [self.weights[index]], self.update_seconds(index, accesses))
+
+    def device_stats(self, reset: bool = False) -> dict:
+        """The virtual device's accounting since its start or the last reset (EngineBridge.emulation_stats):
+        slack_us, forgiven_us / forgiven_gaps (gaps the slack absorbed), idle_us / idle_gaps, started,
+        completed, late_max_us (the latest completion past its due time)."""
+        return dict(self._bridge.emulation_stats(reset))
 
     def _op(self, reads: list, writes: list, seconds: float) -> None:
         self._bridge.emulate_compute([a.handle.value for a in reads], [a.handle.value for a in writes], seconds)

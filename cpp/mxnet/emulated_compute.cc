@@ -33,7 +33,8 @@ void DeleteCompute(void* param) {
 
 }  // namespace
 
-EmulatedCompute::EmulatedCompute(const MxApi* api) : api_(api) {}
+EmulatedCompute::EmulatedCompute(const MxApi* api, VirtualStream::Clock::duration slack)
+    : api_(api), stream_(slack) {}
 
 EmulatedCompute::~EmulatedCompute() = default;
 

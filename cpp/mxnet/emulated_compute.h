@@ -17,14 +17,19 @@ struct MxApi;
 
 class EmulatedCompute {
  public:
-  // `api`: the bridge's resolved MXNet C API (EngineBridge::api()), which must outlive this object.
-  explicit EmulatedCompute(const MxApi* api);
+  // `api`: the bridge's resolved MXNet C API (EngineBridge::api()), which must outlive this object. `slack`: the
+  // device stream's dispatch slack (cpp/src/device_clock.h).
+  explicit EmulatedCompute(const MxApi* api,
+                           VirtualStream::Clock::duration slack = DeviceClock::kDefaultSlack);
   // Pending emulated kernels complete at once when the stream goes.
   ~EmulatedCompute();
 
   // Any thread. Pushes an engine operation that reads `reads`, writes `writes` (NDArray handles) and takes
   // `seconds` on this object's device stream, after the emulated kernels queued before it. Returns at once.
   Status Run(const std::vector<void*>& reads, const std::vector<void*>& writes, double seconds);
+
+  // Any thread: the device stream's accounting (forgiven gaps, late completions) and its reset.
+  VirtualStream& stream() { return stream_; }
 
  private:
   const MxApi* api_;

@@ -2,9 +2,13 @@
 
 #include <utility>
 
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+
 namespace p3 {
 
-VirtualStream::VirtualStream() : thread_([this] { Loop(); }) {}
+VirtualStream::VirtualStream(Clock::duration slack) : slack_(slack), clock_(slack), thread_([this] { Loop(); }) {}
 
 VirtualStream::~VirtualStream() {
   {
@@ -18,17 +22,28 @@ VirtualStream::~VirtualStream() {
 void VirtualStream::Run(Clock::duration duration, std::function<void()> done) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    const Clock::time_point now = Clock::now();
-    // Arriving within the slack after the last item's end, the item starts where that one ended (even if
-    // slightly in the past): dispatch latency is absorbed rather than accumulated. Later: the device idled.
-    if (now > end_ + kDispatchSlack) end_ = now;
-    end_ += duration;
-    due_.push(Item{end_, seq_++, std::move(done)});
+    const Clock::time_point deadline = clock_.Start(Clock::now(), duration);
+    due_.push(Item{deadline, seq_++, std::move(done)});
   }
   cv_.notify_all();
 }
 
+DeviceClock::Stats VirtualStream::stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return clock_.stats();
+}
+
+void VirtualStream::ResetStats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  clock_.ResetStats();
+}
+
 void VirtualStream::Loop() {
+#ifdef __linux__
+  // Linux lets a timed wait of an ordinary thread end up to 50 µs late (the default timer slack), which would
+  // make every completion late by about the dispatch slack itself; 1 ns asks for the wake-up on time.
+  prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+#endif
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     if (due_.empty()) {
@@ -41,6 +56,7 @@ void VirtualStream::Loop() {
       cv_.wait_until(lock, deadline);
       continue;
     }
+    clock_.Completed(deadline, Clock::now());
     std::function<void()> done = std::move(const_cast<Item&>(due_.top()).done);
     due_.pop();
     lock.unlock();

@@ -1,0 +1,32 @@
+#include "device_clock.h"
+
+#include <algorithm>
+
+namespace p3 {
+
+DeviceClock::Clock::time_point DeviceClock::Start(Clock::time_point now, Clock::duration duration) {
+  if (!ran_) {
+    end_ = now;
+  } else if (now > end_) {
+    const Clock::duration gap = now - end_;
+    if (gap < slack_) {  // dispatch latency: start where the last item ended (slightly in the past)
+      stats_.forgiven += gap;
+      ++stats_.forgiven_gaps;
+    } else {  // the device idled: the item starts when it arrives, the idle time is not owed
+      stats_.idle += gap;
+      ++stats_.idle_gaps;
+      end_ = now;
+    }
+  }
+  ran_ = true;
+  ++stats_.started;
+  end_ += duration;
+  return end_;
+}
+
+void DeviceClock::Completed(Clock::time_point deadline, Clock::time_point now) {
+  ++stats_.completed;
+  if (now > deadline) stats_.late_max = std::max(stats_.late_max, now - deadline);
+}
+
+}  // namespace p3

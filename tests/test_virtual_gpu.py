@@ -1,0 +1,134 @@
+"""The virtual GPU of the emulated cluster: the cost of a worker's update (its memory traffic at the GPU's
+bandwidth, dilated like compute), where each system's update runs (the rows' update_placement), the update as an
+operation on the virtual GPU that the next forward waits for, with no update on the host's CPU, and the device's
+own accounting of the gaps its dispatch slack forgave (the C++ side: cpp/tests/device_clock_tests.cc)."""
+
+import argparse
+import time
+
+import pytest
+
+from benchmarks.emulation import emulated_compute
+from benchmarks.workloads import cluster_worker
+
+P100_BYTES = 732e9  # NVIDIA Tesla P100 datasheet: HBM2 at 732 GB/s
+
+
+@pytest.mark.unit
+def test_update_cost_is_its_memory_traffic_at_the_gpu_bandwidth_dilated_by_scale():
+    # SGD with momentum and wd on float32: read weight, grad, momentum; write weight, momentum = 20 bytes each.
+    assert emulated_compute.SGD_MOMENTUM_ACCESSES * 4 == 20
+    assert emulated_compute.GPU_MEMORY_BANDWIDTH["p100"] == P100_BYTES
+    full = emulated_compute.Profile("p100", 1.0)
+    assert full.memory_seconds(1_000_000, 4) == pytest.approx(20e6 / P100_BYTES)
+    # Dilation slows memory as it slows FLOPs: a fifth of the speed, five times the time.
+    assert emulated_compute.Profile("p100", 0.2).memory_seconds(1_000_000, 4) == pytest.approx(5 * 20e6 / P100_BYTES)
+    assert full.memory_seconds(1_000_000, 2) == pytest.approx(10e6 / P100_BYTES)  # float16: half the bytes
+    assert full.memory_seconds(1_000_000, 4, emulated_compute.COPY_ACCESSES) == pytest.approx(8e6 / P100_BYTES)
+    assert emulated_compute.Profile("p100", float("inf")).memory_seconds(10**9, 4) == 0  # --compute none
+    assert set(emulated_compute.GPU_MEMORY_BANDWIDTH) == set(emulated_compute.GPU_PEAK_FLOPS)
+    # ResNet-50's 25.6M parameters: about 0.7 ms per iteration on a P100, a few ms as the issue expects.
+    description = emulated_compute.load_description("resnet50_v1")
+    elements = sum(_elements(p["shape"]) for p in description["params"])
+    assert 25e6 < elements < 26e6
+    assert 0.6e-3 < full.memory_seconds(elements, 4) < 0.8e-3
+
+
+def _elements(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+@pytest.mark.unit
+def test_rows_say_where_each_system_updates():
+    profile = emulated_compute.Profile("p100", 0.2)
+    placement = cluster_worker.update_placement
+    assert placement("sgd", "p3kv", "emulated", profile) == "servers (CPU)"
+    assert placement("sgd", "dist_sync", "real") == "servers (CPU)"
+    assert placement("sgd", "mxnet-p3", "emulated", profile) == "workers (virtual GPU, 732 GB/s x 0.2)"
+    assert placement("sgd", "horovod", "emulated", profile) == "workers (virtual GPU, 732 GB/s x 0.2)"
+    assert placement("sgd", "horovod", "real") == "workers (CPU)"
+    assert placement("none", "mxnet-p3", "emulated", profile) == "none"
+
+
+@pytest.mark.unit
+def test_device_fields_are_per_timed_iteration():
+    stats = {"slack_us": 50.0, "forgiven_us": 900.0, "forgiven_gaps": 30, "idle_us": 3000.0, "idle_gaps": 3,
+             "started": 99, "completed": 99, "late_max_us": 12.34}
+    fields = cluster_worker.device_fields(stats, 3)
+    assert fields == {"vgpu_slack_us": 50.0, "vgpu_forgiven_us_per_iter": 300.0, "vgpu_forgiven_gaps_per_iter": 10.0,
+                      "vgpu_idle_us_per_iter": 1000.0, "vgpu_late_max_us": 12.3}
+    assert set(cluster_worker.device_fields(None, 3).values()) == {None}  # real compute: no virtual GPU
+
+
+LAYERS = 3
+ELEMENTS = 1_000_000  # float32 per layer: a 0.1 s update at SCALE
+SCALE = emulated_compute.SGD_MOMENTUM_ACCESSES * 4 * ELEMENTS / (P100_BYTES * 0.1)
+FORWARD_S = 0.01
+
+
+def _toy():
+    flops = FORWARD_S * emulated_compute.GPU_PEAK_FLOPS["p100"] * emulated_compute.EFFICIENCY * SCALE
+    return {"model": "toy", "params": [{"name": f"w{k}", "shape": [ELEMENTS], "dtype": "float32"}
+                                       for k in range(LAYERS)],
+            "layers": [{"name": f"l{k}", "params": [k], "fwd_flops": flops} for k in range(LAYERS)]}
+
+
+def _training(mode, optimizer="sgd", slack_us=None):
+    import mxnet as mx
+
+    args = argparse.Namespace(model="toy", split_big_arrays=0, compute="emulated", gpu="p100", gpu_scale=SCALE,
+                              efficiency_factor=1.0, batch_size=1, optimizer=optimizer, vgpu_slack_us=slack_us)
+    return cluster_worker.EmulatedTraining(args, mode, description=_toy(), kvstore=mx.kv.create("local"))
+
+
+@pytest.mark.mxnet
+def test_a_worker_side_update_runs_on_the_virtual_gpu_and_the_next_forward_waits_for_it():
+    import mxnet as mx
+
+    training = _training("mxnet-p3")
+    model = training.model
+    assert training.update_placement.startswith("workers (virtual GPU, 732 GB/s x ")
+    assert training.update_s == pytest.approx(LAYERS * 0.1)
+    assert model.compute_seconds == pytest.approx(LAYERS * 3 * FORWARD_S)
+    for weight in model.weights:
+        weight[:] = 1.0
+    training.step()
+    mx.nd.waitall()
+    model.device_stats(reset=True)
+    training.step().wait_to_read()
+    start = time.perf_counter()
+    training.step().wait_to_read()
+    iteration = time.perf_counter() - start
+    mx.nd.waitall()
+    # One serial device: between two forward completions it runs the backward, every update, then the forward
+    # (0.39 s; without the updates 0.09 s; the margin is this process's own wake-up latency at the start).
+    assert iteration >= model.compute_seconds + training.update_s - 0.02, iteration
+    stats = model.device_stats()
+    assert stats["started"] == stats["completed"] == 2 * (2 * LAYERS + LAYERS)  # forward, backward, one update each
+    # No update ran on the host: MXNet's SGD (lr 0.01, wd 1e-4) would have moved every weight off 1.0.
+    assert all((w.asnumpy() == 1.0).all() for w in model.weights)
+
+
+@pytest.mark.mxnet
+def test_servers_updates_and_no_optimizer_put_nothing_on_the_virtual_gpu():
+    import mxnet as mx
+
+    training = _training("mxnet-p3", optimizer="none", slack_us=20)
+    assert training.update_placement == "none" and training.update_s == 0
+    training.step()
+    mx.nd.waitall()
+    training.model.device_stats(reset=True)
+    training.step().wait_to_read()
+    mx.nd.waitall()
+    stats = training.model.device_stats()
+    assert stats["started"] == 2 * LAYERS and stats["slack_us"] == pytest.approx(20)
+    # The layers follow one another through the engine: each one's gap is either forgiven or idle, and counted.
+    assert stats["forgiven_gaps"] + stats["idle_gaps"] <= stats["started"]
+    assert stats["forgiven_us"] <= 20 * stats["forgiven_gaps"] and stats["late_max_us"] >= 0
+    from p3kv.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="set its slack before the first emulate_compute"):
+        training.model._bridge.set_emulation_slack(30)
