@@ -28,9 +28,14 @@ on a P100), dilated by `scale` like compute. `EmulatedModel.update` queues it on
 the summed gradient and before the next forward of that layer, as the real kernel would run; the servers' updates
 of p3kv and dist_sync stay real CPU work, as on a real parameter-server cluster.
 
-The virtual device forgives gaps shorter than its dispatch slack between one operation's end and the next one's
-arrival (cpp/src/device_clock.h: the engine's latency in dispatching an operation released by the previous one);
-`EmulatedModel.device_stats` reports what it forgave and how late completions ran.
+Dispatch latency (cpp/src/device_clock.h): an operation reaches the virtual device only after the engine has
+dispatched it, tens of µs after the completion that released it. An operation whose every input comes from the
+virtual device itself (a backward layer; a forward layer whose weights the device's own update wrote) is
+"chained": it starts where the work before it ended, exactly, however late the engine dispatched it. Any other
+(a forward layer reading weights the kvstore wrote, an update reading the summed gradient) may have waited for
+the network: it gets the device's small dispatch slack (50 µs by default), and a gap longer than that is idle
+device time. `EmulatedModel.device_stats` reports the gaps the slack forgave, the dispatch latency absorbed and
+how late completions ran.
 """
 
 from __future__ import annotations
@@ -133,7 +138,11 @@ class EmulatedModel:
     `weights[i]`/`grads[i]` follow the shape file's params order (forward order); `priority(i)` is -layer.
     """
 
-    def __init__(self, description: dict, batch_size: int, profile: Profile, slack_us: float | None = None):
+    def __init__(self, description: dict, batch_size: int, profile: Profile, slack_us: float | None = None,
+                 weights_from_device: bool = False):
+        """`slack_us`: the virtual device's dispatch slack (None: its default). `weights_from_device`: the weights
+        are written by this model's own `update` (a worker-side optimizer, or Horovod's sum copied in), so a
+        forward layer is chained; else (the kvstore writes them) it may wait for the network."""
         import mxnet as mx
         import numpy as np
 
@@ -144,6 +153,7 @@ class EmulatedModel:
         if slack_us is not None:  # else the device's default (cpp/src/device_clock.h)
             self._bridge.set_emulation_slack(slack_us)
         self.profile = profile
+        self._forward_chained = weights_from_device
         self.layers = layers_of(description, batch_size, profile)
         params = description["params"]
         self.weights = [mx.nd.zeros(p["shape"], dtype=p["dtype"]) for p in params]
@@ -179,30 +189,34 @@ class EmulatedModel:
         the real kernel. Nothing is computed (the emulated model learns nothing: its data are zeros), so the
         weight keeps its value and the host's CPU does no work; the engine orders everything as for the real
         update. `accesses`: COPY_ACCESSES where the summed gradient only becomes the weight."""
-        self._op([self.grads[index]], [self.weights[index]], self.update_seconds(index, accesses))
+        self._op([self.grads[index]], [self.weights[index]], self.update_seconds(index, accesses), False)
 
     def device_stats(self, reset: bool = False) -> dict:
         """The virtual device's accounting since its start or the last reset (EngineBridge.emulation_stats):
         slack_us, forgiven_us / forgiven_gaps (gaps the slack absorbed), idle_us / idle_gaps, started,
-        completed, late_max_us (the latest completion past its due time)."""
+        completed, late_max_us (the latest completion past its due time), dispatch_absorbed_us / dispatch_max_us
+        (chained operations' dispatch latency, absorbed exactly)."""
         return dict(self._bridge.emulation_stats(reset))
 
-    def _op(self, reads: list, writes: list, seconds: float) -> None:
-        self._bridge.emulate_compute([a.handle.value for a in reads], [a.handle.value for a in writes], seconds)
+    def _op(self, reads: list, writes: list, seconds: float, chained: bool) -> None:
+        self._bridge.emulate_compute([a.handle.value for a in reads], [a.handle.value for a in writes], seconds,
+                                     chained)
 
     def forward(self):
         """Queues the forward pass; returns the array that is ready when it is done (the "loss")."""
         for k, layer in enumerate(self.layers):
             reads = [self.weights[i] for i in layer.params] + ([self._acts[k - 1]] if k else [])
-            self._op(reads, [self._acts[k]], layer.forward_s)
+            self._op(reads, [self._acts[k]], layer.forward_s, self._forward_chained)
         return self._acts[-1]
 
     def backward(self) -> None:
-        """Queues the backward pass, last layer first; layer k's gradients are ready when its op completes."""
+        """Queues the backward pass, last layer first; layer k's gradients are ready when its op completes. Every
+        backward layer is chained: its weights arrived before its forward ran, and the pushes that read its
+        gradients last iteration were done before that forward could start."""
         last = len(self.layers) - 1
         for k in range(last, -1, -1):
             layer = self.layers[k]
             reads = [self._acts[k], *(self.weights[i] for i in layer.params)]
             if k < last:
                 reads.append(self._act_grads[k + 1])
-            self._op(reads, [self._act_grads[k], *(self.grads[i] for i in layer.params)], layer.backward_s)
+            self._op(reads, [self._act_grads[k], *(self.grads[i] for i in layer.params)], layer.backward_s, True)

@@ -141,13 +141,16 @@ class EmulatedTraining:
         scale = math.inf if args.compute == "none" else args.gpu_scale
         profile = emulated_compute.Profile(args.gpu, scale, emulated_compute.efficiency_of(description,
                                                                                            args.efficiency_factor))
-        self.model = emulated_compute.EmulatedModel(description, args.batch_size, profile, args.vgpu_slack_us)
+        # The workers' update (MXNet's P3, Horovod): on the virtual GPU, never on the host CPU.
+        self.update_on_gpu = args.optimizer == "sgd" and mode not in SERVER_UPDATE
+        # Who writes the weights the forward reads: the virtual GPU (its update, or Horovod's sum copied in) or
+        # the kvstore (pulled over the network).
+        self.model = emulated_compute.EmulatedModel(description, args.batch_size, profile, args.vgpu_slack_us,
+                                                    weights_from_device=self.update_on_gpu or mode == "horovod")
         self.samples = args.batch_size * int(description.get("tokens_per_sample", 1))
         self.unit = description.get("sample_unit", "images")
         self.compute_s = self.model.compute_seconds
         self.mode = mode
-        # The workers' update (MXNet's P3, Horovod): on the virtual GPU, never on the host CPU.
-        self.update_on_gpu = args.optimizer == "sgd" and mode not in SERVER_UPDATE
         self.update_s = self.model.update_seconds_total if self.update_on_gpu else 0.0
         self.update_placement = update_placement(args.optimizer, mode, args.compute, profile)
         weights = self.model.weights

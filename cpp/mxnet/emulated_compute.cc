@@ -14,13 +14,20 @@ struct ComputeOp {
   const MxApi* api;
   VirtualStream* stream;
   VirtualStream::Clock::duration duration;
+  bool chained;
+  VirtualStream::Clock::time_point issued;  // when the host pushed it
   std::vector<mx::NDArrayHandle> arrays;  // our own references to every array read or written
 };
 
 void RunCompute(void* /*run_ctx*/, void* on_complete, void* param) {
   auto* op = static_cast<ComputeOp*>(param);
   const mx::OnComplete done = *static_cast<mx::OnComplete*>(on_complete);  // a temporary: copy it now
-  op->stream->Run(op->duration, [done] { done.callback(done.engine, done.param, nullptr); });
+  auto complete = [done] { done.callback(done.engine, done.param, nullptr); };
+  if (op->chained) {
+    op->stream->RunChained(op->issued, op->duration, complete);
+  } else {
+    op->stream->Run(op->duration, complete);
+  }
 }
 
 void DeleteCompute(void* param) {
@@ -38,7 +45,8 @@ EmulatedCompute::EmulatedCompute(const MxApi* api, VirtualStream::Clock::duratio
 
 EmulatedCompute::~EmulatedCompute() = default;
 
-Status EmulatedCompute::Run(const std::vector<void*>& reads, const std::vector<void*>& writes, double seconds) {
+Status EmulatedCompute::Run(const std::vector<void*>& reads, const std::vector<void*>& writes, double seconds,
+                            bool chained) {
   if (!(seconds >= 0) || seconds > 3600) return Status::Invalid("emulated compute time must be 0..3600 s");
   if (writes.empty()) return Status::Invalid("emulated compute needs at least one array to write");
   // An array both read and written is only declared written (declaring it twice deadlocks the engine).
@@ -52,7 +60,7 @@ Status EmulatedCompute::Run(const std::vector<void*>& reads, const std::vector<v
   auto* op = new ComputeOp{api_, &stream_,
                            std::chrono::duration_cast<VirtualStream::Clock::duration>(
                                std::chrono::duration<double>(seconds)),
-                           {}};
+                           chained, VirtualStream::Clock::now(), {}};
   bool referenced = true;
   for (const std::vector<void*>* list : {static_cast<const std::vector<void*>*>(&only_read), &writes}) {
     for (void* h : *list) {

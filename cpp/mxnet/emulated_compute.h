@@ -26,7 +26,11 @@ class EmulatedCompute {
 
   // Any thread. Pushes an engine operation that reads `reads`, writes `writes` (NDArray handles) and takes
   // `seconds` on this object's device stream, after the emulated kernels queued before it. Returns at once.
-  Status Run(const std::vector<void*>& reads, const std::vector<void*>& writes, double seconds);
+  // `chained`: every input it can wait for is written by this device's own operations (VirtualStream::RunChained:
+  // it starts where they ended, not when the engine gets round to it); else it may wait for the network
+  // (VirtualStream::Run, the slack rule). A wrong `chained` forgives a real wait: only the caller knows.
+  Status Run(const std::vector<void*>& reads, const std::vector<void*>& writes, double seconds,
+             bool chained = false);
 
   // Any thread: the device stream's accounting (forgiven gaps, late completions) and its reset.
   VirtualStream& stream() { return stream_; }

@@ -367,13 +367,15 @@ PYBIND11_MODULE(_p3, m) {
         }));
       }, "Engine-asynchronous push of NDArray `grad` (handle) whose broadcast lands in NDArray `out`")
       .def("emulate_compute", [](PyEngineBridge& b, const std::vector<uintptr_t>& reads,
-                                 const std::vector<uintptr_t>& writes, double seconds) {
+                                 const std::vector<uintptr_t>& writes, double seconds, bool chained) {
         std::vector<void*> r, w;
         for (uintptr_t h : reads) r.push_back(reinterpret_cast<void*>(h));
         for (uintptr_t h : writes) w.push_back(reinterpret_cast<void*>(h));
         p3::EmulatedCompute& emulated = b.Emulated();
-        Check(WithoutGil([&] { return emulated.Run(r, w, seconds); }));
-      }, "Engine operation that reads/writes the NDArrays (handles) and takes `seconds` on the virtual device")
+        Check(WithoutGil([&] { return emulated.Run(r, w, seconds, chained); }));
+      }, py::arg("reads"), py::arg("writes"), py::arg("seconds"), py::arg("chained") = false,
+         "Engine operation that reads/writes the NDArrays (handles) and takes `seconds` on the virtual device; "
+         "`chained`: all it waits for comes from the virtual device (no dispatch latency, no slack)")
       .def("set_emulation_slack", [](PyEngineBridge& b, double microseconds) {
         if (!(microseconds >= 0) || microseconds > 1e6) Raise(Status::Invalid("the slack must be 0..1e6 us"));
         const auto slack = std::chrono::duration_cast<p3::VirtualStream::Clock::duration>(
@@ -396,6 +398,8 @@ PYBIND11_MODULE(_p3, m) {
         d["started"] = st.started;
         d["completed"] = st.completed;
         d["late_max_us"] = Microseconds(st.late_max);
+        d["dispatch_absorbed_us"] = Microseconds(st.dispatch_absorbed);
+        d["dispatch_max_us"] = Microseconds(st.dispatch_max);
         return d;
       }, py::arg("reset") = false,
          "The virtual device's accounting since its start or the last reset: gaps forgiven by the slack, idle "

@@ -24,6 +24,25 @@ DeviceClock::Clock::time_point DeviceClock::Start(Clock::time_point now, Clock::
   return end_;
 }
 
+DeviceClock::Clock::time_point DeviceClock::StartChained(Clock::time_point issued, Clock::time_point now,
+                                                         Clock::duration duration) {
+  if (!ran_) {
+    end_ = issued;
+  } else if (issued > end_) {  // the host issued it late: the device idled meanwhile
+    stats_.idle += issued - end_;
+    ++stats_.idle_gaps;
+    end_ = issued;
+  }
+  if (now > end_) {
+    stats_.dispatch_absorbed += now - end_;
+    stats_.dispatch_max = std::max(stats_.dispatch_max, now - end_);
+  }
+  ran_ = true;
+  ++stats_.started;
+  end_ += duration;
+  return end_;
+}
+
 void DeviceClock::Completed(Clock::time_point deadline, Clock::time_point now) {
   ++stats_.completed;
   if (now > deadline) stats_.late_max = std::max(stats_.late_max, now - deadline);

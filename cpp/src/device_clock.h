@@ -2,12 +2,16 @@
 // state machine with no thread, no lock and no clock of its own (the caller passes the time), so unit tests
 // drive it: where each item starts and ends, what idle time the dispatch slack forgave, how late completions ran.
 //
-// The slack: a gap shorter than it between one item's end and the next item's arrival is taken for the caller's
-// own scheduling latency (an engine dispatching the next kernel once the last one completed), not idle device
-// time, and the next item starts where the last one ended. A real GPU has queued that next kernel long before;
-// here it can only arrive after the completion that releases it, so without the slack every such latency would
-// add up over hundreds of layers. The price: a genuine wait shorter than the slack (a forward waiting for its
-// weights) is forgiven too. Stats say how much was forgiven, so a run can show what the slack cost it.
+// Dispatch latency: a real GPU has the next kernel queued long before the last one ends; here an item can only
+// arrive after the completion that releases it has gone through the engine (a worker thread woken, the item
+// dispatched), tens of µs per item, more on a busy machine, which would add up over hundreds of layers. Two rules:
+// - A chained item (StartChained: every input it waits for comes from this device, e.g. a backward layer) starts
+//   where the work before it ended, or when the host issued it if that is later: its dispatch latency is absorbed
+//   exactly, and counted (dispatch_absorbed), whatever its size.
+// - Any other item (Start: it may wait for the network, e.g. a forward reading weights the kvstore writes) gets
+//   the slack: a gap shorter than it between the last item's end and this arrival is taken for dispatch latency
+//   and forgiven (counted: forgiven); a longer one is idle device time, not owed. The price of a slack is a
+//   genuine wait shorter than it, forgiven too: hence a small one, and the count.
 // Not thread-safe: its owner (VirtualStream) holds its lock around every call.
 #pragma once
 
@@ -19,8 +23,8 @@ namespace p3 {
 class DeviceClock {
  public:
   using Clock = std::chrono::steady_clock;
-  // 50 µs: above the engine's dispatch latency on an idle machine (a worker thread woken by the completion),
-  // small against a layer's time. The emulated-compute docs (docs/benchmarks.md) give the measured numbers.
+  // 50 µs: about the engine's dispatch latency on this 2-core machine (a worker thread woken by the completion;
+  // a median of ~30 µs measured), small against a layer's time; docs/benchmarks.md gives the measured numbers.
   static constexpr std::chrono::microseconds kDefaultSlack{50};
 
   struct Stats {
@@ -28,6 +32,8 @@ class DeviceClock {
     uint64_t forgiven_gaps = 0;
     Clock::duration idle{};       // gaps at least as long as the slack: the device idled, time is not owed
     uint64_t idle_gaps = 0;
+    Clock::duration dispatch_absorbed{};  // chained items: arrival minus start, absorbed exactly
+    Clock::duration dispatch_max{};       // the largest of those (a starved engine thread shows here)
     uint64_t started = 0;         // items started
     uint64_t completed = 0;       // items completed (Completed calls)
     Clock::duration late_max{};   // the largest delay of a completion past its due time (a late timer)
@@ -35,8 +41,11 @@ class DeviceClock {
 
   explicit DeviceClock(Clock::duration slack = kDefaultSlack) : slack_(slack) {}
 
-  // An item of `duration` arrives at `now`: returns when the device finishes it (its due time).
+  // An item of `duration` that may have waited for the network arrives at `now`: returns when the device
+  // finishes it (its due time), by the slack rule.
   Clock::time_point Start(Clock::time_point now, Clock::duration duration);
+  // A chained item, issued by the host at `issued`, arrives at `now`: returns its due time.
+  Clock::time_point StartChained(Clock::time_point issued, Clock::time_point now, Clock::duration duration);
   // The item due at `deadline` completed at `now` (a completion run early, at shutdown, is not late).
   void Completed(Clock::time_point deadline, Clock::time_point now);
 

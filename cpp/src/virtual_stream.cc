@@ -22,10 +22,21 @@ VirtualStream::~VirtualStream() {
 void VirtualStream::Run(Clock::duration duration, std::function<void()> done) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    const Clock::time_point deadline = clock_.Start(Clock::now(), duration);
-    due_.push(Item{deadline, seq_++, std::move(done)});
+    Push(clock_.Start(Clock::now(), duration), std::move(done));
   }
   cv_.notify_all();
+}
+
+void VirtualStream::RunChained(Clock::time_point issued, Clock::duration duration, std::function<void()> done) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Push(clock_.StartChained(issued, Clock::now(), duration), std::move(done));
+  }
+  cv_.notify_all();
+}
+
+void VirtualStream::Push(Clock::time_point deadline, std::function<void()> done) {
+  due_.push(Item{deadline, seq_++, std::move(done)});
 }
 
 DeviceClock::Stats VirtualStream::stats() {

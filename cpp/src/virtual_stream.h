@@ -27,8 +27,12 @@ class VirtualStream {
   VirtualStream(const VirtualStream&) = delete;
   VirtualStream& operator=(const VirtualStream&) = delete;
 
-  // Any thread. `done` runs on the timer thread at (end of queued work, or now after an idle gap) + `duration`.
+  // Any thread. `done` runs on the timer thread at (end of queued work, or now after an idle gap) + `duration`:
+  // DeviceClock::Start's rule, for an item that may have waited for something off this device.
   void Run(Clock::duration duration, std::function<void()> done);
+  // Any thread. The same for a chained item issued by the host at `issued` (DeviceClock::StartChained): it starts
+  // at the end of queued work or at `issued`, whichever is later, however late it arrives.
+  void RunChained(Clock::time_point issued, Clock::duration duration, std::function<void()> done);
 
   // Any thread: what the slack forgave and how late completions ran since the start or the last reset.
   DeviceClock::Stats stats();
@@ -42,6 +46,7 @@ class VirtualStream {
     std::function<void()> done;
     bool operator>(const Item& o) const { return deadline != o.deadline ? deadline > o.deadline : seq > o.seq; }
   };
+  void Push(Clock::time_point deadline, std::function<void()> done);  // with mu_ held
   void Loop();
 
   const Clock::duration slack_;

@@ -1,6 +1,6 @@
 // Unit tests of the virtual GPU's timeline (cpp/src/device_clock.h): work queued back to back runs back to back;
-// a gap shorter than the dispatch slack is forgiven and counted, a longer one is idle time, not owed; late
-// completions are measured. Time is passed in (no threads), except in the last test, which checks that
+// a gap shorter than the dispatch slack is forgiven and counted, a longer one is idle time, not owed; a chained
+// item's dispatch latency is absorbed whatever its size; late completions are measured. Time is passed in (no threads), except in the last test, which checks that
 // VirtualStream reports the same accounting from its timer thread.
 #include <chrono>
 #include <condition_variable>
@@ -59,6 +59,22 @@ void AGapBeyondTheSlackIsNotForgiven() {
   CHECK(strict.stats().idle_gaps == 1 && strict.stats().forgiven_gaps == 0);
 }
 
+void AChainedItemStartsWhereItsWorkEndedHoweverLateItArrives() {
+  DeviceClock device(microseconds(50));
+  const Clock::time_point t0 = Clock::now();
+  const Clock::time_point end = device.Start(t0, milliseconds(1));
+  // Issued while the device was busy, dispatched 3 ms after the work ended (a starved engine thread): no gap.
+  CHECK(device.StartChained(t0, end + milliseconds(3), milliseconds(1)) == end + milliseconds(1));
+  CHECK(device.stats().dispatch_absorbed == milliseconds(3) && device.stats().dispatch_max == milliseconds(3));
+  CHECK(device.stats().forgiven_gaps == 0 && device.stats().idle_gaps == 0);
+  // Issued by the host after the device went idle: it starts when issued, and the idle time is counted.
+  const Clock::time_point issued = end + milliseconds(10);
+  CHECK(device.StartChained(issued, issued + microseconds(20), milliseconds(1)) == issued + milliseconds(1));
+  CHECK(device.stats().idle_gaps == 1 && device.stats().idle == milliseconds(9));
+  CHECK(device.stats().dispatch_absorbed == milliseconds(3) + microseconds(20));
+  CHECK(device.stats().dispatch_max == milliseconds(3) && device.stats().started == 3);
+}
+
 void LateCompletionsAndResetAreMeasured() {
   DeviceClock device(microseconds(50));
   const Clock::time_point t0 = Clock::now();
@@ -107,6 +123,7 @@ int main() {
       {"items_queued_together_run_back_to_back", ItemsQueuedTogetherRunBackToBack},
       {"a_gap_inside_the_slack_is_forgiven_and_counted", AGapInsideTheSlackIsForgivenAndCounted},
       {"a_gap_beyond_the_slack_is_not_forgiven", AGapBeyondTheSlackIsNotForgiven},
+      {"a_chained_item_starts_where_its_work_ended", AChainedItemStartsWhereItsWorkEndedHoweverLateItArrives},
       {"late_completions_and_reset_are_measured", LateCompletionsAndResetAreMeasured},
       {"virtual_stream_reports_its_accounting", VirtualStreamReportsItsAccounting},
   });
