@@ -56,10 +56,12 @@ def test_rows_say_where_each_system_updates():
 @pytest.mark.unit
 def test_device_fields_are_per_timed_iteration():
     stats = {"slack_us": 50.0, "forgiven_us": 900.0, "forgiven_gaps": 30, "idle_us": 3000.0, "idle_gaps": 3,
-             "started": 99, "completed": 99, "late_max_us": 12.34}
+             "started": 99, "completed": 99, "late_max_us": 12.34, "dispatch_absorbed_us": 600.0,
+             "dispatch_max_us": 80.0}
     fields = cluster_worker.device_fields(stats, 3)
     assert fields == {"vgpu_slack_us": 50.0, "vgpu_forgiven_us_per_iter": 300.0, "vgpu_forgiven_gaps_per_iter": 10.0,
-                      "vgpu_idle_us_per_iter": 1000.0, "vgpu_late_max_us": 12.3}
+                      "vgpu_idle_us_per_iter": 1000.0, "vgpu_dispatch_absorbed_us_per_iter": 200.0,
+                      "vgpu_dispatch_max_us": 80.0, "vgpu_late_max_us": 12.3}
     assert set(cluster_worker.device_fields(None, 3).values()) == {None}  # real compute: no virtual GPU
 
 
@@ -132,3 +134,33 @@ def test_servers_updates_and_no_optimizer_put_nothing_on_the_virtual_gpu():
 
     with pytest.raises(ConfigError, match="set its slack before the first emulate_compute"):
         training.model._bridge.set_emulation_slack(30)
+
+
+@pytest.mark.mxnet
+def test_an_input_from_off_the_device_costs_only_its_lateness():
+    """A forward layer waits for weights the kvstore writes: if they arrive while the virtual GPU is busy, it starts
+    right after that work (no idle time, whatever the engine's dispatch latency); if they arrive late, the device
+    idles exactly until they do. A second virtual device stands for the network that writes them."""
+    import mxnet as mx
+
+    from p3kv import _p3
+
+    model = emulated_compute.EmulatedModel(_toy(), 1, emulated_compute.Profile("p100", SCALE))
+    network = _p3.EngineBridge.load(mx.libinfo.find_lib_path()[0])
+    model.forward().wait_to_read()  # the device has run: its next arrival after an idle spell is a counted gap
+
+    def forward_after(network_s, busy_s):
+        blocker = mx.nd.zeros((1,))
+        mx.nd.waitall()
+        model.device_stats(reset=True)
+        network.emulate_compute([], [model.weights[0].handle.value], network_s)  # the pull into layer 0
+        model._bridge.emulate_compute([], [blocker.handle.value], busy_s)  # the device busy meanwhile
+        model.forward().wait_to_read()
+        return model.device_stats()
+
+    early = forward_after(0.05, 0.2)
+    # One idle gap at most: the busy work's own arrival on the idle device; the forward waited for nothing.
+    assert early["idle_gaps"] <= 1 and early["started"] == 1 + LAYERS, early
+    late = forward_after(0.3, 0.1)
+    assert late["idle_gaps"] >= 1 and late["idle_us"] >= (0.3 - 0.1) * 1e6 - 2000, late
+    assert early["forgiven_gaps"] == late["forgiven_gaps"] == 0  # chained: nothing is forgiven by a slack

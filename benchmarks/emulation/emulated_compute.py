@@ -28,14 +28,15 @@ on a P100), dilated by `scale` like compute. `EmulatedModel.update` queues it on
 the summed gradient and before the next forward of that layer, as the real kernel would run; the servers' updates
 of p3kv and dist_sync stay real CPU work, as on a real parameter-server cluster.
 
-Dispatch latency (cpp/src/device_clock.h): an operation reaches the virtual device only after the engine has
-dispatched it, tens of µs after the completion that released it. An operation whose every input comes from the
-virtual device itself (a backward layer; a forward layer whose weights the device's own update wrote) is
-"chained": it starts where the work before it ended, exactly, however late the engine dispatched it. Any other
-(a forward layer reading weights the kvstore wrote, an update reading the summed gradient) may have waited for
-the network: it gets the device's small dispatch slack (50 µs by default), and a gap longer than that is idle
-device time. `EmulatedModel.device_stats` reports the gaps the slack forgave, the dispatch latency absorbed and
-how late completions ran.
+Dispatch latency (cpp/src/device_clock.h, cpp/mxnet/emulated_compute.h): an operation reaches the virtual device
+only after the engine has dispatched it, tens of µs after the completion that released it (more on a busy
+machine); a real GPU has the next kernel queued long before. So every operation here is "chained": it starts
+where the work before it ended, however late the engine dispatched it, and no earlier than its inputs from off the
+device arrived (the weights a kvstore pulled, the summed gradient an update reads): a zero-time marker operation
+records when those became readable. An input that arrived while the device was busy costs nothing; one that
+arrived late costs its lateness, as on a real GPU. No gap is forgiven by a slack (the slack, 50 µs, remains for
+operations pushed without this bookkeeping). `EmulatedModel.device_stats` reports the dispatch latency absorbed,
+the idle time, and how late completions ran.
 """
 
 from __future__ import annotations
@@ -141,8 +142,8 @@ class EmulatedModel:
     def __init__(self, description: dict, batch_size: int, profile: Profile, slack_us: float | None = None,
                  weights_from_device: bool = False):
         """`slack_us`: the virtual device's dispatch slack (None: its default). `weights_from_device`: the weights
-        are written by this model's own `update` (a worker-side optimizer, or Horovod's sum copied in), so a
-        forward layer is chained; else (the kvstore writes them) it may wait for the network."""
+        are written by this model's own `update` (a worker-side optimizer, or Horovod's sum copied in); else the
+        kvstore writes them, and a forward layer waits for their arrival (recorded by a marker)."""
         import mxnet as mx
         import numpy as np
 
@@ -153,7 +154,7 @@ class EmulatedModel:
         if slack_us is not None:  # else the device's default (cpp/src/device_clock.h)
             self._bridge.set_emulation_slack(slack_us)
         self.profile = profile
-        self._forward_chained = weights_from_device
+        self._weights_from_device = weights_from_device
         self.layers = layers_of(description, batch_size, profile)
         params = description["params"]
         self.weights = [mx.nd.zeros(p["shape"], dtype=p["dtype"]) for p in params]
@@ -162,9 +163,12 @@ class EmulatedModel:
         self.layer_of = {i: k for k, layer in enumerate(self.layers) for i in layer.params}
         if sorted(self.layer_of) != list(range(len(params))):
             raise SystemExit(f"{description['model']}: the layers do not cover every parameter exactly once")
-        # One-element tokens stand for the activations and their gradients: they carry the dependencies.
+        # One-element tokens stand for the activations and their gradients: they carry the dependencies; and for
+        # the arrival of what is written off the device: a layer's pulled weights, a parameter's summed gradient.
         self._acts = [mx.nd.zeros((1,)) for _ in self.layers]
         self._act_grads = [mx.nd.zeros((1,)) for _ in self.layers]
+        self._weights_arrived = [mx.nd.zeros((1,)) for _ in self.layers]
+        self._grad_arrived = [mx.nd.zeros((1,)) for _ in params]
 
     @property
     def compute_seconds(self) -> float:
@@ -189,7 +193,8 @@ class EmulatedModel:
         the real kernel. Nothing is computed (the emulated model learns nothing: its data are zeros), so the
         weight keeps its value and the host's CPU does no work; the engine orders everything as for the real
         update. `accesses`: COPY_ACCESSES where the summed gradient only becomes the weight."""
-        self._op([self.grads[index]], [self.weights[index]], self.update_seconds(index, accesses), False)
+        self._op([self.grads[index]], [self.weights[index]], self.update_seconds(index, accesses),
+                 external=[self.grads[index]], arrival=self._grad_arrived[index])
 
     def device_stats(self, reset: bool = False) -> dict:
         """The virtual device's accounting since its start or the last reset (EngineBridge.emulation_stats):
@@ -198,15 +203,20 @@ class EmulatedModel:
         (chained operations' dispatch latency, absorbed exactly)."""
         return dict(self._bridge.emulation_stats(reset))
 
-    def _op(self, reads: list, writes: list, seconds: float, chained: bool) -> None:
+    def _op(self, reads: list, writes: list, seconds: float, external: tuple = (), arrival=None) -> None:
+        """A chained operation (cpp/mxnet/emulated_compute.h): it starts where the device's work before it ended,
+        and no earlier than `external` (arrays written off the device) arrived, which `arrival` records."""
         self._bridge.emulate_compute([a.handle.value for a in reads], [a.handle.value for a in writes], seconds,
-                                     chained)
+                                     True, [a.handle.value for a in external],
+                                     arrival.handle.value if arrival is not None else 0)
 
     def forward(self):
         """Queues the forward pass; returns the array that is ready when it is done (the "loss")."""
         for k, layer in enumerate(self.layers):
             reads = [self.weights[i] for i in layer.params] + ([self._acts[k - 1]] if k else [])
-            self._op(reads, [self._acts[k]], layer.forward_s, self._forward_chained)
+            weights = [] if self._weights_from_device else [self.weights[i] for i in layer.params]
+            self._op(reads, [self._acts[k]], layer.forward_s, external=weights,
+                     arrival=self._weights_arrived[k] if weights else None)
         return self._acts[-1]
 
     def backward(self) -> None:
@@ -219,4 +229,4 @@ class EmulatedModel:
             reads = [self._acts[k], *(self.weights[i] for i in layer.params)]
             if k < last:
                 reads.append(self._act_grads[k + 1])
-            self._op(reads, [self._act_grads[k], *(self.grads[i] for i in layer.params)], layer.backward_s, True)
+            self._op(reads, [self._act_grads[k], *(self.grads[i] for i in layer.params)], layer.backward_s)

@@ -18,9 +18,12 @@ weight; no CPU update. In real compute, MXNet's SGD on the host CPU (a Gluon Tra
 `update_placement` says which. --optimizer none: the servers only sum (the pulled sum becomes the weight), the
 transport-only comparison; Horovod's sum becomes the weight by a copy on the virtual GPU.
 
-The virtual GPU's slack (--vgpu-slack-us, default cpp/src/device_clock.h's): each rank's JSON reports what it
-forgave per timed iteration (`vgpu_forgiven_us_per_iter`) and the latest completion past its due time
-(`vgpu_late_max_us`), the emulation's own fidelity monitors.
+The virtual GPU's timing (benchmarks/emulation/emulated_compute.py): every operation is chained, starting where
+the device's work before it ended and no earlier than its inputs from the network arrived, so the engine's
+dispatch latency is not device time and no gap is forgiven by the slack (--vgpu-slack-us, default
+cpp/src/device_clock.h's 50 µs, for operations without that bookkeeping). Each rank's JSON reports per timed
+iteration what a slack forgave (`vgpu_forgiven_us_per_iter`), the idle and absorbed dispatch time, and the
+latest completion past its due time (`vgpu_late_max_us`): the emulation's own fidelity monitors.
 
 --system horovod (Horovod's Gloo environment from cluster_bench.py, or from `p3kv.launch --kvstore horovod` as
 `fab bench` runs it; no servers): horovod.mxnet's allreduce_ (ring allreduce with tensor fusion) sums every
@@ -277,16 +280,24 @@ class RealTraining:
             self.hvd.shutdown()
 
 
+DEVICE_FIELDS = ("vgpu_slack_us", "vgpu_forgiven_us_per_iter", "vgpu_forgiven_gaps_per_iter", "vgpu_idle_us_per_iter",
+                 "vgpu_dispatch_absorbed_us_per_iter", "vgpu_dispatch_max_us", "vgpu_late_max_us")
+
+
 def device_fields(stats: dict | None, iterations: int) -> dict:
-    """The virtual GPU's fidelity fields of a rank's JSON (None without one): the slack, the gaps it forgave per
-    timed iteration (µs and count), the idle time per iteration, and the latest completion past its due time."""
+    """The virtual GPU's fidelity fields of a rank's JSON (None without one), per timed iteration: the gaps the
+    slack forgave (µs and count; 0 where every operation is chained, as EmulatedModel's are), the device's idle
+    time (waiting for the network), the engine's dispatch latency absorbed by chaining and its largest single
+    value, and the latest completion past its due time (the timer thread woken late: the one delay that reaches
+    the network, since a late completion releases its gradient late)."""
     if stats is None or not iterations:
-        return {"vgpu_slack_us": None, "vgpu_forgiven_us_per_iter": None, "vgpu_forgiven_gaps_per_iter": None,
-                "vgpu_idle_us_per_iter": None, "vgpu_late_max_us": None}
+        return dict.fromkeys(DEVICE_FIELDS)
     return {"vgpu_slack_us": stats["slack_us"],
             "vgpu_forgiven_us_per_iter": round(stats["forgiven_us"] / iterations, 1),
             "vgpu_forgiven_gaps_per_iter": round(stats["forgiven_gaps"] / iterations, 2),
             "vgpu_idle_us_per_iter": round(stats["idle_us"] / iterations, 1),
+            "vgpu_dispatch_absorbed_us_per_iter": round(stats["dispatch_absorbed_us"] / iterations, 1),
+            "vgpu_dispatch_max_us": round(stats["dispatch_max_us"], 1),
             "vgpu_late_max_us": round(stats["late_max_us"], 1)}
 
 

@@ -367,15 +367,20 @@ PYBIND11_MODULE(_p3, m) {
         }));
       }, "Engine-asynchronous push of NDArray `grad` (handle) whose broadcast lands in NDArray `out`")
       .def("emulate_compute", [](PyEngineBridge& b, const std::vector<uintptr_t>& reads,
-                                 const std::vector<uintptr_t>& writes, double seconds, bool chained) {
-        std::vector<void*> r, w;
+                                 const std::vector<uintptr_t>& writes, double seconds, bool chained,
+                                 const std::vector<uintptr_t>& external, uintptr_t arrival) {
+        std::vector<void*> r, w, e;
         for (uintptr_t h : reads) r.push_back(reinterpret_cast<void*>(h));
         for (uintptr_t h : writes) w.push_back(reinterpret_cast<void*>(h));
+        for (uintptr_t h : external) e.push_back(reinterpret_cast<void*>(h));
         p3::EmulatedCompute& emulated = b.Emulated();
-        Check(WithoutGil([&] { return emulated.Run(r, w, seconds, chained); }));
+        Check(WithoutGil([&] { return emulated.Run(r, w, seconds, chained, e, reinterpret_cast<void*>(arrival)); }));
       }, py::arg("reads"), py::arg("writes"), py::arg("seconds"), py::arg("chained") = false,
+         py::arg("external") = std::vector<uintptr_t>{}, py::arg("arrival") = 0,
          "Engine operation that reads/writes the NDArrays (handles) and takes `seconds` on the virtual device; "
-         "`chained`: all it waits for comes from the virtual device (no dispatch latency, no slack)")
+         "`chained`: all it waits for comes from the virtual device or is listed in `external` (arrays written "
+         "off the device, whose arrival the array `arrival` records): it starts where the work before it "
+         "ended, or when those arrived (cpp/mxnet/emulated_compute.h)")
       .def("set_emulation_slack", [](PyEngineBridge& b, double microseconds) {
         if (!(microseconds >= 0) || microseconds > 1e6) Raise(Status::Invalid("the slack must be 0..1e6 us"));
         const auto slack = std::chrono::duration_cast<p3::VirtualStream::Clock::duration>(
