@@ -74,11 +74,16 @@ Status Push(const MxApi* api, ComputeOp* op, const std::vector<void*>& reads, co
     DeleteCompute(op);
     return Status::Invalid("cannot reference the arrays: " + why);
   }
-  static const int kProperty = mx::kNormal;
+  // A marker runs on the engine's prioritised CPU pool: queued behind the compute operations on the ordinary
+  // CPU worker (one thread in the jobs), it would record an arrival late by their dispatch, and that lateness
+  // would count as device idle time.
+  static const int kCompute = mx::kNormal;
+  static const int kMarker = mx::kCPUPrioritized;
   const int num_reads = static_cast<int>(only_read.size());
   const int rc = api->push_async_nd(RunCompute, op, DeleteCompute, &mx::kCpu, op->arrays.data(), num_reads,
-                                    op->arrays.data() + num_reads, static_cast<int>(writes.size()), &kProperty,
-                                    0, op->marker ? "P3EmulatedArrival" : "P3EmulatedCompute", false);
+                                    op->arrays.data() + num_reads, static_cast<int>(writes.size()),
+                                    op->marker ? &kMarker : &kCompute, 0,
+                                    op->marker ? "P3EmulatedArrival" : "P3EmulatedCompute", false);
   if (rc != 0) return Status::Invalid(std::string("MXEnginePushAsyncND failed: ") + api->last_error());
   return Status::Ok();
 }
