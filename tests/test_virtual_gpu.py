@@ -164,3 +164,32 @@ def test_an_input_from_off_the_device_costs_only_its_lateness():
     late = forward_after(0.3, 0.1)
     assert late["idle_gaps"] >= 1 and late["idle_us"] >= (0.3 - 0.1) * 1e6 - 2000, late
     assert early["forgiven_gaps"] == late["forgiven_gaps"] == 0  # chained: nothing is forgiven by a slack
+
+
+@pytest.mark.mxnet
+def test_a_mxnet_p3_job_updates_on_the_virtual_gpu_and_its_result_says_so(tmp_path):
+    """A real MXNet-P3 job (1 worker, 1 server, loopback): the worker's result places the update on the virtual
+    GPU, its iterations include the update's device time, and it carries the virtual GPU's monitors."""
+    import json
+    import secrets
+
+    from harness import launcher_env, run_job
+
+    out = tmp_path / "job"
+    env = {**launcher_env(), "P3_SECRET": secrets.token_hex(32), "OMP_NUM_THREADS": "1",
+           "MXNET_CPU_WORKER_NTHREADS": "1"}
+    # Scale 0.02: 0.26 s of compute and 35 ms of update per iteration at batch 1.
+    job = run_job(1, 1, ["-m", "benchmarks.workloads.cluster_worker", "--model", "resnet50_v1", "--batch-size", "1",
+                         "--warmup", "1", "--iters", "2", "--gpu-scale", "0.02", "--out", str(out)],
+                  env=env, launcher_args=["--kvstore", "mxnet-p3"], timeout=240)
+    results = list(tmp_path.glob("job.rank*.json"))
+    assert len(results) == 1, job.stdout[-3000:]
+    result = json.loads(results[0].read_text())
+    assert result["mode"] == "mxnet-p3" and result["update_on"] == "workers"
+    assert result["update_placement"] == "workers (virtual GPU, 732 GB/s x 0.02)"
+    elements = sum(_elements(p["shape"]) for p in emulated_compute.load_description("resnet50_v1")["params"])
+    assert result["update_s"] == pytest.approx(elements * 20 / (P100_BYTES * 0.02))
+    # One serial device: each iteration holds the backward, every update and the forward.
+    assert min(result["iter_s"]) >= result["compute_s"] + result["update_s"] - 0.02, result["iter_s"]
+    assert result["vgpu_forgiven_us_per_iter"] == 0 and result["vgpu_slack_us"] == 50
+    assert result["vgpu_late_max_us"] >= 0 and result["vgpu_dispatch_absorbed_us_per_iter"] >= 0
