@@ -50,6 +50,7 @@ def test_rows_say_where_each_system_updates():
     assert placement("sgd", "mxnet-p3", "emulated", profile) == "workers (virtual GPU, 732 GB/s x 0.2)"
     assert placement("sgd", "horovod", "emulated", profile) == "workers (virtual GPU, 732 GB/s x 0.2)"
     assert placement("sgd", "horovod", "real") == "workers (CPU)"
+    assert placement("sgd", "mxnet-p3", "real", device="GPU") == "workers (GPU)"  # device_worker.py on a GPU
     assert placement("none", "mxnet-p3", "emulated", profile) == "none"
 
 

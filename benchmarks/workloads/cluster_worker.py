@@ -117,13 +117,14 @@ def split_big_arrays(description: dict, parts: int, bound: int = BIG_ARRAY) -> d
     return {**description, "params": params, "layers": layers}
 
 
-def update_placement(optimizer: str, mode: str, compute: str, profile=None) -> str:
-    """Where the optimizer runs, as the result rows say it."""
+def update_placement(optimizer: str, mode: str, compute: str, profile=None, device: str = "CPU") -> str:
+    """Where the optimizer runs, as the result rows say it: `profile` describes the virtual GPU of emulated
+    compute, `device` the real one of real compute ("CPU" here; "GPU" under device_worker.py on a GPU host)."""
     if optimizer == "none":
         return "none"
     if mode in SERVER_UPDATE:
         return "servers (CPU)"
-    return "workers (CPU)" if compute == "real" else profile.describe_bandwidth()
+    return f"workers ({device})" if compute == "real" else profile.describe_bandwidth()
 
 
 class EmulatedTraining:
@@ -243,8 +244,9 @@ class RealTraining:
             # MXNet's P3 port needs the update on the workers (DESIGN.md); the others update on the servers.
             self.trainer = gluon.Trainer(params, "sgd", sgd, kvstore=kvstore, update_on_kvstore=mode != "mxnet-p3")
         self.update_on = "servers" if mode in SERVER_UPDATE else "workers"
-        self.update_placement = update_placement(args.optimizer, mode, args.compute)
-        self.update_s = 0.0  # on the host CPU: inside the measured iteration, not modelled
+        device = "GPU" if self.batch[0].context.device_type == "gpu" else "CPU"
+        self.update_placement = update_placement(args.optimizer, mode, args.compute, device=device)
+        self.update_s = 0.0  # real work: inside the measured iteration, not modelled
         self.batch_size = args.batch_size
 
     def _compute_only_seconds(self) -> float:
