@@ -21,7 +21,7 @@ class Suite:
 SUITES = (
     Suite("demo", "p3kv vs MXNet dist_sync (MXNet's P3, Horovod when asked), ResNet-50 on an emulated 4-host "
           "cluster, 95% CIs; writes only build/demo/", "make demo  (more systems: DEMO_SYSTEMS=\"p3 dist_sync "
-          "mxnet-p3 horovod\")", root=True),
+          "mxnet-p3 horovod\")", root=True, module="benchmarks.suites.demo"),
     Suite("demo-full", "the 12-job comparison of all four systems, 20 timed iterations (the sweeps' demo): "
           "appends to results/sweeps/demo.csv, rewrites docs/benchmarks.md's tables", "make demo-full", root=True),
     Suite("sweeps", "the paper's evaluation: bandwidth, slice, ablation, scale, sensitivity, dilation, utilisation",

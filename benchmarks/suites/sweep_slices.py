@@ -60,7 +60,7 @@ def slices_for(points: Sequence, window_s: float, seconds: Callable[[Sequence], 
         return 0, 0.0
     weight = weight or seconds
     cost = {g: seconds(members) for g, members in groups.items()}
-    n = max(1, math.ceil(sum(cost.values()) / window_s))
+    n = min(len(groups), max(1, math.ceil(sum(cost.values()) / window_s)))
     while True:
         longest = max(sum(cost[g] for g in part) for part in parts(points, n, weight))
         if longest <= window_s or n >= len(groups):
