@@ -127,6 +127,8 @@ def test_the_best_setting_is_the_fastest_only_beyond_the_ci_of_the_default():
     no_default = best_setting.choose([_cell("d", 1.0, default=True, jobs=0), _cell("a", 0.9, seed=1)],
                                      resamples=400)
     assert no_default.chosen.label == "a" and "no ok run" in no_default.reason
+    few = best_setting.choose([_cell("d", 1.0, default=True), _cell("a", 0.5, seed=1, jobs=2)], resamples=400)
+    assert few.chosen.label == "d" and "too few repeats" in few.reason  # 2 jobs: within-job spread only
     with pytest.raises(ValueError, match="no cell"):
         best_setting.choose([_cell("d", 1.0, default=True, jobs=0)])
 
@@ -143,19 +145,19 @@ def _row(point, seconds, run_id, **overrides):
 @pytest.mark.unit
 def test_a_tuning_csv_resumes_and_its_best_setting_goes_to_best_json(tmp_path):
     cells = tune.cells_for(["dist_sync"])
-    points = tune.tuning_points(BASE, cells, 2, 0, tmp_path)
+    points = tune.tuning_points(BASE, cells, 3, 0, tmp_path)
     csv_path = tmp_path / "point.csv"
     assert sweeps.not_yet_run(points, csv_path) == points
     seconds = {"100000": 1.0, "1000000": 1.0, "10000000": 0.8}
     rng = np.random.default_rng(0)
-    for n, p in enumerate(points[:4]):  # an interrupted grid: 4 of 6 runs written, every rank's iterations too
+    for n, p in enumerate(points[:6]):  # an interrupted grid: 6 of 9 runs written, every rank's iterations too
         bound = dict(p.setting_env)["MXNET_KVSTORE_BIGARRAY_BOUND"]
         times = {rank: list(rng.normal(seconds[bound], 0.01, size=p.iters)) for rank in range(4)}
         bench_rows.write_run(csv_path, _row(p, seconds[bound], f"r{n}"), times)
-    bench_rows.write_run(csv_path, _row(points[4], 0.1, "failed", status="failed(1)"))  # run again
-    bench_rows.write_run(csv_path, _row(points[5], 0.1, "smoke", smoke=True))  # does not count
-    assert sweeps.not_yet_run(points, csv_path) == points[4:]
-    for n, p in enumerate(points[4:]):  # the resumed invocation writes the rest; the choice pools both
+    bench_rows.write_run(csv_path, _row(points[6], 0.1, "failed", status="failed(1)"))  # run again
+    bench_rows.write_run(csv_path, _row(points[7], 0.1, "smoke", smoke=True))  # does not count
+    assert sweeps.not_yet_run(points, csv_path) == points[6:]
+    for n, p in enumerate(points[6:]):  # the resumed invocation writes the rest; the choice pools both
         bound = dict(p.setting_env)["MXNET_KVSTORE_BIGARRAY_BOUND"]
         bench_rows.write_run(csv_path, _row(p, seconds[bound], f"s{n}"),
                              {rank: list(rng.normal(seconds[bound], 0.01, size=p.iters)) for rank in range(4)})
@@ -167,7 +169,7 @@ def test_a_tuning_csv_resumes_and_its_best_setting_goes_to_best_json(tmp_path):
     assert entry["label"] == "MXNET_KVSTORE_BIGARRAY_BOUND=10000000 (tuned)"
     assert entry["throughput"] == pytest.approx(128 / 0.8, rel=0.02) and entry["ci"][0] <= entry["throughput"]
     assert entry["grid"] == [c.label for c in cells] and len(entry["cells"]) == 3
-    assert (entry["runs"], entry["repeats"], entry["commit"], entry["iters"]) == (6, 2, "abc", 20)
+    assert (entry["runs"], entry["repeats"], entry["commit"], entry["iters"]) == (9, 3, "abc", 20)
     best = tmp_path / "best.json"
     best.write_text(json.dumps({"other.point": {"p3": {"setting": {}}}}))
     merged = best_setting.merge_best(best, "resnet50_v1.2gbit.4h.x0.2.emulated", entries)
@@ -252,3 +254,4 @@ def test_tune_smoke_two_cells_of_dist_sync_on_two_hosts(tmp_path):
                                                            "MXNET_KVSTORE_BIGARRAY_BOUND=1000000 (default)"]
     entry = json.loads((tmp_path / "best.json").read_text())[key]["dist_sync"]
     assert entry["smoke"] and len(entry["grid"]) == 2 and entry["ci"][0] <= entry["throughput"] <= entry["ci"][1]
+    assert entry["default"] and "too few repeats" in entry["reason"] or "default is the fastest" in entry["reason"]

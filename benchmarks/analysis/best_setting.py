@@ -4,7 +4,9 @@ than the system's default beyond the 95% CI of their ratio (a tie keeps the defa
 Every cell's statistic is the one the comparison tables use: the samples of one iteration of all workers over
 the median iteration time of all ranks, all timed iterations and all repeats, with its hierarchical bootstrap CI
 (bootstrap.py: jobs, then iterations within each). A cell measured only as a reference (Horovod's autotuner,
-whose converged values the comparison jobs are too short to reach) is estimated and shown, never chosen.
+whose converged values the comparison jobs are too short to reach) is estimated and shown, never chosen. The jobs
+are the independent units (bootstrap.py), so a cell leaves the default only when it and the default each have
+at least MIN_JOBS of them: with fewer, the iterations of one job would make the CI look narrower than it is.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from benchmarks.analysis import bench_rows, bootstrap
+
+MIN_JOBS = 3  # repeats per cell (and of the default) before a cell may replace the default
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +44,8 @@ class Choice:
     reason: str
 
 
-def choose(cells: Sequence[Cell], resamples: int = bootstrap.RESAMPLES, seed: int = 0) -> Choice:
+def choose(cells: Sequence[Cell], resamples: int = bootstrap.RESAMPLES, seed: int = 0, min_jobs: int = MIN_JOBS
+           ) -> Choice:
     """The cell to run the system at (see the module's rule). Cells without jobs are left out; ValueError when
     no eligible cell has any."""
     measured = [c for c in cells if c.jobs]
@@ -57,6 +62,10 @@ def choose(cells: Sequence[Cell], resamples: int = bootstrap.RESAMPLES, seed: in
         return Choice(fastest, estimates, None, "the fastest cell; the default cell has no ok run to compare with")
     ratio = bootstrap.ratio(fastest.jobs, default.jobs, fastest.samples_per_iteration,
                             default.samples_per_iteration, resamples=resamples, seed=seed)
+    if min(len(fastest.jobs), len(default.jobs)) < min_jobs:
+        return Choice(default, estimates, ratio, f"too few repeats to tell: the fastest cell is {ratio.value:.3f}x "
+                      f"the default over {len(fastest.jobs)} and {len(default.jobs)} jobs (at least {min_jobs} "
+                      "each needed); the default is kept")
     if ratio.low > 1.0:
         return Choice(fastest, estimates, ratio, f"faster than the default: {ratio.value:.3f}x (95% CI "
                       f"{ratio.low:.3f}-{ratio.high:.3f})")
