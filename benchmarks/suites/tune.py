@@ -8,9 +8,10 @@ comparison runs each baseline (and p3kv) at its best, not at defaults nobody che
 The grid per system (baseline_settings.py has the defaults and where in each project's source they were read):
 - horovod: HOROVOD_FUSION_THRESHOLD {16, 64, 128 MiB} x HOROVOD_CYCLE_TIME {1, 5, 10 ms} (0.28.1's default:
   128 MiB, 1 ms), and its autotuner (HOROVOD_AUTOTUNE=1) as a reference cell: the autotuner scores a setting
-  every 5 x HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE iterations and tries about 20 before it settles
-  (horovod/common/parameter_manager.{h,cc}), so its cell warms up AUTOTUNE_WARMUP iterations first and writes
-  the autotuner's log beside the CSV; it is shown, never chosen (the comparison jobs are too short for it).
+  every 5 x HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE iterations and repeats its Bayesian search for each value of its
+  categorical settings (horovod/common/parameter_manager.{h,cc}): rounds of ~11 scores, more than a job holds. Its
+  cell warms up AUTOTUNE_WARMUP iterations and writes the autotuner's log (every setting scored) beside the CSV;
+  its throughput (the autotuner still exploring) is shown, never chosen.
 - dist_sync: MXNET_KVSTORE_BIGARRAY_BOUND {10^5, 10^6 (default), 10^7} elements.
 - mxnet-p3: MXNET_KVSTORE_SLICE_THRESHOLD {40,000 (its default), 50,000 (p3kv's), 100,000} elements.
 - p3: P3_SLICE_SIZE {25k, 50k (default), 100k} at the default socket buffer, and P3_SOCKET_BUFFER {32 KiB,
