@@ -29,6 +29,7 @@ RUN_COLUMNS = (
     "cpu_host_pct", "cpu_total_pct",
     "git_commit", "git_dirty", "allow_dirty", "cpus", "python", "mxnet", "p3kv", "horovod", "gluoncv", "sockeye",
     "idle_wait_s", "idle_warning",  # the run guard's wait (wall clock) and why a run proceeded on a busy machine
+    "baseline_setting",  # the system's settings the job ran with (suites/baseline_settings.py), or "default (untuned)"
 )
 ITERATION_COLUMNS = ("run_id", "tag", "model", "kvstore", "hosts", "bandwidth", "gpu_scale", "repeat", "rank",
                      "iteration", "time_s")

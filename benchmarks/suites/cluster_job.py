@@ -29,6 +29,7 @@ from benchmarks import paths
 from benchmarks.analysis import bench_rows, bench_stats
 from benchmarks.emulation import emulated_cluster, emulated_compute, host_cpu, proc_monitor, wire_bound
 from benchmarks.paths import ROOT
+from benchmarks.suites import baseline_settings
 from benchmarks.workloads import job_env, model_shapes
 
 LOG = logging.getLogger("cluster_job")
@@ -68,6 +69,10 @@ class Point:
     timeout: float = 900.0
     log_interval: int = 5
     layout: str = "colocated"  # or "separate": workers on the first half of the hosts, servers on the rest
+    # The system's own settings (baseline_settings.py): variables every process of the job gets, and the label
+    # the row's baseline_setting column shows ("": none applied, "default (untuned)").
+    setting_env: tuple[tuple[str, str], ...] = ()
+    baseline_setting: str = ""
 
     @property
     def workers(self) -> int:
@@ -86,8 +91,9 @@ class Point:
         return (1, 0) if host < self.workers else (0, 1)
 
     def group(self) -> tuple:
-        """Everything but the system: the runs one comparison interleaves."""
-        return tuple(v for k, v in dataclasses.asdict(self).items() if k not in ("kvstore", "repeat", "order"))
+        """Everything but the system (and its own settings): the runs one comparison interleaves."""
+        return tuple(v for k, v in dataclasses.asdict(self).items()
+                     if k not in ("kvstore", "repeat", "order", "setting_env", "baseline_setting"))
 
 
 def model_arrays(model: str) -> tuple[list[int], int]:
@@ -153,6 +159,7 @@ def _environment(point: Point, extra: dict) -> dict:
     # Hosts share 2 cores: one compute thread per process (the real-compute mode's fairness).
     env.update(OMP_NUM_THREADS="1", MXNET_CPU_WORKER_NTHREADS="1", PYTHONUNBUFFERED="1")
     env.update(extra)
+    env.update(point.setting_env)  # the system's tuned (or grid) setting: reaches every process through the launcher
     return env
 
 
@@ -229,7 +236,8 @@ def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: 
            "order": point.order, "tag": point.tag, "exit_code": exit_code, "wall_s": round(wall, 1),
            "load_1m_before": round(load_before, 2), "load_1m_after": round(os.getloadavg()[0], 2),
            "cpu_host_pct": ";".join(f"{c:g}" for c in cpu_pct), "cpu_total_pct": round(sum(cpu_pct), 1),
-           "model_bytes": nbytes, "run_id": name}
+           "model_bytes": nbytes, "run_id": name,
+           "baseline_setting": point.baseline_setting or baseline_settings.DEFAULT_UNTUNED}
     results = [json.loads(p.read_text()) for p in sorted(scratch.glob(f"{name}.rank*.json"))]
     # MXNet's ps-lite servers sometimes hang at shutdown after every worker reported (more often under load):
     # the measurement is complete, so a baseline's row keeps it, with the exit code. p3kv gets no such pass.
