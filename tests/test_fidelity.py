@@ -82,7 +82,7 @@ def test_a_host_throttled_beyond_the_share_fails_the_run_with_its_numbers():
 
 def test_runs_without_cpu_limits_or_a_window_are_not_faithful():
     off = _judge(limited=False)
-    assert not off.faithful and "not limited (--no-cpu-limit)" in off.text()
+    assert not off.faithful and "not limited (--no-cpu-limit" in off.text()
     assert not _judge(cpu_window=None).faithful
 
 

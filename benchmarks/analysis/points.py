@@ -59,6 +59,14 @@ def fidelity_sentence(rows: Sequence[dict]) -> str:
             f"{why}{unjudged} (benchmarks/emulation/fidelity.py).")
 
 
+def ranks_phrase(rows: Sequence[dict]) -> str:
+    """Whose iterations the statistics of `rows` pool: every rank's, or rank 0's in rows from before rank_iter_s."""
+    with_ranks = [bool(r.get("rank_iter_s")) for r in rows]
+    if all(with_ranks):
+        return "every rank's"
+    return "rank 0's" if not any(with_ranks) else "every rank's (rank 0's in older rows)"
+
+
 def aggregate(rows: Sequence[dict], include_smoke: bool = False) -> list[dict]:
     """One entry per point and system, in first-seen order, with the statistics over its repeats (every rank's
     iterations); ratios against dist_sync and Horovod of the same comparison. Runs judged unfaithful are left out

@@ -327,7 +327,8 @@ class HostCpuLimits:
 
 class UsageSampler:
     """Every host group's counters every `interval` seconds on a thread, so that a window (the timed iterations)
-    can be cut out afterwards (`window`)."""
+    can be cut out afterwards (`window`). Samples are stamped with time.time(), the clock of file modification
+    times (a rank's result file marks the end of its timed iterations)."""
 
     def __init__(self, limits: HostCpuLimits, interval: float = 0.25):
         self._limits, self._interval = limits, interval
@@ -336,14 +337,14 @@ class UsageSampler:
         self._thread = threading.Thread(target=self._run, name="cpu-groups", daemon=True)
 
     def start(self) -> UsageSampler:
-        self.samples.append((time.monotonic(), self._limits.usage()))
+        self.samples.append((time.time(), self._limits.usage()))
         self._thread.start()
         return self
 
     def _run(self) -> None:
         try:
             while not self._stopped.wait(self._interval):
-                self.samples.append((time.monotonic(), self._limits.usage()))
+                self.samples.append((time.time(), self._limits.usage()))
         except Exception:  # a monitor failure must not abort the run it watches
             LOG.exception("reading the CPU groups failed; the window's usage will be coarser")
 
@@ -351,7 +352,7 @@ class UsageSampler:
         self._stopped.set()
         self._thread.join(timeout=10)
         try:
-            self.samples.append((time.monotonic(), self._limits.usage()))
+            self.samples.append((time.time(), self._limits.usage()))
         except OSError:
             LOG.exception("reading the CPU groups failed at the end of the run")
         return self.samples

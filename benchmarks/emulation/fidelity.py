@@ -54,7 +54,8 @@ class Verdict:
 def cpu_notes(window: Sequence[CpuUsage] | None, window_s: float, limited: bool) -> tuple[bool, list[str]]:
     """(passed, notes) of monitor 1 from each host's usage over the timed window."""
     if not limited:
-        return False, ["cpu: not limited (--no-cpu-limit), the host CPUs were not dilated"]
+        return False, ["cpu: not limited (--no-cpu-limit, or compute that is not dilated): the host CPUs ran "
+                       "undilated"]
     if not window or window_s <= 0:
         return False, ["cpu: no measurement of the timed window"]
     shares = [u.throttled_s / window_s for u in window]

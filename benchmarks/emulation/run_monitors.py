@@ -16,7 +16,6 @@ import logging
 import os
 import pathlib
 import resource
-import time
 from collections.abc import Sequence
 
 from benchmarks.emulation import cpu_limit, fidelity, net_counters
@@ -57,7 +56,6 @@ class RunMonitors:
         self._net_before = self._net()
         self._self_before = _self_cpu_s()
         self._link_sampler_before = self._cluster.sampler_cpu_s()
-        self._start = time.time()
         return self
 
     def _net(self) -> list[net_counters.HostNet] | None:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from benchmarks.analysis import bench_rows, bootstrap
-from benchmarks.analysis.points import LABEL, equivalent_gbps, fidelity_sentence, number, shown
+from benchmarks.analysis.points import LABEL, equivalent_gbps, fidelity_sentence, number, ranks_phrase, shown
 
 # (model, its name, the P100-equivalent Gbps the paper names or None for "the point of our largest gain over
 # dist_sync", what the paper reports for P3 against MXNet's parameter server)
@@ -88,8 +88,7 @@ def headline_block(results: pathlib.Path) -> str:
     batch = sorted({int(number(r["batch_size"])) for r in behind})
     hosts = sorted({int(number(r["hosts"])) for r in behind})
     links = sorted({r["bandwidth"] for r in behind})
-    ranks = "every rank's" if all(r.get("rank_iter_s") for r in behind) else (
-        "rank 0's" if not any(r.get("rank_iter_s") for r in behind) else "every rank's (rank 0's in older rows)")
+    ranks = ranks_phrase(behind)
     judged = fidelity_sentence(everything)
     if all(str(r.get("cpu_limit", "")).startswith("cgroup") for r in behind):
         quotas = sorted({number(r.get("cpu_quota_cores")) for r in behind})

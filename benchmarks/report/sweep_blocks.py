@@ -7,7 +7,15 @@ from __future__ import annotations
 import pathlib
 
 from benchmarks.analysis import bench_rows
-from benchmarks.analysis.points import aggregate, fidelity_sentence, number, optimizer_label, point_table
+from benchmarks.analysis.points import (
+    aggregate,
+    fidelity_sentence,
+    number,
+    optimizer_label,
+    point_table,
+    ranks_phrase,
+    shown,
+)
 from benchmarks.report.sentences import (
     MIN_REPEATS,
     dilation_sentences,
@@ -55,10 +63,12 @@ def reviewed_block(name: str, results: pathlib.Path) -> str:
     load = max(p["load_max"] for p in points)
     busy = [p["busy_max"] for p in points if p["busy_max"] is not None]
     idle = f"; CPUs busy before a run at most {max(busy):.0f}% (5-second sample)" if busy else ""
+    used = [r for r in _rows(path) if shown(r) and str(r.get("smoke")) != "True"]
     head = (f"From `benchmarks/results/sweeps/{name}.csv` ({sum(p['n'] for p in points)} runs{idle}; highest "
             f"1-minute load before/after a run {load:.2f}, the runs' own included"
             f"{'; ' + '; '.join(flags) if flags else ''}). Throughput: median over "
-            "every timed iteration of every repeat, in emulated time (P100-equiv.: divided by --gpu-scale, the rate "
+            f"{ranks_phrase(used)} timed iterations of every repeat, in emulated time (P100-equiv.: divided by "
+            "--gpu-scale, the rate "
             "real P100s on the equivalent links would reach); IQR: its 25–75% range; repeat medians: the range of the "
             "per-repeat medians; bound: headers included." + (f" {judged}" if judged else ""))
     extra = []
