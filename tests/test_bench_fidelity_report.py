@@ -44,7 +44,8 @@ def test_rank_iterations_round_trip_through_the_csv(tmp_path):
 
 def test_tables_leave_out_unfaithful_runs_and_count_them():
     rows = [_row("p3", 0, "True", [[1.0, 1.0], [1.0, 1.0]]),
-            _row("p3", 1, "False", [[9.0, 9.0], [9.0, 9.0]], "cpu: host 1 throttled 8.0% of the timed window"),
+            _row("p3", 1, "False", [[9.0, 9.0], [9.0, 9.0]], "cpu: host 1 throttled 8.0% of the timed window "
+                 "(0.80 of 10.00 s, limit 5%); vgpu: not measured; network: 3 packets dropped by the link queues"),
             _row("dist_sync", 0, "True", [[2.0, 2.0], [2.0, 2.0]]),
             _row("dist_sync", 1, "", [[2.0, 2.0], [2.0, 2.0]])]  # a row from before the monitors
     points = {p["kvstore"]: p for p in point_stats.aggregate(rows)}
@@ -77,6 +78,14 @@ def test_the_sweep_block_and_the_headline_say_how_many_runs_were_faithful(tmp_pa
     assert sweep_blocks.reviewed_block("bandwidth", only_bad).startswith("No faithful runs yet")
     assert headline.headline_block(only_bad).startswith("No faithful runs yet")
     assert "not yet: no faithful run" in sweep_blocks.status_block(only_bad)
+
+
+def test_the_runner_summary_counts_its_unfaithful_runs_smoke_included():
+    rows = [_row("p3", 0, "False", [[1.0]], "cpu: host 0 throttled 7.8% of the timed window", smoke="True"),
+            _row("dist_sync", 0, "True", [[2.0]], smoke="True")]
+    text = cluster_bench.summary(rows)
+    assert "| dist_sync |" in text and "| p3kv |" not in text
+    assert "1 faithful of 2 runs: the 1 others are left out (failed: cpu 1)" in text
 
 
 def test_run_ids_are_unique_when_the_same_point_runs_again():

@@ -76,7 +76,7 @@ def test_a_run_within_every_threshold_is_faithful_with_no_notes():
 def test_a_host_throttled_beyond_the_share_fails_the_run_with_its_numbers():
     verdict = _judge(cpu_window=[CpuUsage(5.0, 0.1, 100, 2), CpuUsage(5.0, 0.8, 100, 40)])
     assert not verdict.faithful
-    assert verdict.text() == "cpu: host 1 throttled 8.0% of the timed window (0.80 of 10.00 s; limit 5%)"
+    assert verdict.text() == "cpu: host 1 throttled 8.0% of the timed window (0.80 of 10.00 s, limit 5%)"
     assert _judge(cpu_window=[CpuUsage(5.0, 0.5, 100, 40)]).faithful  # 5.0% exactly: within
 
 

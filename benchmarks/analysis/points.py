@@ -33,25 +33,29 @@ def shown(row: dict) -> bool:
     return bench_rows.verdict(row) is not False
 
 
-def fidelity_count(rows: Sequence[dict]) -> dict[str, int]:
-    """{"faithful", "unfaithful", "unjudged", "all"}: how many ok, non-smoke runs had each verdict."""
-    runs = [r for r in rows if r.get("status") == "ok" and str(r.get("smoke")) != "True"]
+def _counted(rows: Sequence[dict], include_smoke: bool) -> list[dict]:
+    return [r for r in rows if r.get("status") == "ok" and (include_smoke or str(r.get("smoke")) != "True")]
+
+
+def fidelity_count(rows: Sequence[dict], include_smoke: bool = False) -> dict[str, int]:
+    """{"faithful", "unfaithful", "unjudged", "all"}: how many ok (non-smoke) runs had each verdict."""
+    runs = _counted(rows, include_smoke)
     verdicts = [bench_rows.verdict(r) for r in runs]
     return {"faithful": verdicts.count(True), "unfaithful": verdicts.count(False),
             "unjudged": verdicts.count(None), "all": len(runs)}
 
 
-def fidelity_sentence(rows: Sequence[dict]) -> str:
+def fidelity_sentence(rows: Sequence[dict], include_smoke: bool = False) -> str:
     """"n faithful of m runs" and which monitors failed the others, or "" when no row has a verdict."""
-    count = fidelity_count(rows)
+    count = fidelity_count(rows, include_smoke)
     if count["faithful"] + count["unfaithful"] == 0:
         return ""
     failed: dict[str, int] = {}
-    for r in rows:
-        if r.get("status") == "ok" and str(r.get("smoke")) != "True" and bench_rows.verdict(r) is False:
-            for monitor in sorted({n.split(":")[0].strip() for n in str(r.get("fidelity_notes", "")).split(";")
-                                   if n.strip() and "not measured" not in n and not n.strip().startswith(
-                                       ("network", "sampling"))}):
+    for r in _counted(rows, include_smoke):
+        if bench_rows.verdict(r) is False:
+            notes = [n.strip() for n in str(r.get("fidelity_notes", "")).split(";") if ":" in n]
+            for monitor in sorted({n.split(":")[0] for n in notes if "not measured" not in n}
+                                  - {"network", "sampling"}):  # flags, never failures
                 failed[monitor] = failed.get(monitor, 0) + 1
     why = f" (failed: {', '.join(f'{m} {n}' for m, n in sorted(failed.items()))})" if failed else ""
     unjudged = f"; {count['unjudged']} from before the monitors, shown without a verdict" if count["unjudged"] else ""

@@ -45,10 +45,10 @@ SAMPLING_FLAG_CORES = 0.05
 @dataclasses.dataclass(frozen=True)
 class Verdict:
     faithful: bool
-    notes: tuple[str, ...]  # every failed monitor with its numbers, then flags and what was not measured
+    notes: tuple[str, ...]  # "monitor: what, with numbers": failures, then flags and what was not measured
 
     def text(self) -> str:
-        return "; ".join(self.notes)
+        return "; ".join(self.notes)  # no note holds a ";" (points.fidelity_sentence splits on it)
 
 
 def cpu_notes(window: Sequence[CpuUsage] | None, window_s: float, limited: bool) -> tuple[bool, list[str]]:
@@ -62,7 +62,7 @@ def cpu_notes(window: Sequence[CpuUsage] | None, window_s: float, limited: bool)
     worst = max(range(len(shares)), key=shares.__getitem__)
     if shares[worst] > MAX_THROTTLED_SHARE:
         return False, [f"cpu: host {worst} throttled {100 * shares[worst]:.1f}% of the timed window "
-                       f"({window[worst].throttled_s:.2f} of {window_s:.2f} s; limit {100 * MAX_THROTTLED_SHARE:g}%)"]
+                       f"({window[worst].throttled_s:.2f} of {window_s:.2f} s, limit {100 * MAX_THROTTLED_SHARE:g}%)"]
     return True, []
 
 

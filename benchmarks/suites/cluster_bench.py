@@ -49,7 +49,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from benchmarks.analysis import bench_rows
-from benchmarks.analysis.points import aggregate, point_table
+from benchmarks.analysis.points import aggregate, fidelity_sentence, point_table
 from benchmarks.emulation import cpu_limit, emulated_cluster, run_guard
 from benchmarks.paths import RESULTS, ROOT  # noqa: F401  (ROOT: the tests' and deploy's)
 from benchmarks.suites.cluster_job import KVSTORES, Point, comm_bound_seconds, model_arrays, model_bytes, run_point  # noqa: F401
@@ -176,8 +176,9 @@ def check_cpu_limits(points: Sequence[Point]) -> bool | None:
 
 
 def summary(rows: Sequence[dict]) -> str:
-    """Markdown table of the points in `rows` (see point_table)."""
-    return point_table(aggregate(rows, include_smoke=True)) + "\n"
+    """Markdown table of the faithful points in `rows` (see point_table), and how many runs were faithful."""
+    judged = fidelity_sentence(rows, include_smoke=True)
+    return point_table(aggregate(rows, include_smoke=True)) + "\n" + (f"\n{judged}\n" if judged else "")
 
 
 def plot_comparison(rows: Sequence[dict], path: pathlib.Path, title: str) -> None:
