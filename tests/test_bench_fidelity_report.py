@@ -56,6 +56,9 @@ def test_tables_leave_out_unfaithful_runs_and_count_them():
         "2 faithful of 4 runs: the 1 others are left out (failed: cpu 1); 1 from before the monitors, shown "
         "without a verdict (benchmarks/emulation/fidelity.py).")
     assert point_stats.fidelity_sentence([_row("p3", 0, "", [[1.0]])]) == ""  # no verdicts: nothing to say
+    # Runs with and without CPU limits are different points, never pooled.
+    mixed = point_stats.aggregate([_row("p3", 0, "True", [[1.0]], host_cpus="2.0"), _row("p3", 1, "", [[3.0]])])
+    assert [p["n"] for p in mixed] == [1, 1]
 
 
 def test_the_sweep_block_and_the_headline_say_how_many_runs_were_faithful(tmp_path):

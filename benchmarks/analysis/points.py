@@ -17,7 +17,8 @@ LABEL = {"p3": "p3kv", "dist_sync": "dist_sync", "mxnet-p3": "MXNet P3", "horovo
 
 # What makes two rows the same point (the system is part of it; comparisons group by everything else).
 POINT_KEY = ("tag", "model", "hosts", "layout", "bandwidth", "compute", "batch_size", "gpu_scale",
-             "efficiency_factor", "optimizer", "slice_size", "legacy")
+             "efficiency_factor", "optimizer", "slice_size", "legacy",
+             "host_cpus")  # CPU-limited runs never pool with unlimited ones (rows from before the limits: "")
 
 
 def number(value, default: float = 0.0) -> float:
