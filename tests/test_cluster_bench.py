@@ -218,7 +218,7 @@ def test_runner_smoke_every_system_with_the_optimizer_on_two_hosts(tmp_path):
            "--hosts", "2", "--bandwidth", "400mbit", "--gpu-scale", "0.2", "--kvstore", *systems, "--warmup", "1",
            "--iters", "2",
            "--repeats", "1", "--seed", "3", "--log-interval", "1", "--batch-size", "4", "--csv", str(out),
-           "--plot", str(plot), "--timeout", "240", "--smoke", "--force", "--allow-dirty"]
+           "--plot", str(plot), "--timeout", "240", "--smoke", "--force", "--allow-dirty", "--untuned"]
     runner = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     output, _ = runner.communicate(timeout=600)
     assert runner.returncode == 0, output[-5000:]
@@ -242,6 +242,7 @@ def test_runner_smoke_every_system_with_the_optimizer_on_two_hosts(tmp_path):
         # p3kv's and Horovod's jobs must end cleanly; MXNet's servers may hang at shutdown after the measurement.
         assert r["status"] == "ok" and (r["exit_code"] == "0" or r["kvstore"] in ("dist_sync", "mxnet-p3")), r
         assert r["hosts"] == "2" and r["bandwidth"] == "400mbit" and r["mxnet"] == "1.9.1"
+        assert r["baseline_setting"] == "default (untuned)"
         assert r["optimizer"] == "sgd(lr=0.01,momentum=0.9,wd=0.0001,rescale_grad=1/2)", r
         assert r["update_on"] == ("workers" if r["kvstore"] in ("mxnet-p3", "horovod") else "servers")
         assert r["servers"] == ("0" if r["kvstore"] == "horovod" else "2")

@@ -29,6 +29,7 @@ RUN_COLUMNS = (
     "cpu_host_pct", "cpu_total_pct",
     "git_commit", "git_dirty", "allow_dirty", "cpus", "python", "mxnet", "p3kv", "horovod", "gluoncv", "sockeye",
     "idle_wait_s", "idle_warning",  # the run guard's wait (wall clock) and why a run proceeded on a busy machine
+    "baseline_setting",  # the system's settings the job ran with (suites/baseline_settings.py), or "default (untuned)"
     # The emulation's fidelity (benchmarks/emulation/run_monitors.py): CPU limits and each host's CPU and throttled
     # time (per-host lists joined by ";"), the virtual GPU, the links' drops and retransmissions, the verdict.
     "host_cpus", "cpu_limit", "cpu_quota_cores", "host_cpu_s", "host_throttled_s", "host_throttled_pct",

@@ -30,6 +30,9 @@ Kvstores: p3, dist_sync, mxnet-p3, horovod, and p3kv's ablations p3-slicing-only
 first come first served), p3-priority-split (no slicing, but arrays above 10^6 elements cut into one key per
 server, as MXNet's dist_sync splits them: the fair priority-only variant) and p3-priority-only (no slicing at
 all: a big array lands on one server).
+Settings: p3kv and each baseline run at their best setting for the point where --best (results/tuning/best.json,
+written by `python -m benchmarks tune`) has one, else at their defaults; every row's baseline_setting column says
+which (--untuned: defaults everywhere).
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from benchmarks.analysis import bench_rows
 from benchmarks.analysis.points import aggregate, fidelity_sentence, point_table
 from benchmarks.emulation import cpu_limit, emulated_cluster, run_guard
 from benchmarks.paths import RESULTS, ROOT  # noqa: F401  (ROOT: the tests' and deploy's)
+from benchmarks.suites import baseline_settings
 from benchmarks.suites.cluster_job import KVSTORES, Point, comm_bound_seconds, model_arrays, model_bytes, run_point  # noqa: F401
 
 LOG = logging.getLogger("cluster_bench")
@@ -276,6 +280,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    "this folder (one CSV per run)")
     p.add_argument("--keep-logs", type=pathlib.Path, help="keep every host's output here")
     p.add_argument("--tag", default="", help="a label written in every row (e.g. the sweep's name)")
+    baseline_settings.add_arguments(p)
     args = p.parse_args(argv)
     args.model = [MODEL_ALIASES.get(m, m) for m in args.model]
     for m in args.model:
@@ -306,7 +311,7 @@ def points_from_args(args: argparse.Namespace) -> list[Point]:
                   iters=args.iters, tag=args.tag, timeout=args.timeout, layout=args.layout,
                   log_interval=args.log_interval, host_cpus=host_cpus_from_args(args))
             for model in args.model for kv in args.kvstore]
-    return interleave(base, args.repeats, args.seed)
+    return baseline_settings.from_args(interleave(base, args.repeats, args.seed), args)
 
 
 def drop_unavailable(points: list[Point]) -> tuple[list[Point], dict[str, str]]:

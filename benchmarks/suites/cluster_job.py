@@ -39,6 +39,7 @@ from benchmarks.emulation import (
     wire_bound,
 )
 from benchmarks.paths import ROOT
+from benchmarks.suites import baseline_settings
 from benchmarks.workloads import job_env, model_shapes
 
 LOG = logging.getLogger("cluster_job")
@@ -78,6 +79,10 @@ class Point:
     timeout: float = 900.0
     log_interval: int = 5
     layout: str = "colocated"  # or "separate": workers on the first half of the hosts, servers on the rest
+    # The system's own settings (baseline_settings.py): variables every process of the job gets, and the label
+    # the row's baseline_setting column shows ("": none applied, "default (untuned)").
+    setting_env: tuple[tuple[str, str], ...] = ()
+    baseline_setting: str = ""
     host_cpus: float | None = None  # CPUs of one emulated host, dilated by gpu_scale; None: no CPU limit
 
     @property
@@ -104,8 +109,9 @@ class Point:
         return (1, 0) if host < self.workers else (0, 1)
 
     def group(self) -> tuple:
-        """Everything but the system: the runs one comparison interleaves."""
-        return tuple(v for k, v in dataclasses.asdict(self).items() if k not in ("kvstore", "repeat", "order"))
+        """Everything but the system (and its own settings): the runs one comparison interleaves."""
+        return tuple(v for k, v in dataclasses.asdict(self).items()
+                     if k not in ("kvstore", "repeat", "order", "setting_env", "baseline_setting"))
 
 
 def model_arrays(model: str) -> tuple[list[int], int]:
@@ -171,6 +177,7 @@ def _environment(point: Point, extra: dict) -> dict:
     # Hosts share 2 cores: one compute thread per process (the real-compute mode's fairness).
     env.update(OMP_NUM_THREADS="1", MXNET_CPU_WORKER_NTHREADS="1", PYTHONUNBUFFERED="1")
     env.update(extra)
+    env.update(point.setting_env)  # the system's tuned (or grid) setting: reaches every process through the launcher
     return env
 
 
@@ -256,7 +263,8 @@ def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: 
            "order": point.order, "tag": point.tag, "exit_code": exit_code, "wall_s": round(wall, 1),
            "load_1m_before": round(load_before, 2), "load_1m_after": round(os.getloadavg()[0], 2),
            "cpu_host_pct": ";".join(f"{c:g}" for c in cpu_pct), "cpu_total_pct": round(sum(cpu_pct), 1),
-           "model_bytes": nbytes, "run_id": name}
+           "model_bytes": nbytes, "run_id": name,
+           "baseline_setting": point.baseline_setting or baseline_settings.DEFAULT_UNTUNED}
     files = sorted(scratch.glob(f"{name}.rank*.json"))
     results = [json.loads(p.read_text()) for p in files]
     every = [t for r in results for t in r.get("iter_s") or []]

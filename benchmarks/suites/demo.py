@@ -16,7 +16,8 @@ here: `make bench-setup` builds it). The run guard waits at most --wait seconds 
 proceeds and records a warning in the rows (--strict: refuse instead, as the sweeps do). The paper's full
 12-job comparison (all four systems, 3 repeats of 2 + 20 iterations) is `make demo-full`
 (python -m benchmarks.suites.sweeps demo). Without root or the right to create network namespaces it says so at
-once, names what runs without them, and exits 2.
+once, names what runs without them, and exits 2. Each system runs at its tuned best for the point where
+results/tuning/best.json has one (`python -m benchmarks tune`; --untuned: defaults), as every row records.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from collections.abc import Sequence
 from benchmarks.analysis import bench_rows
 from benchmarks.emulation import cpu_limit, emulated_cluster, run_guard
 from benchmarks.paths import ROOT
-from benchmarks.suites import cluster_bench, demo_screen
+from benchmarks.suites import baseline_settings, cluster_bench, demo_screen
 from benchmarks.suites.cluster_job import Point
 
 LOG = logging.getLogger("demo")
@@ -91,6 +92,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds one job may take")
     p.add_argument("--smoke", action="store_true", help="mark the rows as a smoke run (tests)")
     cluster_bench.add_cpu_arguments(p)
+    baseline_settings.add_arguments(p)
     args = p.parse_args(argv)
     if args.hosts < 2 or args.iters < 1 or args.repeats < 1 or args.warmup < 0:
         p.error("--hosts must be >= 2, --iters and --repeats >= 1, --warmup >= 0")
@@ -107,7 +109,7 @@ def points(args: argparse.Namespace) -> list[Point]:
                   warmup=args.warmup, iters=args.iters, tag="demo", timeout=args.timeout,
                   log_interval=max(1, args.warmup + args.iters), host_cpus=cluster_bench.host_cpus_from_args(args))
             for kv in args.systems]
-    return cluster_bench.interleave(base, args.repeats, args.seed)
+    return baseline_settings.from_args(cluster_bench.interleave(base, args.repeats, args.seed), args)
 
 
 def fresh_output(out: pathlib.Path) -> None:
