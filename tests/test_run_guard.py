@@ -106,7 +106,7 @@ def test_busiest_processes_from_proc_stat(tmp_path):
 class FakeCluster:
     hosts, bandwidth = 2, "2gbit"
 
-    def __init__(self, *args):
+    def __init__(self, *args, **kwargs):
         pass
 
     def start(self):
@@ -149,7 +149,7 @@ def test_a_run_that_proceeded_records_the_wait_and_the_warning(monkeypatch, tmp_
 
 def test_an_older_csv_gains_the_new_columns_when_appended_to(tmp_path):
     path = tmp_path / "old.csv"
-    old_columns = bench_rows.RUN_COLUMNS[:-2]
+    old_columns = bench_rows.RUN_COLUMNS[:bench_rows.RUN_COLUMNS.index("idle_wait_s")]
     path.write_text(",".join(old_columns) + "\n" + ",".join("x" if c == "run_id" else "" for c in old_columns) + "\n")
     bench_rows.write_run(path, {"run_id": "new", "status": "ok", "idle_wait_s": 3.0, "idle_warning": "busy"})
     rows = bench_rows.read_runs(path, ok_only=False)

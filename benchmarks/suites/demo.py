@@ -32,7 +32,7 @@ import time
 from collections.abc import Sequence
 
 from benchmarks.analysis import bench_rows
-from benchmarks.emulation import emulated_cluster, run_guard
+from benchmarks.emulation import cpu_limit, emulated_cluster, run_guard
 from benchmarks.paths import ROOT
 from benchmarks.suites import baseline_settings, cluster_bench, demo_screen
 from benchmarks.suites.cluster_job import Point
@@ -91,6 +91,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--force", action="store_true", help="start every job at once, busy or not (recorded)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds one job may take")
     p.add_argument("--smoke", action="store_true", help="mark the rows as a smoke run (tests)")
+    cluster_bench.add_cpu_arguments(p)
     baseline_settings.add_arguments(p)
     args = p.parse_args(argv)
     if args.hosts < 2 or args.iters < 1 or args.repeats < 1 or args.warmup < 0:
@@ -106,7 +107,7 @@ def points(args: argparse.Namespace) -> list[Point]:
     base = [Point(model=args.model, kvstore=kv, hosts=args.hosts, bandwidth=args.bandwidth, compute="emulated",
                   batch_size=args.batch_size, gpu="p100", gpu_scale=args.gpu_scale, optimizer="sgd",
                   warmup=args.warmup, iters=args.iters, tag="demo", timeout=args.timeout,
-                  log_interval=max(1, args.warmup + args.iters))
+                  log_interval=max(1, args.warmup + args.iters), host_cpus=cluster_bench.host_cpus_from_args(args))
             for kv in args.systems]
     return baseline_settings.from_args(cluster_bench.interleave(base, args.repeats, args.seed), args)
 
@@ -159,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         rows = cluster_bench.run_points(todo, csv_path, conditions, keep_logs=args.out / "logs", live=None,
                                         on_row=progress(len(todo), started))
-    except run_guard.Refused as e:
+    except (run_guard.Refused, cpu_limit.QuotaRefused, cpu_limit.CpuLimitError) as e:
         LOG.error("%s", e)
         return 3
     arrays = (demo_screen.iteration_arrays(bench_rows.iterations_path(csv_path))

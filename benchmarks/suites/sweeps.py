@@ -26,9 +26,11 @@ of docs/benchmarks.md. Compute is emulated with each model's calibrated P100 eff
 compute/network ratio of real P100s on links of rate b/s ("P100-equivalent"), which is how every point below is
 chosen. Each point uses the least dilation its link allows: links up to --link-max (2 Gbit: what 2 cores move
 without saturating, see `dilation`) run undilated (scale 1, link = equivalent), faster equivalents at scale =
-link-max / equivalent on a link-max link. Every row records its scale and the CPU utilisation of every host, so a
-point where the CPUs, not the links, were the limit
-shows. Each system runs at its tuned best setting for the point where results/tuning/best.json has one
+link-max / equivalent on a link-max link; and no larger than the hosts' CPU quotas allow: each host's processes
+get --host-cpus x scale cores (benchmarks/emulation/cpu_limit.py), and the quotas of a point may add up to 90% of
+the machine, so on 2 cores 4 hosts run at scale 0.22 or less, 8 hosts at 0.11, 2 hosts at 0.45. Every row records
+its scale, the quota, each host's CPU and throttled time and the run's fidelity verdict (fidelity.py).
+Each system runs at its tuned best setting for the point where results/tuning/best.json has one
 (`python -m benchmarks tune`; --untuned: the defaults), recorded in every row's baseline_setting column.
 """
 
@@ -38,6 +40,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import math
+import os
 import pathlib
 import statistics
 import sys
@@ -45,7 +49,7 @@ from collections.abc import Sequence
 
 from benchmarks.analysis import bench_rows
 from benchmarks.analysis.points import optimizer_label
-from benchmarks.emulation import emulated_cluster, emulated_compute, run_guard, wire_bound
+from benchmarks.emulation import cpu_limit, emulated_cluster, emulated_compute, run_guard, wire_bound
 from benchmarks.suites import baseline_settings, cluster_bench, sweep_slices
 from benchmarks.suites.sweep_plots import SYSTEM_COLORS, plot, plot_links  # noqa: F401  (SYSTEM_COLORS: the tests')
 
@@ -74,7 +78,7 @@ SCALE = (["resnet50_v1", "sockeye", "vgg19"], 10, [2, 4, 8])
 
 
 SENSITIVITY = ([("resnet50_v1", 4), ("vgg19", 15)], [0.5, 1.0, 2.0])
-DILATION = ("resnet50_v1", 10, [0.1, 0.2, 0.3, 0.5, 1.0])
+DILATION = ("resnet50_v1", 10, [0.05, 0.1, 0.15, 0.2])  # every one within 4 hosts' CPU quotas on 2 cores
 
 
 UTILISATION = ("sockeye", 10, ["dist_sync", "p3", "horovod"])
@@ -91,10 +95,21 @@ def least_dilation(equivalent_gbps: float, link_max_gbps: float = LINK_MAX_GBPS)
     return min(1.0, link_max_gbps / equivalent_gbps)
 
 
+def cpu_fit(hosts: int, host_cpus: float | None) -> float:
+    """The largest --gpu-scale whose CPU quotas fit this machine, rounded down to 0.01 (1.0 without limits)."""
+    if host_cpus is None:
+        return 1.0
+    fit = cpu_limit.largest_fitting_scale(hosts, host_cpus, os.cpu_count() or 1)
+    return min(1.0, math.floor(fit * 100 + 1e-9) / 100)
+
+
 def _point(name: str, args: argparse.Namespace, model: str, kvstore: str, equivalent: float,
            **settings) -> cluster_bench.Point:
-    scale = settings.pop("gpu_scale", None) or args.gpu_scale or least_dilation(equivalent, args.link_max)
-    return cluster_bench.Point(model=model, kvstore=kvstore, hosts=settings.pop("hosts", args.hosts),
+    hosts = settings.pop("hosts", args.hosts)
+    host_cpus = cluster_bench.host_cpus_from_args(args)
+    scale = (settings.pop("gpu_scale", None) or args.gpu_scale
+             or min(least_dilation(equivalent, args.link_max), cpu_fit(hosts, host_cpus)))
+    return cluster_bench.Point(model=model, kvstore=kvstore, hosts=hosts, host_cpus=host_cpus,
                                bandwidth=link(equivalent, scale), compute="emulated", batch_size=args.batch_size,
                                gpu="p100", gpu_scale=scale, optimizer=args.optimizer, warmup=args.warmup,
                                iters=args.iters, tag=name, timeout=args.timeout, **settings)
@@ -200,6 +215,7 @@ def _signature(settings: dict) -> tuple:
             int(settings["batch_size"]), number(settings["gpu_scale"]), number(settings["efficiency_factor"]),
             number(settings["slice_size"]), optimizer_label(str(settings["optimizer"])),
             int(settings["warmup"]), int(settings["iters"]), int(settings["repeat"]),
+            number(settings.get("host_cpus")),  # rows from before CPU limits: None, never a limited run
             baseline_settings.identity(str(settings.get("baseline_setting") or "")))
 
 
@@ -288,6 +304,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--results-dir", type=pathlib.Path, default=RESULTS)
+    cluster_bench.add_cpu_arguments(parser)
     parser.add_argument("--resume", action="store_true", help="skip the runs the sweep's CSV already holds (same "
                         "settings, system and repeat, status ok): continue an interrupted sweep")
     parser.add_argument("--slice", help="K/N: run only the K-th of N parts of the sweep (whole comparisons, about "
@@ -298,6 +315,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.models = [cluster_bench.MODEL_ALIASES.get(m, m) for m in args.models]
     args.equivalents = EQUIVALENTS
+    if args.host_cpus <= 0:
+        parser.error("--host-cpus must be positive")
     if args.sweep == "plot" and args.name not in SWEEPS:
         parser.error(f"plot what? one of {', '.join(SWEEPS)}")
     try:
@@ -356,7 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = cluster_bench.run_points(points, csv_path, cluster_bench.conditions_from_args(args),
                                         utilisation_dir=args.results_dir / "utilisation"
                                         if name == "utilisation" else None)
-    except run_guard.Refused as e:
+    except (run_guard.Refused, cpu_limit.QuotaRefused, cpu_limit.CpuLimitError) as e:
         LOG.error("%s", e)
         return 3
     sys.stdout.write("\n" + write_summary(name, args.results_dir, skipped))

@@ -39,7 +39,7 @@ import time
 from collections.abc import Sequence
 
 from benchmarks.analysis import bench_rows, best_setting
-from benchmarks.emulation import emulated_cluster, run_guard
+from benchmarks.emulation import cpu_limit, emulated_cluster, run_guard
 from benchmarks.suites import baseline_settings, cluster_bench, sweeps
 from benchmarks.suites.baseline_settings import DEFAULTS, MIB, env_text
 from benchmarks.suites.cluster_job import Point
@@ -175,16 +175,18 @@ def base_points(args: argparse.Namespace) -> list[Point]:
     """The point(s) to tune: --headline's, or the one given (--equivalent, or --bandwidth and --gpu-scale)."""
     wanted = HEADLINE if args.headline else [(args.model, args.equivalent)]
     points = []
+    host_cpus = cluster_bench.host_cpus_from_args(args)
     for model, equivalent in wanted:
-        if equivalent is not None:
-            scale = args.gpu_scale or sweeps.least_dilation(equivalent, args.link_max)
+        if equivalent is not None:  # the sweeps' rule (sweeps._point), CPU quotas included, so the keys match
+            scale = args.gpu_scale or min(sweeps.least_dilation(equivalent, args.link_max),
+                                          sweeps.cpu_fit(args.hosts, host_cpus))
             bandwidth = sweeps.link(equivalent, scale)
         else:
             scale, bandwidth = args.gpu_scale or 1.0, args.bandwidth
         points.append(Point(model=model, kvstore="", hosts=args.hosts, bandwidth=bandwidth, compute=args.compute,
                             batch_size=args.batch_size, gpu_scale=scale, optimizer=args.optimizer,
                             warmup=args.warmup, iters=args.iters, tag="tune", timeout=args.timeout,
-                            log_interval=max(1, args.iters)))
+                            log_interval=max(1, args.iters), host_cpus=host_cpus))
     return points
 
 
@@ -213,6 +215,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    "tuning CSVs and best.json go (default benchmarks/results/tuning)")
     p.add_argument("--resume", action="store_true", help="run only the cells and repeats the CSV lacks")
     p.add_argument("--estimate", action="store_true", help="print how long it would take, run nothing")
+    cluster_bench.add_cpu_arguments(p)
     cluster_bench.add_condition_arguments(p)
     args = p.parse_args(argv)
     try:
@@ -274,7 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         for base in base_points(args):
             code = max(code, tune_point(base, args))
-    except run_guard.Refused as e:
+    except (run_guard.Refused, cpu_limit.QuotaRefused, cpu_limit.CpuLimitError) as e:
         LOG.error("%s", e)
         return 3
     return code
