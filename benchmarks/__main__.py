@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 
@@ -21,6 +22,13 @@ def demo_seconds() -> float:
     return sweeps.estimate_seconds(demo.points(demo.parse_args([])), 1, sweeps.measured_factors())
 
 
+def tune_hours() -> float:
+    """`python -m benchmarks tune --headline`'s run time, estimated as the sweeps' are."""
+    from benchmarks.suites import tune
+
+    return tune.estimate_seconds(tune.parse_args(["--headline"])) / 3600
+
+
 def listing() -> str:
     times, source = sweep_times()
     total = (sum(t[0] for t in times.values()), sum(t[1] for t in times.values()))
@@ -32,6 +40,8 @@ def listing() -> str:
             when = f"{times['demo'][0] * 60:.0f} min (estimated)"
         elif suite.name == "sweeps":
             when = f"{total[0]:.1f} h in full, {total[1]:.1f} h not yet in results/sweeps/ (estimated)"
+        elif suite.name == "tune":
+            when = f"{tune_hours():.1f} h for its --headline points (estimated)"
         else:
             when = suite.stated_time
         lines += [f"{suite.name:14s} {suite.what}",
@@ -44,7 +54,13 @@ def listing() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__).parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    runnable = {s.name: s.module for s in SUITES if s.module}
+    if argv and argv[0] in runnable:  # python -m benchmarks tune ARGS...: that suite's own command line
+        return importlib.import_module(runnable[argv[0]]).main(argv[1:])
+    argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
+                            epilog=f"python -m benchmarks SUITE [options] runs one of: {', '.join(runnable)} "
+                            "(SUITE --help: its options)").parse_args(argv)
     sys.stdout.write(listing())
     return 0
 

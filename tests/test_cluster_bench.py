@@ -206,17 +206,19 @@ def test_comm_bound():
 
 @pytest.mark.system
 def test_runner_smoke_every_system_with_the_optimizer_on_two_hosts(tmp_path):
-    """All four systems (and the fair priority-only ablation) train with SGD on 2 hosts: every run writes its row
-    with the optimizer where the system runs it, its shuffled position, load and CPU, and every rank's timed
-    iterations. Horovod is optional: without it the runner says how to install it and runs the others."""
+    """All four systems (and the fair priority-only ablation) train with SGD on 2 CPU-limited hosts: every run
+    writes its row with the optimizer where the system runs it, its shuffled position, load and CPU, each host's
+    CPU quota, CPU and throttled time, the links' drops, a fidelity verdict, and every rank's timed iterations.
+    Horovod is optional: without it the runner says how to install it and runs the others."""
     _require_cluster()
     out = tmp_path / "cluster.csv"
     plot = tmp_path / "compare.png"
     systems = ["p3", "dist_sync", "mxnet-p3", "horovod", "p3-priority-split"]
     cmd = [sys.executable, "-m", "benchmarks.suites.cluster_bench", "--model", "resnet50",
-           "--hosts", "2", "--bandwidth", "2gbit", "--kvstore", *systems, "--warmup", "1", "--iters", "2",
+           "--hosts", "2", "--bandwidth", "400mbit", "--gpu-scale", "0.2", "--kvstore", *systems, "--warmup", "1",
+           "--iters", "2",
            "--repeats", "1", "--seed", "3", "--log-interval", "1", "--batch-size", "4", "--csv", str(out),
-           "--plot", str(plot), "--timeout", "240", "--smoke", "--force", "--allow-dirty"]
+           "--plot", str(plot), "--timeout", "240", "--smoke", "--force", "--allow-dirty", "--untuned"]
     runner = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     output, _ = runner.communicate(timeout=600)
     assert runner.returncode == 0, output[-5000:]
@@ -233,12 +235,14 @@ def test_runner_smoke_every_system_with_the_optimizer_on_two_hosts(tmp_path):
         [cluster_bench.Point(model="resnet50_v1", kvstore=kv) for kv in cluster_bench.SYSTEMS + ("p3-priority-split",)],
         1, 3) if p.kvstore in systems]
     assert [r["kvstore"] for r in rows] == expected  # the seeded shuffled order, recorded
+    assert len({r["run_id"] for r in rows}) == len(rows)
     with bench_rows.iterations_path(out).open() as f:
         iterations = list(csv.DictReader(f))
     for r in rows:
         # p3kv's and Horovod's jobs must end cleanly; MXNet's servers may hang at shutdown after the measurement.
         assert r["status"] == "ok" and (r["exit_code"] == "0" or r["kvstore"] in ("dist_sync", "mxnet-p3")), r
-        assert r["hosts"] == "2" and r["bandwidth"] == "2gbit" and r["mxnet"] == "1.9.1"
+        assert r["hosts"] == "2" and r["bandwidth"] == "400mbit" and r["mxnet"] == "1.9.1"
+        assert r["baseline_setting"] == "default (untuned)"
         assert r["optimizer"] == "sgd(lr=0.01,momentum=0.9,wd=0.0001,rescale_grad=1/2)", r
         assert r["update_on"] == ("workers" if r["kvstore"] in ("mxnet-p3", "horovod") else "servers")
         # The workers' update runs on their virtual GPUs, the servers' on their CPUs.
@@ -249,6 +253,13 @@ def test_runner_smoke_every_system_with_the_optimizer_on_two_hosts(tmp_path):
         assert r["forced"] in ("True", "False") and float(r["load_1m_before"]) >= 0 and r["load_1m_after"]
         assert len(r["cpu_host_pct"].split(";")) == 2 and float(r["cpu_total_pct"]) > 0
         assert len(json.loads(r["iter_s"])) == 2
+        # CPU-limited hosts (2 CPUs x gpu_scale 0.2 each), accounted per host, with the run's verdict.
+        assert (r["host_cpus"], r["cpu_quota_cores"]) == ("2.0", "0.4") and r["cpu_limit"].startswith("cgroup-v")
+        assert len(r["host_cpu_s"].split(";")) == 2 and all(float(c) > 0 for c in r["host_cpu_s"].split(";"))
+        assert len(r["host_throttled_pct"].split(";")) == 2 and float(r["timed_window_s"]) > 0
+        assert len(r["qdisc_drops"].split(";")) == 2 and int(r["tcp_out_segs_total"]) > 0
+        assert r["faithful"] in ("True", "False") and (r["faithful"] == "True" or r["fidelity_notes"]), r
+        assert [len(times) for times in json.loads(r["rank_iter_s"])] == [2, 2]
         mine = [i for i in iterations if i["run_id"] == r["run_id"]]
         assert sorted((i["rank"], i["iteration"]) for i in mine) == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")]
         assert float(r["throughput"]) > 0 and float(r["bound_throughput"]) > 0

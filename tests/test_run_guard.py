@@ -106,7 +106,7 @@ def test_busiest_processes_from_proc_stat(tmp_path):
 class FakeCluster:
     hosts, bandwidth = 2, "2gbit"
 
-    def __init__(self, *args):
+    def __init__(self, *args, **kwargs):
         pass
 
     def start(self):

@@ -14,6 +14,7 @@ one) arrives when. Covers what a live job cannot order deterministically:
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import signal
@@ -241,18 +242,46 @@ def test_a_timed_out_wait_keeps_the_arrays_until_the_late_broadcast_landed(job):
         assert read_frame(s.worker)[0]["iteration"] == 2
 
 
+@contextlib.contextmanager
+def ctrl_c_pressed_until_the_block_ends(interval: float = 0.3):
+    """Sends SIGINT to the main thread every `interval` s while the block runs, as a user presses Ctrl-C until
+    something happens. One press is not enough in a test: CPython loses a SIGINT whose KeyboardInterrupt is
+    raised inside a finalizer that a garbage collection runs on the main thread (it is printed and ignored),
+    which a big test process (the full suite, with mxnet and torch loaded) hit once in a fresh-clone run. The
+    handler raises only while the block runs, so a press still in flight when it ends reaches no later code."""
+    armed = threading.Event()
+    armed.set()
+    stop = threading.Event()
+
+    def handler(_signum, _frame):
+        if armed.is_set():
+            raise KeyboardInterrupt
+
+    main = threading.main_thread().ident
+
+    def press() -> None:
+        while not stop.wait(interval):
+            signal.pthread_kill(main, signal.SIGINT)
+
+    previous = signal.signal(signal.SIGINT, handler)
+    presser = threading.Thread(target=press, name="ctrl-c", daemon=True)
+    presser.start()
+    try:
+        yield
+    finally:
+        armed.clear()
+        stop.set()
+        presser.join()
+        # signal.signal runs the handlers of signals already delivered (here: disarmed) before it swaps them.
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_an_interrupted_wait_keeps_the_arrays_until_the_operation_completed(job):
     worker, servers, inits = job
     grad, out = pushed_and_dropped(worker, servers, 1.0)
-    main = threading.main_thread().ident
     # Ctrl-C while the worker waits for all keys (the wait polls for signals every 0.2 s).
-    timer = threading.Timer(0.3, signal.pthread_kill, (main, signal.SIGINT))
-    timer.start()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            worker.wait(timeout=STEP)
-    finally:
-        timer.join()
+    with ctrl_c_pressed_until_the_block_ends(), pytest.raises(KeyboardInterrupt):
+        worker.wait(timeout=STEP)
     assert alive_after_collection(out) and alive_after_collection(grad)
     with pytest.raises(ConfigError, match=r"whose wait gave up \(KeyboardInterrupt\)"):
         worker.push(0, np.zeros(2 * SLICE, np.float32), out=out())

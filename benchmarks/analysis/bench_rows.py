@@ -29,6 +29,14 @@ RUN_COLUMNS = (
     "cpu_host_pct", "cpu_total_pct",
     "git_commit", "git_dirty", "allow_dirty", "cpus", "python", "mxnet", "p3kv", "horovod", "gluoncv", "sockeye",
     "idle_wait_s", "idle_warning",  # the run guard's wait (wall clock) and why a run proceeded on a busy machine
+    "baseline_setting",  # the system's settings the job ran with (suites/baseline_settings.py), or "default (untuned)"
+    # The emulation's fidelity (benchmarks/emulation/run_monitors.py): CPU limits and each host's CPU and throttled
+    # time (per-host lists joined by ";"), the virtual GPU, the links' drops and retransmissions, the verdict.
+    "host_cpus", "cpu_limit", "cpu_quota_cores", "host_cpu_s", "host_throttled_s", "host_throttled_pct",
+    "throttled_max_pct", "throttled_periods_max_pct", "timed_window_s", "vgpu_late_max_us",
+    "vgpu_forgiven_us_per_iter", "qdisc_drops", "qdisc_drops_total", "tcp_retrans", "tcp_retrans_total",
+    "tcp_out_segs_total", "sampling_cpu_s", "faithful", "fidelity_notes",
+    "rank_iter_s",  # every rank's timed iterations, [[rank 0's], [rank 1's], ...] (iter_s: rank 0's alone)
     "update_placement",  # where the optimizer ran: servers (CPU), workers (virtual GPU at its bandwidth), none
 )
 ITERATION_COLUMNS = ("run_id", "tag", "model", "kvstore", "hosts", "bandwidth", "gpu_scale", "repeat", "rank",
@@ -51,12 +59,20 @@ def write_run(csv_path: pathlib.Path, row: dict, iterations: dict[int, Sequence[
     row = dict(row)
     if isinstance(row.get("iter_s"), (list, tuple)):
         row["iter_s"] = json.dumps([round(t, 6) for t in row["iter_s"]])
+    if isinstance(row.get("rank_iter_s"), (list, tuple)):
+        row["rank_iter_s"] = json.dumps([[round(t, 6) for t in times] for times in row["rank_iter_s"]])
     bench_report.append_csv(csv_path, [row], RUN_COLUMNS)
     if iterations:
         keys = {k: row.get(k, "") for k in ITERATION_COLUMNS if k not in ("rank", "iteration", "time_s")}
         rows = [{**keys, "rank": rank, "iteration": i, "time_s": round(t, 6)}
                 for rank, times in sorted(iterations.items()) for i, t in enumerate(times)]
         bench_report.append_csv(iterations_path(csv_path), rows, ITERATION_COLUMNS)
+
+
+def verdict(row: dict) -> bool | None:
+    """A run's fidelity verdict: True, False, or None for rows from before the monitors (no verdict)."""
+    value = str(row.get("faithful", "")).strip()
+    return None if value == "" else value == "True"
 
 
 def read_runs(path: pathlib.Path, ok_only: bool = True) -> list[dict]:
@@ -121,7 +137,23 @@ def rewrite_bounds(path: pathlib.Path, bound_of: Callable[[dict], dict]) -> int:
     return changed
 
 
+def rank_iterations(row: dict) -> list[list[float]]:
+    """Every rank's timed iterations of a run, one list per rank; rows written before rank_iter_s give rank 0's
+    alone, legacy rows the run's median."""
+    ranks = row.get("rank_iter_s")
+    if ranks:
+        return [[float(t) for t in times] for times in (json.loads(ranks) if isinstance(ranks, str) else ranks)]
+    times = iteration_times_of_rank0(row)
+    return [times] if times else []
+
+
 def iteration_times(row: dict) -> list[float]:
+    """Every rank's timed iterations of a run pooled (rank 0's in rows before rank_iter_s; the run's median alone
+    in legacy rows): what the tables' medians and quartiles are taken over."""
+    return [t for times in rank_iterations(row) for t in times]
+
+
+def iteration_times_of_rank0(row: dict) -> list[float]:
     """Rank 0's timed iterations of a run (this schema), or the run's median alone (legacy rows)."""
     times = row.get("iter_s")
     if times:

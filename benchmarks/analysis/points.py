@@ -17,7 +17,8 @@ LABEL = {"p3": "p3kv", "dist_sync": "dist_sync", "mxnet-p3": "MXNet P3", "horovo
 
 # What makes two rows the same point (the system is part of it; comparisons group by everything else).
 POINT_KEY = ("tag", "model", "hosts", "layout", "bandwidth", "compute", "batch_size", "gpu_scale",
-             "efficiency_factor", "optimizer", "slice_size", "legacy")
+             "efficiency_factor", "optimizer", "slice_size", "legacy",
+             "host_cpus")  # CPU-limited runs never pool with unlimited ones (rows from before the limits: "")
 
 
 def number(value, default: float = 0.0) -> float:
@@ -27,13 +28,58 @@ def number(value, default: float = 0.0) -> float:
         return default
 
 
+def shown(row: dict) -> bool:
+    """Whether a row's measurement is a result: runs the fidelity monitors judged unfaithful are not (rows from
+    before the monitors, with no verdict, are shown and counted as such: see fidelity_count)."""
+    return bench_rows.verdict(row) is not False
+
+
+def _counted(rows: Sequence[dict], include_smoke: bool) -> list[dict]:
+    return [r for r in rows if r.get("status") == "ok" and (include_smoke or str(r.get("smoke")) != "True")]
+
+
+def fidelity_count(rows: Sequence[dict], include_smoke: bool = False) -> dict[str, int]:
+    """{"faithful", "unfaithful", "unjudged", "all"}: how many ok (non-smoke) runs had each verdict."""
+    runs = _counted(rows, include_smoke)
+    verdicts = [bench_rows.verdict(r) for r in runs]
+    return {"faithful": verdicts.count(True), "unfaithful": verdicts.count(False),
+            "unjudged": verdicts.count(None), "all": len(runs)}
+
+
+def fidelity_sentence(rows: Sequence[dict], include_smoke: bool = False) -> str:
+    """"n faithful of m runs" and which monitors failed the others, or "" when no row has a verdict."""
+    count = fidelity_count(rows, include_smoke)
+    if count["faithful"] + count["unfaithful"] == 0:
+        return ""
+    failed: dict[str, int] = {}
+    for r in _counted(rows, include_smoke):
+        if bench_rows.verdict(r) is False:
+            notes = [n.strip() for n in str(r.get("fidelity_notes", "")).split(";") if ":" in n]
+            for monitor in sorted({n.split(":")[0] for n in notes if "not measured" not in n}
+                                  - {"network", "sampling"}):  # flags, never failures
+                failed[monitor] = failed.get(monitor, 0) + 1
+    why = f" (failed: {', '.join(f'{m} {n}' for m, n in sorted(failed.items()))})" if failed else ""
+    unjudged = f"; {count['unjudged']} from before the monitors, shown without a verdict" if count["unjudged"] else ""
+    return (f"{count['faithful']} faithful of {count['all']} runs: the {count['unfaithful']} others are left out"
+            f"{why}{unjudged} (benchmarks/emulation/fidelity.py).")
+
+
+def ranks_phrase(rows: Sequence[dict]) -> str:
+    """Whose iterations the statistics of `rows` pool: every rank's, or rank 0's in rows from before rank_iter_s."""
+    with_ranks = [bool(r.get("rank_iter_s")) for r in rows]
+    if all(with_ranks):
+        return "every rank's"
+    return "rank 0's" if not any(with_ranks) else "every rank's (rank 0's in older rows)"
+
+
 def aggregate(rows: Sequence[dict], include_smoke: bool = False) -> list[dict]:
-    """One entry per point and system, in first-seen order, with the statistics over its repeats; ratios
-    against dist_sync and Horovod of the same comparison. Smoke rows only with `include_smoke` (a runner's own
-    summary), never in the README."""
+    """One entry per point and system, in first-seen order, with the statistics over its repeats (every rank's
+    iterations); ratios against dist_sync and Horovod of the same comparison. Runs judged unfaithful are left out
+    (fidelity_count counts them). Smoke rows only with `include_smoke` (a runner's own summary), never in the
+    README."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        if r.get("status") == "ok" and (include_smoke or str(r.get("smoke")) != "True"):
+        if r.get("status") == "ok" and shown(r) and (include_smoke or str(r.get("smoke")) != "True"):
             groups.setdefault((tuple(str(r.get(k, "")) for k in POINT_KEY), r["kvstore"]), []).append(r)
     points = []
     for (key, kvstore), runs in groups.items():

@@ -13,6 +13,10 @@ Needs root (CI runs as root) and iproute2. Teardown is guaranteed by the context
 (turned into SystemExit while a cluster is up) and by atexit; `cleanup_stale()` removes namespaces left behind
 by processes that died without any of those (SIGKILL): namespace names carry the creating process's pid.
 
+With `cpu_groups=True` every host also gets a CPU cgroup (cpu_limit.py): whatever `popen`/`run` start in host i
+joins host i's group before it runs, `set_cpu_quota` sets every host's CPU bandwidth (None: accounting only), and
+the groups go with the namespaces (teardown and `cleanup_stale` alike; they carry the same names).
+
 Interface counters of every host link are sampled from the bridge namespace (one process reading
 /proc/net/dev every ~10 ms) with `start_sampler()`; see `read_samples()`.
 """
@@ -33,6 +37,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from benchmarks import paths
+from benchmarks.emulation import cpu_limit, host_cpu
 
 LOG = logging.getLogger("emulated_cluster")
 PREFIX = "p3c"  # namespace names: p3c<pid>x<n>h<i> and p3c<pid>x<n>br
@@ -102,7 +107,7 @@ def cleanup_stale() -> list[str]:
             removed.append(name)
     if removed:
         LOG.warning("removed %d stale namespaces of dead clusters: %s", len(removed), " ".join(removed))
-    return removed
+    return removed + cpu_limit.cleanup_stale()
 
 
 def _kill_namespace_processes(namespace: str) -> None:
@@ -122,9 +127,10 @@ def tbf_args(rate_bps: float) -> list[str]:
 
 
 class EmulatedCluster:
-    """`hosts` namespaces on one bridge; `bandwidth` (e.g. "1gbit", None: uncapped) caps every host's link."""
+    """`hosts` namespaces on one bridge; `bandwidth` (e.g. "1gbit", None: uncapped) caps every host's link;
+    `cpu_groups`: a CPU cgroup per host (raises cpu_limit.CpuLimitError at start where none can be made)."""
 
-    def __init__(self, hosts: int, bandwidth: str | None = None):
+    def __init__(self, hosts: int, bandwidth: str | None = None, cpu_groups: bool = False):
         if not 1 <= hosts <= 200:
             raise ValueError(f"hosts must be 1..200 (got {hosts})")
         self.hosts = hosts
@@ -135,6 +141,8 @@ class EmulatedCluster:
         self._rate = parse_rate(bandwidth) if bandwidth else None
         self._up = False
         self._sampler: subprocess.Popen | None = None
+        self._want_cpu_groups = cpu_groups
+        self.cpu: cpu_limit.HostCpuLimits | None = None
         self._old_handlers: dict[int, object] = {}
 
     # -- lifecycle --------------------------------------------------------------------------------------------
@@ -161,6 +169,8 @@ class EmulatedCluster:
                 self._in(self.bridge_ns, "ip", "link", "set", f"h{i}", "master", "br0")
                 self._in(self.bridge_ns, "ip", "link", "set", f"h{i}", "up")
             self.set_bandwidth(self.bandwidth)
+            if self._want_cpu_groups:
+                self.cpu = cpu_limit.HostCpuLimits(self.namespaces).start()
         except BaseException:
             self.close()
             raise
@@ -177,6 +187,9 @@ class EmulatedCluster:
         for ns in [*self.namespaces, self.bridge_ns]:
             _kill_namespace_processes(ns)
             _run(["ip", "netns", "delete", ns], check=False)
+        if self.cpu is not None:
+            self.cpu.close()  # after the kills: a group with processes in it cannot be removed
+            self.cpu = None
         for sig, handler in self._old_handlers.items():
             signal.signal(sig, handler)  # type: ignore[arg-type]
         self._old_handlers.clear()
@@ -209,8 +222,15 @@ class EmulatedCluster:
         return self.namespaces[i]
 
     def wrap(self, i: int, argv: Sequence[str]) -> list[str]:
-        """`argv` run inside host i's namespace."""
-        return ["ip", "netns", "exec", self.namespaces[i], *argv]
+        """`argv` run inside host i's namespace (and CPU group, when the cluster has them)."""
+        inside = ["ip", "netns", "exec", self.namespaces[i], *argv]
+        return self.cpu.wrap(i, inside) if self.cpu is not None else inside
+
+    def set_cpu_quota(self, cores: float | None) -> None:
+        """Every host's CPU bandwidth in cores (None: unlimited); needs cpu_groups=True."""
+        if self.cpu is None:
+            raise ClusterError("this cluster has no CPU groups: build it with cpu_groups=True")
+        self.cpu.set_quota(cores)
 
     def run(self, i: int, argv: Sequence[str], **kwargs) -> subprocess.CompletedProcess:
         kwargs.setdefault("timeout", 60)
@@ -254,6 +274,13 @@ class EmulatedCluster:
         argv = [*paths.python_module("benchmarks.emulation.emulated_cluster"), "sample", "--out", path,
                 "--interval", str(interval)]
         self._sampler = subprocess.Popen(["ip", "netns", "exec", self.bridge_ns, *argv], cwd=paths.ROOT)
+
+    def sampler_cpu_s(self) -> float | None:
+        """CPU seconds the link sampler has used so far (None: no sampler running)."""
+        if self._sampler is None:
+            return None
+        ticks = host_cpu.cpu_ticks(self._sampler.pid)
+        return None if ticks is None else ticks / host_cpu.TICKS
 
     def stop_sampler(self) -> None:
         if self._sampler is None:

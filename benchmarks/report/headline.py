@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from benchmarks.analysis import bench_rows, bootstrap
-from benchmarks.analysis.points import LABEL, equivalent_gbps, number
+from benchmarks.analysis.points import LABEL, equivalent_gbps, fidelity_sentence, number, ranks_phrase, shown
 
 # (model, its name, the P100-equivalent Gbps the paper names or None for "the point of our largest gain over
 # dist_sync", what the paper reports for P3 against MXNet's parameter server)
@@ -20,12 +20,19 @@ POINTS = (("resnet50_v1", "ResNet-50", 4.0, "+26% at 4 Gbps"),
 BASELINES = ("dist_sync", "mxnet-p3", "horovod")
 
 
+def _job(row: dict) -> np.ndarray:
+    """A job's timed iterations as (iterations, ranks), from the row itself: every rank's (rank_iter_s), or rank
+    0's in rows from before it (whose _iterations files, from resumed sweeps, repeat some run_ids, so they cannot
+    be joined to their rows); ranks cut to the fewest iterations any rank has."""
+    ranks = bench_rows.rank_iterations(row)
+    shortest = min(len(r) for r in ranks)
+    return np.asarray([r[:shortest] for r in ranks], dtype=float).T
+
+
 def _runs(rows: Sequence[dict], model: str, gbps: float, kvstore: str) -> list[np.ndarray]:
-    """Each job's timed iterations as (iterations, 1): rank 0's, from the row itself (the _iterations files of
-    resumed sweeps repeat some run_ids, so they cannot be joined to their rows)."""
-    return [np.asarray(bench_rows.iteration_times(r), dtype=float)[:, None] for r in rows
-            if r["model"] == model and r["kvstore"] == kvstore and equivalent_gbps(r) == gbps
-            and str(r.get("smoke")) != "True"]
+    """Each shown (not unfaithful, not smoke) job's timed iterations as (iterations, ranks)."""
+    return [_job(r) for r in rows if r["model"] == model and r["kvstore"] == kvstore and equivalent_gbps(r) == gbps
+            and str(r.get("smoke")) != "True" and shown(r)]
 
 
 def _ratio(a: list[np.ndarray], b: list[np.ndarray], resamples: int = bootstrap.RESAMPLES) -> bootstrap.Estimate:
@@ -38,12 +45,15 @@ def _span(values: Sequence[int]) -> str:
 
 def headline_block(results: pathlib.Path) -> str:
     path = results / "sweeps" / "bandwidth.csv"
-    rows = bench_rows.read_runs(path)
+    everything = bench_rows.read_runs(path)
+    rows = [r for r in everything if shown(r)]
+    if everything and not rows:
+        return f"No faithful runs yet in `benchmarks/results/sweeps/bandwidth.csv`: {fidelity_sentence(everything)}"
     if not rows:
         return "Not measured yet: `make sweeps` writes `benchmarks/results/sweeps/bandwidth.csv`."
     lines = ["| model | P100-equivalent link | p3kv | vs dist_sync | vs MXNet's P3 | vs Horovod | paper: P3 vs "
              "MXNet's parameter server |", "|---|---|---|---|---|---|---|"]
-    shown: list[dict] = []  # the p3kv rows behind the table, for the conditions line
+    behind: list[dict] = []  # the p3kv rows behind the table, for the conditions line
     repeats: list[int] = []
     for model, name, gbps, paper in POINTS:
         mine = [r for r in rows if r["model"] == model]
@@ -58,10 +68,10 @@ def headline_block(results: pathlib.Path) -> str:
             where = f"{gbps:g} Gbps"
         p3 = _runs(rows, model, gbps, "p3")
         first = next(r for r in mine if r["kvstore"] == "p3" and equivalent_gbps(r) == gbps)
-        shown.append(first)
+        behind.append(first)
         per_iteration = int(first["workers"]) * number(first["samples_per_batch"])
         scale = number(first.get("gpu_scale"), 1.0) or 1.0
-        rate = per_iteration / float(np.median(np.concatenate(p3))) / scale
+        rate = per_iteration / float(np.median(np.concatenate([job.ravel() for job in p3]))) / scale
         cells = []
         for baseline in BASELINES:
             other = _runs(rows, model, gbps, baseline)
@@ -72,21 +82,29 @@ def headline_block(results: pathlib.Path) -> str:
             r = _ratio(p3, other)
             cells.append(f"{r.value:.2f}× ({r.low:.2f}–{r.high:.2f})")
         lines.append(f"| {name} | {where} | {rate:,.0f} {first['unit']}/s | {' | '.join(cells)} | {paper} |")
-    if not shown:
+    if not behind:
         return "Not measured yet: `make sweeps` writes `benchmarks/results/sweeps/bandwidth.csv`."
-    iters = sorted({int(number(r["iters"])) for r in shown})
-    batch = sorted({int(number(r["batch_size"])) for r in shown})
-    hosts = sorted({int(number(r["hosts"])) for r in shown})
-    links = sorted({r["bandwidth"] for r in shown})
+    iters = sorted({int(number(r["iters"])) for r in behind})
+    batch = sorted({int(number(r["batch_size"])) for r in behind})
+    hosts = sorted({int(number(r["hosts"])) for r in behind})
+    links = sorted({r["bandwidth"] for r in behind})
+    ranks = ranks_phrase(behind)
+    judged = fidelity_sentence(everything)
+    if all(str(r.get("cpu_limit", "")).startswith("cgroup") for r in behind):
+        quotas = sorted({number(r.get("cpu_quota_cores")) for r in behind})
+        cpu = (f"Each host's CPUs were slowed with compute and links: a quota of --host-cpus × --gpu-scale "
+               f"({'/'.join(f'{q:g}' for q in quotas)} cores per host; benchmarks/emulation/cpu_limit.py).")
+    else:
+        cpu = ("The host CPUs are not slowed with compute and links, so the worker-side updates of MXNet's P3 and "
+               "Horovod cost them CPU a GPU would not: their columns overstate p3kv's lead.")
     return "\n".join([*lines, "", (
         f"p3kv's throughput as P100s on those links would reach it, and its ratio to each baseline with a 95% "
         f"confidence interval (a percentile bootstrap over the {_span(repeats)} interleaved repeats per system, then "
-        f"over rank 0's {'/'.join(map(str, iters))} timed iterations within each: benchmarks/analysis/bootstrap.py), "
+        f"over {ranks} {'/'.join(map(str, iters))} timed iterations within each: benchmarks/analysis/bootstrap.py), "
         f"from "
         f"`benchmarks/results/sweeps/bandwidth.csv`. Conditions: {'/'.join(map(str, hosts))} emulated hosts (network "
         f"namespaces on one 2-core machine, one worker and one server each), {'/'.join(links)} links with compute "
         f"slowed to match the P100-equivalent rate, batch {'/'.join(map(str, batch))} per worker, SGD with momentum "
         f"on the servers ({LABEL['p3']}, dist_sync) or on the workers "
-        f"(MXNet's P3, Horovod). The host CPUs are not slowed with compute and links, so the worker-side updates of "
-        f"MXNet's P3 and Horovod cost them CPU a GPU would not: their columns overstate p3kv's lead. Not yet "
-        f"verified on real GPUs or a real cluster.")])
+        f"(MXNet's P3, Horovod). {cpu} Not yet "
+        f"verified on real GPUs or a real cluster." + (f" {judged}" if judged else ""))])

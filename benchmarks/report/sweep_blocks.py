@@ -7,7 +7,15 @@ from __future__ import annotations
 import pathlib
 
 from benchmarks.analysis import bench_rows
-from benchmarks.analysis.points import aggregate, number, optimizer_label, point_table
+from benchmarks.analysis.points import (
+    aggregate,
+    fidelity_sentence,
+    number,
+    optimizer_label,
+    point_table,
+    ranks_phrase,
+    shown,
+)
 from benchmarks.report.sentences import (
     MIN_REPEATS,
     dilation_sentences,
@@ -37,6 +45,9 @@ def reviewed_block(name: str, results: pathlib.Path) -> str:
     """A sweep's table and sentences from results/sweeps/<name>.csv."""
     path = results / "sweeps" / f"{name}.csv"
     points = aggregate(_rows(path))
+    judged = fidelity_sentence(_rows(path))
+    if not points and judged:
+        return f"No faithful runs yet in `benchmarks/results/sweeps/{name}.csv`: {judged}"
     if not points:
         return ("Not measured yet with the reviewed settings: "
                 f"`sudo .venv/bin/python -m benchmarks.suites.sweeps {name}` (or `make sweeps`) writes "
@@ -52,12 +63,14 @@ def reviewed_block(name: str, results: pathlib.Path) -> str:
     load = max(p["load_max"] for p in points)
     busy = [p["busy_max"] for p in points if p["busy_max"] is not None]
     idle = f"; CPUs busy before a run at most {max(busy):.0f}% (5-second sample)" if busy else ""
+    used = [r for r in _rows(path) if shown(r) and str(r.get("smoke")) != "True"]
     head = (f"From `benchmarks/results/sweeps/{name}.csv` ({sum(p['n'] for p in points)} runs{idle}; highest "
             f"1-minute load before/after a run {load:.2f}, the runs' own included"
             f"{'; ' + '; '.join(flags) if flags else ''}). Throughput: median over "
-            "every timed iteration of every repeat, in emulated time (P100-equiv.: divided by --gpu-scale, the rate "
+            f"{ranks_phrase(used)} timed iterations of every repeat, in emulated time (P100-equiv.: divided by "
+            "--gpu-scale, the rate "
             "real P100s on the equivalent links would reach); IQR: its 25–75% range; repeat medians: the range of the "
-            "per-repeat medians; bound: headers included.")
+            "per-repeat medians; bound: headers included." + (f" {judged}" if judged else ""))
     extra = []
     missing = [m for m in SWEEP_MODELS.get(name, ()) if m not in {p["model"] for p in points}]
     if missing:
@@ -102,11 +115,14 @@ def status_block(results: pathlib.Path) -> str:
             continue
         legacy = rows[0]["legacy"] == "True"
         optimizers = sorted({optimizer_label(r.get("optimizer")) for r in rows})
-        counts = [p["n"] for p in aggregate(rows)]  # the repeats each point has, not the ones planned
-        repeats = f"{min(counts)}" if min(counts) == max(counts) else f"{min(counts)}–{max(counts)}"
+        counts = [p["n"] for p in aggregate(rows)]  # the faithful repeats each point has, not the ones planned
+        repeats = "-" if not counts else (f"{min(counts)}" if min(counts) == max(counts)
+                                          else f"{min(counts)}–{max(counts)}")
         short = sum(n < MIN_REPEATS for n in counts)
         verdict = "no (predates them)" if legacy else "yes"
-        if short and not legacy:
+        if not counts and not legacy:
+            verdict = "not yet: no faithful run"
+        elif short and not legacy:
             verdict = f"not yet: {short} of {len(counts)} points have fewer than {MIN_REPEATS} repeats"
         lines.append(f"| `{path.relative_to(results.parent.parent)}` | {len(rows)} | {', '.join(optimizers)} | "
                      f"{repeats} | {'payload only' if legacy else 'headers included'} | {verdict} |")

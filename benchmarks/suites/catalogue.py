@@ -15,19 +15,25 @@ class Suite:
     command: str  # how to run it (a make target where there is one)
     root: bool  # network namespaces: needs root (the make targets use sudo otherwise)
     stated_time: str = "-"  # measured once on an idle 2-core machine; "-": not timed
+    module: str = ""  # `python -m benchmarks NAME ARGS...` runs this module's main(ARGS) ("": not that way)
 
 
 SUITES = (
     Suite("demo", "p3kv vs MXNet dist_sync (MXNet's P3, Horovod when asked), ResNet-50 on an emulated 4-host "
           "cluster, 95% CIs; writes only build/demo/", "make demo  (more systems: DEMO_SYSTEMS=\"p3 dist_sync "
-          "mxnet-p3 horovod\")", root=True),
+          "mxnet-p3 horovod\")", root=True, module="benchmarks.suites.demo"),
     Suite("demo-full", "the 12-job comparison of all four systems, 20 timed iterations (the sweeps' demo): "
           "appends to results/sweeps/demo.csv, rewrites docs/benchmarks.md's tables", "make demo-full", root=True),
     Suite("sweeps", "the paper's evaluation: bandwidth, slice, ablation, scale, sensitivity, dilation, utilisation",
-          "make sweeps  (one: python -m benchmarks.suites.sweeps NAME)", root=True),
+          "make sweeps  (one: python -m benchmarks.suites.sweeps NAME; a 2-hour part: NAME --resume --slice K/N)",
+          root=True, module="benchmarks.suites.sweeps"),
     Suite("cluster_bench", "one comparison on the emulated cluster, any model/link/host count",
           "python -m benchmarks.suites.cluster_bench --model resnet50_v1 --bandwidth 1gbit",
-          root=True),
+          root=True, module="benchmarks.suites.cluster_bench"),
+    Suite("tune", "each system's settings (Horovod fusion/cycle, MXNet big-array bound and P3 slice, p3kv slice "
+          "and socket buffer) at a point: results/tuning/<point>.csv and best.json, which the comparisons use",
+          "python -m benchmarks.suites.tune --headline  (one point: python -m benchmarks tune --equivalent 10)",
+          root=True, module="benchmarks.suites.tune"),
     Suite("kvstore", "like-for-like kvstore pushpull with the same SGD, all systems, loopback",
           "make bench-kvstore", root=False),
     Suite("accuracy", "the paper's accuracy claim in miniature (digits MLP, 4 hosts on 100 Mbit links)",
@@ -39,7 +45,7 @@ SUITES = (
     Suite("transport", "the raw numpy P3Worker against MXNet's kvstores, loopback (not like-for-like)",
           "make bench-transport", root=False),
     Suite("soak", "memory of every process over a long p3kv job",
-          "python -m benchmarks.suites.soak_bench --iters 3000", root=False),
+          "python -m benchmarks.suites.soak_bench --iters 3000", root=False, module="benchmarks.suites.soak_bench"),
     Suite("link_overhead", "bytes a capped emulated link meters per payload byte (checks the bound)",
           "sudo .venv/bin/python -m benchmarks.suites.link_overhead", root=True),
     Suite("kernels", "the server optimizer kernels, ns per element",

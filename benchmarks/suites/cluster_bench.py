@@ -30,6 +30,9 @@ Kvstores: p3, dist_sync, mxnet-p3, horovod, and p3kv's ablations p3-slicing-only
 first come first served), p3-priority-split (no slicing, but arrays above 10^6 elements cut into one key per
 server, as MXNet's dist_sync splits them: the fair priority-only variant) and p3-priority-only (no slicing at
 all: a big array lands on one server).
+Settings: p3kv and each baseline run at their best setting for the point where --best (results/tuning/best.json,
+written by `python -m benchmarks tune`) has one, else at their defaults; every row's baseline_setting column says
+which (--untuned: defaults everywhere).
 """
 
 from __future__ import annotations
@@ -49,9 +52,10 @@ import time
 from collections.abc import Callable, Sequence
 
 from benchmarks.analysis import bench_rows
-from benchmarks.analysis.points import aggregate, point_table
-from benchmarks.emulation import emulated_cluster, run_guard
+from benchmarks.analysis.points import aggregate, fidelity_sentence, point_table
+from benchmarks.emulation import cpu_limit, emulated_cluster, run_guard
 from benchmarks.paths import RESULTS, ROOT  # noqa: F401  (ROOT: the tests' and deploy's)
+from benchmarks.suites import baseline_settings
 from benchmarks.suites.cluster_job import KVSTORES, Point, comm_bound_seconds, model_arrays, model_bytes, run_point  # noqa: F401
 
 LOG = logging.getLogger("cluster_bench")
@@ -117,8 +121,10 @@ def run_points(points: Sequence[Point], csv_path: pathlib.Path, conditions: Cond
     """Runs the points in order (see `interleave`), one cluster per (hosts) value, rebuilt only when the host
     count changes; appends every row to `csv_path` as soon as it exists, then calls `on_row` with it. Host 0's
     output goes to `live` (None: to its log only). Raises run_guard.Refused (dirty tree, busy machine) before a
-    run that may not start."""
+    run that may not start, and before any run cpu_limit.QuotaRefused (a point's CPU quotas do not fit on this
+    machine) or cpu_limit.CpuLimitError (CPU limits asked for, no cgroup to put them in)."""
     conditions = conditions or Conditions()
+    limited = check_cpu_limits(points)
     commit, dirty = run_guard.check_tree(conditions.allow_dirty)
     rows = []
     with tempfile.TemporaryDirectory(prefix="cluster_bench.") as tmp:
@@ -135,7 +141,8 @@ def run_points(points: Sequence[Point], csv_path: pathlib.Path, conditions: Cond
                 if cluster is None or cluster.hosts != point.hosts:
                     if cluster is not None:
                         cluster.close()
-                    cluster = emulated_cluster.EmulatedCluster(point.hosts, point.bandwidth).start()
+                    cluster = emulated_cluster.EmulatedCluster(point.hosts, point.bandwidth,
+                                                               cpu_groups=limited is not False).start()
                 elif cluster.bandwidth != point.bandwidth:
                     cluster.set_bandwidth(point.bandwidth)
                 if utilisation_dir is not None:
@@ -158,9 +165,24 @@ def run_points(points: Sequence[Point], csv_path: pathlib.Path, conditions: Cond
     return rows
 
 
+def check_cpu_limits(points: Sequence[Point]) -> bool | None:
+    """Refuses (QuotaRefused, CpuLimitError) points whose CPU limits cannot hold here. Returns True when some point
+    is limited, None when none is but the hosts' CPU can still be accounted in cgroups, False when it cannot."""
+    for p in points:
+        if p.cpu_quota is not None:
+            cpu_limit.check_fits(p.hosts, p.host_cpus, p.gpu_scale)
+    if any(p.cpu_quota is not None for p in points):
+        reason = cpu_limit.why_unavailable()
+        if reason:
+            raise cpu_limit.CpuLimitError(reason)
+        return True
+    return None if cpu_limit.why_unavailable() is None else False
+
+
 def summary(rows: Sequence[dict]) -> str:
-    """Markdown table of the points in `rows` (see point_table)."""
-    return point_table(aggregate(rows, include_smoke=True)) + "\n"
+    """Markdown table of the faithful points in `rows` (see point_table), and how many runs were faithful."""
+    judged = fidelity_sentence(rows, include_smoke=True)
+    return point_table(aggregate(rows, include_smoke=True)) + "\n" + (f"\n{judged}\n" if judged else "")
 
 
 def plot_comparison(rows: Sequence[dict], path: pathlib.Path, title: str) -> None:
@@ -189,6 +211,25 @@ def plot_comparison(rows: Sequence[dict], path: pathlib.Path, title: str) -> Non
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+DEFAULT_HOST_CPUS = 2.0
+
+
+def add_cpu_arguments(p: argparse.ArgumentParser) -> None:
+    """--host-cpus and --no-cpu-limit (shared with sweeps.py and demo.py)."""
+    p.add_argument("--host-cpus", type=float, default=DEFAULT_HOST_CPUS, help="CPUs of one emulated host: its "
+                   "processes get host_cpus x --gpu-scale cores (a cgroup each), dilated like compute and links. "
+                   f"Default {DEFAULT_HOST_CPUS:g}: one core for the worker and one for the server of a host, and the "
+                   "most a 4-host point at the demo's dilation (0.2) fits on 2 cores (the quotas may use 90%% of the "
+                   "machine: 4 x 2 x 0.225 = 1.8); a larger count forces a smaller --gpu-scale and longer runs")
+    p.add_argument("--no-cpu-limit", action="store_true", help="run the hosts without CPU limits, for comparison "
+                   "(rows say cpu_limit=off and are never faithful)")
+
+
+def host_cpus_from_args(args: argparse.Namespace) -> float | None:
+    """The points' host_cpus: None with --no-cpu-limit."""
+    return None if args.no_cpu_limit else args.host_cpus
 
 
 def add_condition_arguments(p: argparse.ArgumentParser) -> None:
@@ -228,6 +269,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    "(default: each system's own)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=20)
+    add_cpu_arguments(p)
     add_condition_arguments(p)
     p.add_argument("--timeout", type=float, default=900.0, help="seconds one job may take")
     p.add_argument("--log-interval", type=int, default=5, help="iterations between progress lines")
@@ -238,6 +280,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    "this folder (one CSV per run)")
     p.add_argument("--keep-logs", type=pathlib.Path, help="keep every host's output here")
     p.add_argument("--tag", default="", help="a label written in every row (e.g. the sweep's name)")
+    baseline_settings.add_arguments(p)
     args = p.parse_args(argv)
     args.model = [MODEL_ALIASES.get(m, m) for m in args.model]
     for m in args.model:
@@ -256,6 +299,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--layout separate needs an even --hosts (half workers, half servers)")
     if args.iters < 1 or args.repeats < 1 or args.warmup < 0:
         p.error("--iters and --repeats must be >= 1, --warmup >= 0")
+    if args.host_cpus <= 0:
+        p.error("--host-cpus must be positive")
     return args
 
 
@@ -264,9 +309,9 @@ def points_from_args(args: argparse.Namespace) -> list[Point]:
                   batch_size=args.batch_size, slice_size=args.slice_size, gpu=args.gpu, gpu_scale=args.gpu_scale,
                   efficiency_factor=args.efficiency_factor, optimizer=args.optimizer, warmup=args.warmup,
                   iters=args.iters, tag=args.tag, timeout=args.timeout, layout=args.layout,
-                  log_interval=args.log_interval)
+                  log_interval=args.log_interval, host_cpus=host_cpus_from_args(args))
             for model in args.model for kv in args.kvstore]
-    return interleave(base, args.repeats, args.seed)
+    return baseline_settings.from_args(interleave(base, args.repeats, args.seed), args)
 
 
 def drop_unavailable(points: list[Point]) -> tuple[list[Point], dict[str, str]]:
@@ -291,7 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         rows = run_points(points, args.csv, conditions_from_args(args), keep_logs=args.keep_logs,
                           utilisation_dir=args.utilisation)
-    except run_guard.Refused as e:
+    except (run_guard.Refused, cpu_limit.QuotaRefused, cpu_limit.CpuLimitError) as e:
         LOG.error("%s", e)
         return 3
     table = summary(rows) + "".join(f"\n- {kv} skipped: {why}\n" for kv, why in skipped.items())

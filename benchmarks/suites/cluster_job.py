@@ -6,7 +6,9 @@ Horovod runs through the same launcher (`--kvstore horovod`): one rank per host,
 on host 0; each host's launcher runs in a UTS namespace of its own named by its address, because Gloo finds a
 rank's address from its hostname and the namespaces would otherwise share this machine's. Every host's output
 goes to a log, host
-0's also to the terminal; the CPU each host's processes use is sampled while the job runs (host_cpu.py). The
+0's also to the terminal; the CPU each host's processes use is sampled while the job runs (host_cpu.py). With
+CPU limits (Point.host_cpus) every host's processes run in its CPU group at host_cpus × gpu_scale cores
+(cpu_limit.py), and the run's monitors give its fidelity verdict (run_monitors.py, fidelity.py). The
 row carries the measurement, the bound with headers (wire_bound.py) and the conditions; cluster_bench.py adds
 the columns common to a whole invocation and writes it through bench_rows.py.
 """
@@ -27,8 +29,17 @@ import time
 
 from benchmarks import paths
 from benchmarks.analysis import bench_rows, bench_stats
-from benchmarks.emulation import emulated_cluster, emulated_compute, host_cpu, proc_monitor, wire_bound
+from benchmarks.emulation import (
+    cpu_limit,
+    emulated_cluster,
+    emulated_compute,
+    host_cpu,
+    proc_monitor,
+    run_monitors,
+    wire_bound,
+)
 from benchmarks.paths import ROOT
+from benchmarks.suites import baseline_settings
 from benchmarks.workloads import job_env, model_shapes
 
 LOG = logging.getLogger("cluster_job")
@@ -68,6 +79,18 @@ class Point:
     timeout: float = 900.0
     log_interval: int = 5
     layout: str = "colocated"  # or "separate": workers on the first half of the hosts, servers on the rest
+    # The system's own settings (baseline_settings.py): variables every process of the job gets, and the label
+    # the row's baseline_setting column shows ("": none applied, "default (untuned)").
+    setting_env: tuple[tuple[str, str], ...] = ()
+    baseline_setting: str = ""
+    host_cpus: float | None = None  # CPUs of one emulated host, dilated by gpu_scale; None: no CPU limit
+
+    @property
+    def cpu_quota(self) -> float | None:
+        """Each host's CPU bandwidth in cores, or None: limits apply to emulated (dilated) compute only."""
+        if self.host_cpus is None or self.compute != "emulated":
+            return None
+        return cpu_limit.quota_cores(self.host_cpus, self.gpu_scale)
 
     @property
     def workers(self) -> int:
@@ -86,8 +109,9 @@ class Point:
         return (1, 0) if host < self.workers else (0, 1)
 
     def group(self) -> tuple:
-        """Everything but the system: the runs one comparison interleaves."""
-        return tuple(v for k, v in dataclasses.asdict(self).items() if k not in ("kvstore", "repeat", "order"))
+        """Everything but the system (and its own settings): the runs one comparison interleaves."""
+        return tuple(v for k, v in dataclasses.asdict(self).items()
+                     if k not in ("kvstore", "repeat", "order", "setting_env", "baseline_setting"))
 
 
 def model_arrays(model: str) -> tuple[list[int], int]:
@@ -153,7 +177,15 @@ def _environment(point: Point, extra: dict) -> dict:
     # Hosts share 2 cores: one compute thread per process (the real-compute mode's fairness).
     env.update(OMP_NUM_THREADS="1", MXNET_CPU_WORKER_NTHREADS="1", PYTHONUNBUFFERED="1")
     env.update(extra)
+    env.update(point.setting_env)  # the system's tuned (or grid) setting: reaches every process through the launcher
     return env
+
+
+def new_run_id(point: Point, hosts: int) -> str:
+    """A name no other run has (a resumed sweep runs the same point, repeat and port again): the point, the UTC
+    time and a random token."""
+    return (f"{point.model}.{point.kvstore}.{point.bandwidth}.{hosts}h.r{point.repeat}."
+            f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.{secrets.token_hex(3)}")
 
 
 def _forward(stream, prefix: str, sink, log_file) -> None:
@@ -170,13 +202,15 @@ def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: 
     timed iterations."""
     launcher_kvstore, extra, _ = KVSTORES[point.kvstore]
     hosts = cluster.hosts
-    name = f"{point.model}.{point.kvstore}.{point.bandwidth}.{hosts}h.{point.repeat}.{port}"
+    name = new_run_id(point, hosts)
     out = scratch / name
     env = _environment(point, extra)
     LOG.info("%s on %s (repeat %d, position %d): %d hosts, %s, %s compute, batch %d, optimizer %s", point.model,
              point.kvstore, point.repeat, point.order, hosts, point.bandwidth or "uncapped", point.compute,
              point.batch_size, point.optimizer)
     load_before = os.getloadavg()[0]
+    monitors = run_monitors.RunMonitors(cluster, point.host_cpus if point.cpu_quota else None,
+                                        point.cpu_quota).start()
     start = time.perf_counter()
     procs, threads, logs = [], [], []
     for i in range(hosts):
@@ -229,8 +263,12 @@ def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: 
            "order": point.order, "tag": point.tag, "exit_code": exit_code, "wall_s": round(wall, 1),
            "load_1m_before": round(load_before, 2), "load_1m_after": round(os.getloadavg()[0], 2),
            "cpu_host_pct": ";".join(f"{c:g}" for c in cpu_pct), "cpu_total_pct": round(sum(cpu_pct), 1),
-           "model_bytes": nbytes, "run_id": name}
-    results = [json.loads(p.read_text()) for p in sorted(scratch.glob(f"{name}.rank*.json"))]
+           "model_bytes": nbytes, "run_id": name,
+           "baseline_setting": point.baseline_setting or baseline_settings.DEFAULT_UNTUNED}
+    files = sorted(scratch.glob(f"{name}.rank*.json"))
+    results = [json.loads(p.read_text()) for p in files]
+    every = [t for r in results for t in r.get("iter_s") or []]
+    row.update(monitors.finish(results, files, wall, statistics.median(every) if every else None))
     # MXNet's ps-lite servers sometimes hang at shutdown after every worker reported (more often under load):
     # the measurement is complete, so a baseline's row keeps it, with the exit code. p3kv gets no such pass.
     baseline_hang = exit_code != 0 and len(results) == point.workers and launcher_kvstore != "p3"
@@ -249,9 +287,10 @@ def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: 
     first = next(r for r in results if r["rank"] == 0)
     compute = round(statistics.median(r["compute_s"] for r in results), 4)
     throughput = sum(r["samples_per_batch"] / r["median_s"] for r in results)
-    q1, _, q3 = bench_stats.quartiles(first["iter_s"])
+    q1, median, q3 = bench_stats.quartiles(every)  # every rank's iterations, as the tables take them
     row.update(status="ok", unit=first["unit"], samples_per_batch=first["samples_per_batch"],
-               median_s=round(first["median_s"], 4), q1_s=round(q1, 4), q3_s=round(q3, 4), iter_s=first["iter_s"],
+               median_s=round(median, 4), q1_s=round(q1, 4), q3_s=round(q3, 4), iter_s=first["iter_s"],
+               rank_iter_s=[r["iter_s"] for r in sorted(results, key=lambda r: r["rank"])],
                throughput=round(throughput, 2), compute_s=compute,
                payload_bound_s=round(max(compute, comm_bound_seconds(nbytes, hosts, cluster.rate_bps, point.layout)),
                                      4),
@@ -261,8 +300,10 @@ def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: 
     row.update(bound_columns(row))
     bound_throughput, comm = row["bound_throughput"], row["comm_bound_s"]
     LOG.info("%s on %s: %.1f %s/s (bound %.1f, %.0f%%), median %.3f s/iter, compute %.3f s, link %.3f s, CPU per "
-             "host %s%%", point.model, point.kvstore, throughput, first["unit"], bound_throughput,
-             row["pct_of_bound"] or 0, first["median_s"], compute, comm, row["cpu_host_pct"])
+             "host %s%%; %s%s", point.model, point.kvstore, throughput, first["unit"], bound_throughput,
+             row["pct_of_bound"] or 0, median, compute, comm, row["cpu_host_pct"],
+             "faithful" if row["faithful"] else "NOT faithful",
+             f" ({row['fidelity_notes']})" if row["fidelity_notes"] else "")
     return row, {r["rank"]: r["iter_s"] for r in results}
 
 

@@ -16,7 +16,8 @@ here: `make bench-setup` builds it). The run guard waits at most --wait seconds 
 proceeds and records a warning in the rows (--strict: refuse instead, as the sweeps do). The paper's full
 12-job comparison (all four systems, 3 repeats of 2 + 20 iterations) is `make demo-full`
 (python -m benchmarks.suites.sweeps demo). Without root or the right to create network namespaces it says so at
-once, names what runs without them, and exits 2.
+once, names what runs without them, and exits 2. Each system runs at its tuned best for the point where
+results/tuning/best.json has one (`python -m benchmarks tune`; --untuned: defaults), as every row records.
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ import time
 from collections.abc import Sequence
 
 from benchmarks.analysis import bench_rows
-from benchmarks.emulation import emulated_cluster, run_guard
+from benchmarks.emulation import cpu_limit, emulated_cluster, run_guard
 from benchmarks.paths import ROOT
-from benchmarks.suites import cluster_bench, demo_screen
+from benchmarks.suites import baseline_settings, cluster_bench, demo_screen
 from benchmarks.suites.cluster_job import Point
 
 LOG = logging.getLogger("demo")
@@ -90,6 +91,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--force", action="store_true", help="start every job at once, busy or not (recorded)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds one job may take")
     p.add_argument("--smoke", action="store_true", help="mark the rows as a smoke run (tests)")
+    cluster_bench.add_cpu_arguments(p)
+    baseline_settings.add_arguments(p)
     args = p.parse_args(argv)
     if args.hosts < 2 or args.iters < 1 or args.repeats < 1 or args.warmup < 0:
         p.error("--hosts must be >= 2, --iters and --repeats >= 1, --warmup >= 0")
@@ -104,9 +107,9 @@ def points(args: argparse.Namespace) -> list[Point]:
     base = [Point(model=args.model, kvstore=kv, hosts=args.hosts, bandwidth=args.bandwidth, compute="emulated",
                   batch_size=args.batch_size, gpu="p100", gpu_scale=args.gpu_scale, optimizer="sgd",
                   warmup=args.warmup, iters=args.iters, tag="demo", timeout=args.timeout,
-                  log_interval=max(1, args.warmup + args.iters))
+                  log_interval=max(1, args.warmup + args.iters), host_cpus=cluster_bench.host_cpus_from_args(args))
             for kv in args.systems]
-    return cluster_bench.interleave(base, args.repeats, args.seed)
+    return baseline_settings.from_args(cluster_bench.interleave(base, args.repeats, args.seed), args)
 
 
 def fresh_output(out: pathlib.Path) -> None:
@@ -157,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         rows = cluster_bench.run_points(todo, csv_path, conditions, keep_logs=args.out / "logs", live=None,
                                         on_row=progress(len(todo), started))
-    except run_guard.Refused as e:
+    except (run_guard.Refused, cpu_limit.QuotaRefused, cpu_limit.CpuLimitError) as e:
         LOG.error("%s", e)
         return 3
     arrays = (demo_screen.iteration_arrays(bench_rows.iterations_path(csv_path))

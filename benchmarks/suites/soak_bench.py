@@ -12,10 +12,14 @@ results/soak.md (iterations/s, RSS at start, end and peak per process, and a ver
 Memory is compared only over the steady phase: the samples taken while every worker was running, minus the
 first --warmup-fraction of them (interpreter start-up, key init, first allocation of buffers). "start" is the
 mean of the first --window samples after warm-up, "end" the mean of the last --window samples of the steady
-phase. RSS of a server moves up and down with its receive queue (bounded by P3_SERVER_QUEUE_BYTES), so the
-test of a leak is the envelope: a process is flat when the peak of the second half of the steady phase exceeds
-the peak of the first half by less than --tolerance percent (a leak raises every later peak). The least-squares
-trend over the phase is reported beside it. The verdict is "flat" only if every process is.
+phase. RSS of a server moves up and down with its receive queue (bounded by P3_SERVER_QUEUE_BYTES), so no single
+sample decides: the test of a leak is the trend, the Theil-Sen slope of RSS over time (scipy.stats.theilslopes,
+robust to the odd spike) with its 95% CI, as growth over the steady phase in percent of the starting RSS. A
+process is "flat" when the whole CI lies below --tolerance percent, "growing" when the whole CI lies above it,
+and "inconclusive" otherwise (too few or too noisy samples); the 95th percentile of each half of the phase is
+shown beside it. The verdict is "flat" when every process is, "growing" when any process is.
+
+    python -m benchmarks.suites.soak_bench --samples benchmarks/results/soak.csv   # the verdict of older samples
 """
 
 from __future__ import annotations
@@ -32,6 +36,9 @@ import sys
 import tempfile
 import threading
 import time
+
+import numpy as np
+from scipy import stats
 
 from benchmarks import paths
 from benchmarks.emulation import proc_monitor
@@ -140,8 +147,35 @@ def steady_window(samples: list, workers: int, warmup_fraction: float) -> tuple[
     return full[int(len(full) * warmup_fraction)], full[-1]
 
 
+def trend(times: list[float], rss: list[float], tolerance: float, level: float = 0.95) -> dict:
+    """The Theil-Sen trend of one process's RSS as growth over the span of `times` in percent of its starting
+    level, with its CI, and the state it gives: "flat" (CI below `tolerance` %), "growing" (CI above it) or
+    "inconclusive"; the 95th percentile of each half beside it."""
+    t, y = np.asarray(times, dtype=float), np.asarray(rss, dtype=float)
+    half = len(y) // 2
+    p95 = (float(np.percentile(y[:half], 95)), float(np.percentile(y[half:], 95))) if half else (y[0], y[0])
+    span = float(t[-1] - t[0]) if len(t) > 1 else 0.0
+    if len(set(t.tolist())) < 3 or span <= 0:
+        return {"trend": 0.0, "trend_low": 0.0, "trend_high": 0.0, "p95_1": p95[0], "p95_2": p95[1],
+                "state": "inconclusive"}
+    slope, intercept, low, high = stats.theilslopes(y, t, alpha=level)
+    base = intercept + slope * t[0]  # the trend line at the start: a spike in the first samples moves nothing
+    scale = 100.0 * span / base if base > 0 else 0.0
+    growth, growth_low, growth_high = slope * scale, low * scale, high * scale
+    state = ("flat" if growth_high <= tolerance else "growing" if growth_low > tolerance else "inconclusive")
+    return {"trend": growth, "trend_low": growth_low, "trend_high": growth_high, "p95_1": p95[0], "p95_2": p95[1],
+            "state": state}
+
+
+def verdict(rows: list[dict]) -> str:
+    """"flat" when every process is, "growing" when any is, else "inconclusive"."""
+    states = {r["state"] for r in rows}
+    return "growing" if "growing" in states else "flat" if states == {"flat"} else "inconclusive"
+
+
 def summarize(samples: list, workers: int, args: argparse.Namespace) -> list[dict]:
-    """One row per process: role, pid, start/end/peak MiB over the steady phase, growth % and flat or not."""
+    """One row per process: role, pid, start/end/peak MiB over the steady phase, growth %, its trend with CI and
+    state (see `trend`)."""
     first, last = steady_window(samples, workers, args.warmup_fraction)
     rows = []
     by_pid: dict[int, list] = {}
@@ -154,14 +188,10 @@ def summarize(samples: list, workers: int, args: argparse.Namespace) -> list[dic
         window = max(1, min(args.window, len(steady) // 2))
         start, end = statistics.fmean(steady[:window]), statistics.fmean(steady[-window:])
         growth = 100.0 * (end - start) / start if start else 0.0
-        half = len(steady) // 2
-        peak1, peak2 = max(steady[:half]), max(steady[half:])
         times = [t for t, _, _ in series if first <= t <= last]
-        slope = statistics.linear_regression(times, steady).slope if len(set(times)) > 1 else 0.0
-        trend = 100.0 * slope * (times[-1] - times[0]) / statistics.fmean(steady)
         rows.append({"role": series[0][1], "pid": pid, "start": start, "end": end,
-                     "peak": max(rss for _, _, rss in series), "growth": growth, "peak1": peak1, "peak2": peak2,
-                     "trend": trend, "flat": peak2 <= peak1 * (1 + args.tolerance / 100)})
+                     "peak": max(rss for _, _, rss in series), "growth": growth,
+                     **trend(times, steady, args.tolerance)})
     return rows
 
 
@@ -175,7 +205,7 @@ def write_csv(path: pathlib.Path, samples: list) -> None:
 def write_markdown(path: pathlib.Path, args: argparse.Namespace, code: int, wall: float, result: dict | None,
                    rows: list[dict], window: tuple[float, float]) -> str:
     ok = code == 0 and result is not None
-    verdict = ("flat" if all(r["flat"] for r in rows) else "growing") if ok and rows else "no verdict (job failed)"
+    overall = verdict(rows) if ok and rows else "no verdict (job failed)"
     lines = ["# Soak benchmark (memory over a long run)", "",
              f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')}: {args.workers} workers, {args.servers} servers on loopback, "
              f"{args.model} traffic, {args.iters} iterations, RSS sampled every {args.interval:g} s, "
@@ -187,18 +217,28 @@ def write_markdown(path: pathlib.Path, args: argparse.Namespace, code: int, wall
     lines += [f"Steady phase: t = {window[0]:.0f}-{window[1]:.0f} s (every worker running, first "
               f"{args.warmup_fraction:.0%} dropped as warm-up); start/end = mean of the first/last {args.window} "
               "samples of it; peak = largest sample of the whole run.", "",
-              "| role | pid | RSS start MiB | RSS end MiB | end vs start | peak 1st half | peak 2nd half | "
-              "fitted trend | RSS peak MiB (whole run) | flat |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              *table(rows),
+              "", f"Verdict: **{overall}** (per process: flat when the 95% CI of the trend, the Theil-Sen growth "
+              f"over the steady phase, lies below {args.tolerance:g}%; growing when it lies above; inconclusive "
+              "otherwise. No single sample decides.)"]
+    path.write_text("\n".join(lines) + "\n")
+    return overall
+
+
+def table(rows: list[dict]) -> list[str]:
+    lines = ["| role | pid | RSS start MiB | RSS end MiB | end vs start | p95 1st half | p95 2nd half | "
+             "trend (95% CI) | RSS peak MiB (whole run) | state |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['role']} | {r['pid']} | {r['start']:.1f} | {r['end']:.1f} | {r['growth']:+.2f}% | "
-                     f"{r['peak1']:.1f} | {r['peak2']:.1f} | {r['trend']:+.2f}% | {r['peak']:.1f} | "
-                     f"{'yes' if r['flat'] else 'no'} |")
-    lines += ["", f"Verdict: **{verdict}** (flat: in every process the second half's peak RSS is within "
-              f"{args.tolerance:g}% of the first half's; the fitted trend is the least-squares growth over the "
-              "steady phase)."]
-    path.write_text("\n".join(lines) + "\n")
-    return verdict
+                     f"{r['p95_1']:.1f} | {r['p95_2']:.1f} | {r['trend']:+.2f}% ({r['trend_low']:+.2f} to "
+                     f"{r['trend_high']:+.2f}) | {r['peak']:.1f} | {r['state']} |")
+    return lines
+
+
+def read_samples(path: pathlib.Path) -> list[tuple[float, str, int, float]]:
+    with path.open(newline="") as f:
+        return [(float(r["time_s"]), r["role"], int(r["pid"]), float(r["rss_mib"])) for r in csv.DictReader(f)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -213,19 +253,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tolerance", type=float, default=5.0, help="percent growth still called flat")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds the job may take")
     parser.add_argument("--results-dir", type=pathlib.Path, default=RESULTS)
+    parser.add_argument("--samples", type=pathlib.Path, help="run nothing: print the verdict of this soak.csv "
+                        "(--workers as it ran)")
     args = parser.parse_args(argv)
     if args.iters < 1 or not 0 <= args.warmup_fraction < 1:
         parser.error("--iters must be >= 1 and --warmup-fraction in [0, 1)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if args.samples:
+        rows = summarize(read_samples(args.samples), args.workers, args)
+        print("\n".join(table(rows)) + f"\n\nVerdict: {verdict(rows) if rows else 'no steady phase'}")
+        return 0
     with tempfile.TemporaryDirectory(prefix="soak-") as scratch:
         code, wall, result, samples = run_job(args, pathlib.Path(scratch))
     args.results_dir.mkdir(parents=True, exist_ok=True)
     write_csv(args.results_dir / "soak.csv", samples)
     rows = summarize(samples, args.workers, args)
     window = steady_window(samples, args.workers, args.warmup_fraction)
-    verdict = write_markdown(args.results_dir / "soak.md", args, code, wall, result, rows, window)
+    overall = write_markdown(args.results_dir / "soak.md", args, code, wall, result, rows, window)
     print((args.results_dir / "soak.md").read_text())
-    LOG.info("verdict: %s", verdict)
+    LOG.info("verdict: %s", overall)
     return 0 if code == 0 and result is not None else 1
 
 

@@ -9,23 +9,29 @@
     python -m benchmarks.suites.sweeps demo          # make demo's comparison
     python -m benchmarks.suites.sweeps utilisation   # tx/rx of every link over time, dist_sync vs p3kv vs Horovod
                                               # (also fig_utilisation_links.png, see link_utilisation.py)
-    python -m benchmarks.suites.sweeps estimate      # how long each sweep takes (from the bound and older rows)
+    python -m benchmarks.suites.sweeps estimate      # how long each sweep takes (from the bound and older rows),
+                                              # and into how many --slice parts of <= --window hours it splits
+    python -m benchmarks.suites.sweeps bandwidth --resume --slice 2/5   # one 2-hour slice of a long sweep
     python -m benchmarks.suites.sweeps plot NAME     # redraw a figure from its CSV
     python -m benchmarks.suites.sweeps rebound       # rewrite the rows' bound columns after a change to wire_bound.py
 
 Every run trains with SGD (momentum 0.9, wd 1e-4: on the servers for p3kv and dist_sync, on the workers for MXNet's
 P3 and Horovod), 3 repeats in a freshly shuffled order, 2 warm-up + 20 timed iterations, under the run guard (clean
 tree, idle machine; see cluster_bench.py). Each sweep appends to results/sweeps/<name>.csv (and
-<name>_iterations.csv; delete them to start over; --resume runs only the runs they lack) and draws
+<name>_iterations.csv; delete them to start over; --resume runs only the runs they lack; --slice K/N runs the
+K-th of N parts of whole comparisons, see sweep_slices.py) and draws
 results/sweeps/fig_<name>.png with the IQR as error bars; `python -m benchmarks.report` then rewrites the tables
 of docs/benchmarks.md. Compute is emulated with each model's calibrated P100 efficiency
 (benchmarks/workloads/shapes/*.json) and time dilated by --gpu-scale: a P100 at scale s on links of rate b has the
 compute/network ratio of real P100s on links of rate b/s ("P100-equivalent"), which is how every point below is
 chosen. Each point uses the least dilation its link allows: links up to --link-max (2 Gbit: what 2 cores move
 without saturating, see `dilation`) run undilated (scale 1, link = equivalent), faster equivalents at scale =
-link-max / equivalent on a link-max link. Every row records its scale and the CPU utilisation of every host, so a
-point where the CPUs, not the links, were the limit
-shows.
+link-max / equivalent on a link-max link; and no larger than the hosts' CPU quotas allow: each host's processes
+get --host-cpus x scale cores (benchmarks/emulation/cpu_limit.py), and the quotas of a point may add up to 90% of
+the machine, so on 2 cores 4 hosts run at scale 0.22 or less, 8 hosts at 0.11, 2 hosts at 0.45. Every row records
+its scale, the quota, each host's CPU and throttled time and the run's fidelity verdict (fidelity.py).
+Each system runs at its tuned best setting for the point where results/tuning/best.json has one
+(`python -m benchmarks tune`; --untuned: the defaults), recorded in every row's baseline_setting column.
 """
 
 
@@ -34,6 +40,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import math
+import os
 import pathlib
 import statistics
 import sys
@@ -41,8 +49,8 @@ from collections.abc import Sequence
 
 from benchmarks.analysis import bench_rows
 from benchmarks.analysis.points import optimizer_label
-from benchmarks.emulation import emulated_cluster, emulated_compute, run_guard, wire_bound
-from benchmarks.suites import cluster_bench
+from benchmarks.emulation import cpu_limit, emulated_cluster, emulated_compute, run_guard, wire_bound
+from benchmarks.suites import baseline_settings, cluster_bench, sweep_slices
 from benchmarks.suites.sweep_plots import SYSTEM_COLORS, plot, plot_links  # noqa: F401  (SYSTEM_COLORS: the tests')
 
 LOG = logging.getLogger("sweeps")
@@ -70,7 +78,7 @@ SCALE = (["resnet50_v1", "sockeye", "vgg19"], 10, [2, 4, 8])
 
 
 SENSITIVITY = ([("resnet50_v1", 4), ("vgg19", 15)], [0.5, 1.0, 2.0])
-DILATION = ("resnet50_v1", 10, [0.1, 0.2, 0.3, 0.5, 1.0])
+DILATION = ("resnet50_v1", 10, [0.05, 0.1, 0.15, 0.2])  # every one within 4 hosts' CPU quotas on 2 cores
 
 
 UTILISATION = ("sockeye", 10, ["dist_sync", "p3", "horovod"])
@@ -87,10 +95,21 @@ def least_dilation(equivalent_gbps: float, link_max_gbps: float = LINK_MAX_GBPS)
     return min(1.0, link_max_gbps / equivalent_gbps)
 
 
+def cpu_fit(hosts: int, host_cpus: float | None) -> float:
+    """The largest --gpu-scale whose CPU quotas fit this machine, rounded down to 0.01 (1.0 without limits)."""
+    if host_cpus is None:
+        return 1.0
+    fit = cpu_limit.largest_fitting_scale(hosts, host_cpus, os.cpu_count() or 1)
+    return min(1.0, math.floor(fit * 100 + 1e-9) / 100)
+
+
 def _point(name: str, args: argparse.Namespace, model: str, kvstore: str, equivalent: float,
            **settings) -> cluster_bench.Point:
-    scale = settings.pop("gpu_scale", None) or args.gpu_scale or least_dilation(equivalent, args.link_max)
-    return cluster_bench.Point(model=model, kvstore=kvstore, hosts=settings.pop("hosts", args.hosts),
+    hosts = settings.pop("hosts", args.hosts)
+    host_cpus = cluster_bench.host_cpus_from_args(args)
+    scale = (settings.pop("gpu_scale", None) or args.gpu_scale
+             or min(least_dilation(equivalent, args.link_max), cpu_fit(hosts, host_cpus)))
+    return cluster_bench.Point(model=model, kvstore=kvstore, hosts=hosts, host_cpus=host_cpus,
                                bandwidth=link(equivalent, scale), compute="emulated", batch_size=args.batch_size,
                                gpu="p100", gpu_scale=scale, optimizer=args.optimizer, warmup=args.warmup,
                                iters=args.iters, tag=name, timeout=args.timeout, **settings)
@@ -143,6 +162,9 @@ SWEEPS = {"bandwidth": sweep_bandwidth, "slice": sweep_slice, "ablation": sweep_
 
 ALL = ("demo", "bandwidth", "slice", "ablation", "scale", "sensitivity", "dilation", "utilisation")
 GATE_S = 5.0  # the run guard's idle sample before every run
+WINDOW_H = 2.0  # the idle window one slice of a long sweep should fit (estimate --window)
+# What --slice cuts a sweep by: the estimate with fixed factors, so K/N stays the same runs as rows accumulate.
+SLICE_FACTORS = (30.0, 1.15, "fixed")
 
 
 def measured_factors(results: pathlib.Path = cluster_bench.RESULTS) -> tuple[float, float, str]:
@@ -192,7 +214,9 @@ def _signature(settings: dict) -> tuple:
             str(settings["layout"]), str(settings["bandwidth"]), str(settings["compute"]),
             int(settings["batch_size"]), number(settings["gpu_scale"]), number(settings["efficiency_factor"]),
             number(settings["slice_size"]), optimizer_label(str(settings["optimizer"])),
-            int(settings["warmup"]), int(settings["iters"]), int(settings["repeat"]))
+            int(settings["warmup"]), int(settings["iters"]), int(settings["repeat"]),
+            number(settings.get("host_cpus")),  # rows from before CPU limits: None, never a limited run
+            baseline_settings.identity(str(settings.get("baseline_setting") or "")))
 
 
 def not_yet_run(points: Sequence[cluster_bench.Point], csv_path: pathlib.Path) -> list[cluster_bench.Point]:
@@ -202,18 +226,36 @@ def not_yet_run(points: Sequence[cluster_bench.Point], csv_path: pathlib.Path) -
     return [p for p in points if _signature(dataclasses.asdict(p)) not in done]
 
 
+def sweep_points(name: str, args: argparse.Namespace) -> list[cluster_bench.Point]:
+    """Every run of sweep `name` in its interleaved order, each system at its tuned best where there is one."""
+    points = cluster_bench.interleave(SWEEPS[name](args), args.repeats, args.seed)
+    return baseline_settings.from_args(points, args)
+
+
 def estimates(args: argparse.Namespace, results_dir: pathlib.Path) -> tuple[list[tuple[str, float, float]], str]:
     """Per sweep: (name, seconds for all its runs, seconds for the runs its CSV in `results_dir` lacks), and
     where the factors the bound is scaled by come from (see measured_factors)."""
     factors = measured_factors(results_dir.parent)
     rows = []
     for name in ALL:
-        points = cluster_bench.interleave(SWEEPS[name](args), args.repeats, args.seed)
+        points = sweep_points(name, args)
         left = not_yet_run(points, results_dir / f"{name}.csv")
         rows.append((name, estimate_seconds(points, 1, factors), estimate_seconds(left, 1, factors)))
     source = (f"start-up, shutdown and idle sample {factors[0]:.0f} s per job, s/iter = {factors[1]:.2f} x the "
               f"header-inclusive bound, from {factors[2]}")
     return rows, source
+
+
+def slice_plan(args: argparse.Namespace, results_dir: pathlib.Path, window_s: float) -> list[tuple[str, int, float]]:
+    """Per sweep: (name, the fewest --slice parts whose runs each fit `window_s`, the longest part's seconds)."""
+    factors = measured_factors(results_dir.parent)
+    return [(name, *sweep_slices.slices_for(sweep_points(name, args), window_s,
+                                            lambda ps: estimate_seconds(ps, 1, factors), slice_weight))
+            for name in ALL]
+
+
+def slice_weight(points: Sequence[cluster_bench.Point]) -> float:
+    return estimate_seconds(points, 1, SLICE_FACTORS)
 
 
 def estimate_block(results_dir: pathlib.Path = RESULTS) -> str:
@@ -262,14 +304,25 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--results-dir", type=pathlib.Path, default=RESULTS)
+    cluster_bench.add_cpu_arguments(parser)
     parser.add_argument("--resume", action="store_true", help="skip the runs the sweep's CSV already holds (same "
                         "settings, system and repeat, status ok): continue an interrupted sweep")
+    parser.add_argument("--slice", help="K/N: run only the K-th of N parts of the sweep (whole comparisons, about "
+                        "equal estimated time; `estimate --window H` says how many parts fit H hours each)")
+    parser.add_argument("--window", type=float, default=WINDOW_H, help="estimate: hours one slice may take")
+    baseline_settings.add_arguments(parser)
     cluster_bench.add_condition_arguments(parser)
     args = parser.parse_args(argv)
     args.models = [cluster_bench.MODEL_ALIASES.get(m, m) for m in args.models]
     args.equivalents = EQUIVALENTS
+    if args.host_cpus <= 0:
+        parser.error("--host-cpus must be positive")
     if args.sweep == "plot" and args.name not in SWEEPS:
         parser.error(f"plot what? one of {', '.join(SWEEPS)}")
+    try:
+        args.slice = sweep_slices.parse(args.slice) if args.slice else None
+    except ValueError as e:
+        parser.error(str(e))
     return args
 
 
@@ -282,6 +335,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.write(f"{name:12s} {full / 3600:5.1f} h   not yet run: {left / 3600:5.1f} h\n")
         sys.stdout.write(f"{'all':12s} {sum(r[1] for r in rows) / 3600:5.1f} h   not yet run: "
                          f"{sum(r[2] for r in rows) / 3600:5.1f} h\n({source})\n")
+        sys.stdout.write(f"\nSlices of at most {args.window:g} h (python -m benchmarks.suites.sweeps NAME --resume "
+                         "--slice K/N, K = 1..N):\n")
+        for name, n, longest in slice_plan(args, args.results_dir, args.window * 3600):
+            over = "  (one comparison alone is longer than the window)" if longest > args.window * 3600 else ""
+            sys.stdout.write(f"{name:12s} N = {n:3d}   longest slice {longest / 3600:4.1f} h{over}\n")
         return 0
     if args.sweep == "rebound":
         for path, changed in rebound(args.results_dir).items():
@@ -301,8 +359,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if reason:
         LOG.error("cannot build the emulated cluster: %s", reason)
         return 2
-    points, skipped = cluster_bench.drop_unavailable(cluster_bench.interleave(SWEEPS[name](args), args.repeats,
-                                                                              args.seed))
+    points = sweep_points(name, args)
+    if args.slice:
+        factors = measured_factors(args.results_dir.parent)
+        points = sweep_slices.select(points, *args.slice, slice_weight)
+        LOG.info("--slice %d/%d: %d runs, estimated %.1f h in full", *args.slice, len(points),
+                 estimate_seconds(points, 1, factors) / 3600)
+    points, skipped = cluster_bench.drop_unavailable(points)
     if args.resume:
         left = not_yet_run(points, csv_path)
         LOG.info("--resume: %d of %d runs are already in %s; %d to go", len(points) - len(left), len(points),
@@ -312,7 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = cluster_bench.run_points(points, csv_path, cluster_bench.conditions_from_args(args),
                                         utilisation_dir=args.results_dir / "utilisation"
                                         if name == "utilisation" else None)
-    except run_guard.Refused as e:
+    except (run_guard.Refused, cpu_limit.QuotaRefused, cpu_limit.CpuLimitError) as e:
         LOG.error("%s", e)
         return 3
     sys.stdout.write("\n" + write_summary(name, args.results_dir, skipped))

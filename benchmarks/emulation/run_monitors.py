@@ -1,0 +1,113 @@
+"""What one emulated run's monitors measured, as row columns, and its fidelity verdict (fidelity.py).
+
+Started just before a job's processes and finished after they exit: each host's CPU group (cpu_limit.py:
+whole-run CPU and throttled time, and the timed window's share throttled), the link queues' drops and TCP
+retransmissions (net_counters.py), the virtual GPU's lateness and forgiven gaps from the workers' JSON, and what the
+monitors themselves cost (the runner's own CPU and the link sampler's while the job ran).
+
+The timed window is cut from the CPU groups' samples: it ends when the last rank wrote its result (the file's
+modification time: ranks write it right after their last timed iteration) and lasts as long as the slowest rank's
+timed iterations together.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pathlib
+import resource
+from collections.abc import Sequence
+
+from benchmarks.emulation import cpu_limit, fidelity, net_counters
+
+LOG = logging.getLogger("run_monitors")
+
+# Columns this module fills (bench_rows.RUN_COLUMNS holds them after the older ones).
+COLUMNS = ("host_cpus", "cpu_limit", "cpu_quota_cores", "host_cpu_s", "host_throttled_s", "host_throttled_pct",
+           "throttled_max_pct", "throttled_periods_max_pct", "timed_window_s", "vgpu_late_max_us",
+           "vgpu_forgiven_us_per_iter", "qdisc_drops", "qdisc_drops_total", "tcp_retrans", "tcp_retrans_total",
+           "tcp_out_segs_total", "sampling_cpu_s", "faithful", "fidelity_notes")
+
+
+def joined(values: Sequence[float], digits: int = 3) -> str:
+    """Per-host values in one cell: "a;b;c"."""
+    return ";".join(f"{round(v, digits):g}" for v in values)
+
+
+def _self_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+class RunMonitors:
+    """One run's monitors on `cluster` (an EmulatedCluster). `host_cpus` None: CPU limits off for this run;
+    `quota` the per-host cores when on."""
+
+    def __init__(self, cluster, host_cpus: float | None, quota: float | None):
+        self._cluster = cluster
+        self.host_cpus, self.quota = host_cpus, quota
+        self._sampler: cpu_limit.UsageSampler | None = None
+        self._net_before: list[net_counters.HostNet] | None = None
+
+    def start(self) -> RunMonitors:
+        if self._cluster.cpu is not None:
+            self._cluster.set_cpu_quota(self.quota if self.host_cpus is not None else None)
+            self._sampler = cpu_limit.UsageSampler(self._cluster.cpu).start()
+        self._net_before = self._net()
+        self._self_before = _self_cpu_s()
+        self._link_sampler_before = self._cluster.sampler_cpu_s()
+        return self
+
+    def _net(self) -> list[net_counters.HostNet] | None:
+        try:
+            return net_counters.snapshot(self._cluster.namespaces, self._cluster.bridge_ns)
+        except (OSError, ValueError) as e:  # a monitor failure must not abort the run it watches
+            LOG.warning("reading the link counters failed: %s", e)
+            return None
+
+    def finish(self, results: Sequence[dict], result_files: Sequence[pathlib.Path], wall_s: float,
+               median_iter_s: float | None) -> dict:
+        """The columns (COLUMNS) of the run whose workers reported `results` into `result_files`."""
+        samples = self._sampler.stop() if self._sampler is not None else []
+        net_after = self._net()
+        sampling = _self_cpu_s() - self._self_before
+        link_now = self._cluster.sampler_cpu_s()
+        if link_now is not None:
+            sampling += link_now - (self._link_sampler_before or 0.0)
+        limited = self.host_cpus is not None and self._cluster.cpu is not None
+        row: dict = {"host_cpus": self.host_cpus if self.host_cpus is not None else "",
+                     "cpu_limit": f"cgroup-v{self._cluster.cpu.hierarchy.version}" if limited else "off",
+                     "cpu_quota_cores": round(self.quota, 4) if limited and self.quota else "",
+                     "sampling_cpu_s": round(sampling, 3)}
+        window, window_s = None, 0.0
+        if samples:
+            whole = cpu_limit.window(samples, samples[0][0], samples[-1][0])
+            row.update(host_cpu_s=joined([u.cpu_s for u in whole]), host_throttled_s=joined([u.throttled_s
+                                                                                             for u in whole]))
+            if results and result_files:
+                end = max(p.stat().st_mtime for p in result_files)
+                window_s = max(sum(r.get("iter_s") or []) for r in results)
+                window = cpu_limit.window(samples, end - window_s, end)
+                shares = [u.throttled_s / window_s if window_s else 0.0 for u in window]
+                row.update(host_throttled_pct=joined([100 * s for s in shares], 1),
+                           throttled_max_pct=round(100 * max(shares), 1),
+                           throttled_periods_max_pct=round(100 * max(u.throttled_period_share for u in window), 1),
+                           timed_window_s=round(window_s, 3))
+        late = [r["vgpu_late_max_us"] for r in results if r.get("vgpu_late_max_us") is not None]
+        forgiven = [r["vgpu_forgiven_us_per_iter"] for r in results if r.get("vgpu_forgiven_us_per_iter") is not None]
+        row.update(vgpu_late_max_us=round(max(late), 1) if late else "",
+                   vgpu_forgiven_us_per_iter=round(max(forgiven), 1) if forgiven else "")
+        net = None
+        if net_after is not None and self._net_before is not None:
+            net = net_counters.difference(net_after, self._net_before)
+            row.update(qdisc_drops=joined([h.drops for h in net], 0), qdisc_drops_total=sum(h.drops for h in net),
+                       tcp_retrans=joined([h.retrans_segs for h in net], 0),
+                       tcp_retrans_total=sum(h.retrans_segs for h in net),
+                       tcp_out_segs_total=sum(h.out_segs for h in net))
+        cpus = os.cpu_count() or 1
+        headroom = cpus - self._cluster.hosts * self.quota if limited and self.quota else None
+        verdict = fidelity.judge(cpu_window=window, window_s=window_s, limited=limited, ranks=results,
+                                 median_iter_s=median_iter_s, net=net, sampling_cpu_s=sampling, wall_s=wall_s,
+                                 headroom_cores=headroom)
+        row.update(faithful=verdict.faithful, fidelity_notes=verdict.text())
+        return row

@@ -1,0 +1,119 @@
+"""Each system's own settings in the comparisons: the variables it is tuned by, their defaults as read in the
+source of the versions the benchmarks run, and the best setting per point that `python -m benchmarks tune`
+found (results/tuning/best.json), which the comparison suites (cluster_bench, sweeps, demo) apply.
+
+The defaults, read in the source (not assumed):
+- Horovod 0.28.1 (tag v0.28.1, commit 1d217b5), horovod/common/operations.cc, InitializeHorovodOnce: the tensor
+  fusion threshold is set to 128 MiB (`SetTensorFusionThresholdBytes(128 * 1024 * 1024)`) and the cycle time to
+  1 ms (`SetCycleTimeMs(1)`) before HOROVOD_FUSION_THRESHOLD (bytes) and HOROVOD_CYCLE_TIME (ms) override them.
+  Older Horovod had 64 MiB / 5 ms, which is what the bound and the simulator assumed.
+- MXNet 1.9 (apache/incubator-mxnet, branch v1.x): src/kvstore/kvstore_dist.h reads MXNET_KVSTORE_BIGARRAY_BOUND
+  with default 1000 * 1000 elements (arrays at or above it are split over every server); src/kvstore/
+  p3store_dist.h (MXNet's P3, `DMLC_PS_VAN_TYPE=p3`) reads MXNET_KVSTORE_SLICE_THRESHOLD with default 40 * 1000
+  elements per slice. The installed libmxnet.so holds both variable names.
+- p3kv: p3kv/core/config.py (P3_SLICE_SIZE 50,000 elements, P3_SOCKET_BUFFER 131,072 bytes).
+
+A setting reaches every process of a job through the environment: cluster_job.py adds it to the job's
+environment, the launcher hands its environment on (Horovod's ranks lose only P3_* and DMLC_* variables,
+p3kv.launch.horovod; ps-lite's scheduler, servers and workers keep everything, p3kv.launch.baselines).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import pathlib
+from collections.abc import Mapping, Sequence
+
+from benchmarks.paths import RESULTS
+from p3kv.core import config
+
+LOG = logging.getLogger("baseline_settings")
+TUNING = RESULTS / "tuning"
+BEST = TUNING / "best.json"
+DEFAULT_UNTUNED = "default (untuned)"
+MIB = 1 << 20
+# Every tuned variable of a system with its default (as a string, the way the environment carries it).
+DEFAULTS: dict[str, dict[str, str]] = {
+    "horovod": {"HOROVOD_FUSION_THRESHOLD": str(128 * MIB), "HOROVOD_CYCLE_TIME": "1"},
+    "dist_sync": {"MXNET_KVSTORE_BIGARRAY_BOUND": str(1_000_000)},
+    "mxnet-p3": {"MXNET_KVSTORE_SLICE_THRESHOLD": str(40_000)},
+    "p3": {"P3_SLICE_SIZE": str(config.get("P3_SLICE_SIZE", {})),
+           "P3_SOCKET_BUFFER": str(config.get("P3_SOCKET_BUFFER", {}))},
+}
+# Where a point fixes the slice size itself (the slice sweep), a tuned slice size must not override it.
+SLICE_VARIABLES = ("P3_SLICE_SIZE", "MXNET_KVSTORE_SLICE_THRESHOLD")
+
+
+def env_text(env: Mapping[str, str]) -> str:
+    """"A=1 B=2": a setting as the rows and best.json show it."""
+    return " ".join(f"{k}={v}" for k, v in env.items())
+
+
+def identity(label: str) -> str:
+    """What a baseline_setting label runs, for comparing rows: "default" for any label of the defaults (untuned,
+    a grid's default cell, a tuned default), else the variables as written."""
+    label = label or DEFAULT_UNTUNED
+    if label.startswith("default") or label.endswith("(default)"):
+        return "default"
+    return label.split(" (")[0]
+
+
+def point_key(point) -> str:
+    """The name of a comparison point (a cluster_job.Point, any system): model, link, hosts, dilation, compute,
+    and what else differs from the suites' defaults. best.json and the tuning CSVs are keyed by it."""
+    key = f"{point.model}.{point.bandwidth or 'uncapped'}.{point.hosts}h.x{point.gpu_scale:g}.{point.compute}"
+    extras = [(point.batch_size != 32, f"b{point.batch_size}"), (point.optimizer != "sgd", point.optimizer),
+              (point.layout != "colocated", point.layout),
+              (point.efficiency_factor != 1.0, f"e{point.efficiency_factor:g}")]
+    return ".".join([key, *(text for differs, text in extras if differs)])
+
+
+def load_best(path: pathlib.Path | None = BEST) -> dict:
+    """{point key: {system: entry}} from best.json; {} when there is none."""
+    if path is None or not path.exists():
+        return {}
+    return json.loads(path.read_text())
+
+
+def tuned(point, best: Mapping) -> tuple[tuple[tuple[str, str], ...], str] | None:
+    """(environment, label) of `point`'s system at its tuned best, or None (no entry: the default, untuned)."""
+    entry = best.get(point_key(point), {}).get(point.kvstore)
+    if entry is None:
+        return None
+    if entry.get("smoke"):
+        LOG.warning("%s at %s: best.json's entry comes from a smoke run; ignored", point.kvstore, point_key(point))
+        return None
+    env = dict(entry["setting"])
+    label = entry["label"]
+    if point.slice_size:
+        kept = {k: v for k, v in env.items() if k not in SLICE_VARIABLES}
+        if kept != env:
+            env, label = kept, f"{env_text(kept) or 'default'} (tuned; the point's slice size)"
+    return tuple(env.items()), label
+
+
+def at_best(points: Sequence, best_path: pathlib.Path | None = BEST) -> list:
+    """The points with each tuned system at its best setting for that point (best.json), the others unchanged
+    (their rows say "default (untuned)"). A point that already carries a setting (a tuning cell) keeps it."""
+    best = load_best(best_path)
+    out = []
+    for p in points:
+        found = tuned(p, best) if p.kvstore in DEFAULTS and not p.setting_env else None
+        out.append(dataclasses.replace(p, setting_env=found[0], baseline_setting=found[1]) if found else p)
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--best", type=pathlib.Path, default=BEST, help="each system's best setting per point "
+                        "(python -m benchmarks tune writes it); a point without an entry runs the defaults, and "
+                        "its rows say 'default (untuned)'")
+    parser.add_argument("--untuned", action="store_true", help="run every system at its defaults, whatever "
+                        "--best holds")
+
+
+def from_args(points: Sequence, args: argparse.Namespace) -> list:
+    """at_best with add_arguments' options (a namespace without them: best.json at its usual place)."""
+    return list(points) if getattr(args, "untuned", False) else at_best(points, getattr(args, "best", BEST))

@@ -1,0 +1,107 @@
+"""The tables after the fidelity monitors: only faithful runs are shown and the others counted, every rank's
+iterations are the statistics' data, and run_ids stay unique when a sweep is resumed."""
+
+import json
+
+import pytest
+
+from benchmarks.analysis import bench_rows
+from benchmarks.analysis import points as point_stats
+from benchmarks.report import headline, sweep_blocks
+from benchmarks.suites import cluster_bench, cluster_job
+
+pytestmark = pytest.mark.unit
+
+
+def _row(kvstore, repeat, faithful, ranks, notes="", **extra):
+    return {"status": "ok", "tag": "bandwidth", "model": "resnet50_v1", "kvstore": kvstore, "hosts": "2",
+            "workers": "2", "samples_per_batch": "32", "bandwidth": "400mbit", "bandwidth_bps": "4e8",
+            "gpu_scale": "0.1", "p100_equiv_gbps": "4.0", "optimizer": "sgd(momentum=0.9)", "unit": "images",
+            "bound_throughput": "200", "iter_s": json.dumps(ranks[0]), "rank_iter_s": json.dumps(ranks),
+            "repeat": str(repeat), "smoke": "False", "git_dirty": "False", "faithful": faithful,
+            "fidelity_notes": notes, "iters": "2", "batch_size": "32", "cpu_limit": "cgroup-v1",
+            "cpu_quota_cores": "0.2", **extra}
+
+
+def test_every_rank_iterations_are_the_data_and_older_rows_give_rank_0():
+    row = {"iter_s": "[1.0, 2.0]", "rank_iter_s": "[[1.0, 2.0], [3.0, 4.0]]"}
+    assert bench_rows.rank_iterations(row) == [[1.0, 2.0], [3.0, 4.0]]
+    assert bench_rows.iteration_times(row) == [1.0, 2.0, 3.0, 4.0]
+    assert bench_rows.iteration_times({"iter_s": "[1.0, 2.0]"}) == [1.0, 2.0]  # before rank_iter_s
+    assert bench_rows.rank_iterations({"median_s": "1.5"}) == [[1.5]]  # legacy
+
+
+def test_rank_iterations_round_trip_through_the_csv(tmp_path):
+    path = tmp_path / "runs.csv"
+    bench_rows.write_run(path, {"run_id": "x", "status": "ok", "iter_s": [0.5, 0.25],
+                                "rank_iter_s": [[0.5, 0.25], [0.75, 0.125]], "faithful": True,
+                                "host_cpu_s": "1.5;2.5", "qdisc_drops": "0;3"})
+    [row] = bench_rows.read_runs(path)
+    assert bench_rows.rank_iterations(row) == [[0.5, 0.25], [0.75, 0.125]]
+    assert bench_rows.verdict(row) is True and row["host_cpu_s"] == "1.5;2.5"
+    assert bench_rows.verdict({"faithful": "False"}) is False and bench_rows.verdict({}) is None
+
+
+def test_tables_leave_out_unfaithful_runs_and_count_them():
+    rows = [_row("p3", 0, "True", [[1.0, 1.0], [1.0, 1.0]]),
+            _row("p3", 1, "False", [[9.0, 9.0], [9.0, 9.0]], "cpu: host 1 throttled 8.0% of the timed window "
+                 "(0.80 of 10.00 s, limit 5%); vgpu: not measured; network: 3 packets dropped by the link queues"),
+            _row("dist_sync", 0, "True", [[2.0, 2.0], [2.0, 2.0]]),
+            _row("dist_sync", 1, "", [[2.0, 2.0], [2.0, 2.0]])]  # a row from before the monitors
+    points = {p["kvstore"]: p for p in point_stats.aggregate(rows)}
+    assert points["p3"]["n"] == 1 and points["p3"]["throughput"] == pytest.approx(64.0)  # the 9 s run is out
+    assert points["dist_sync"]["n"] == 2 and points["dist_sync"]["iterations"] == 8  # 2 runs x 2 ranks x 2
+    assert point_stats.fidelity_count(rows) == {"faithful": 2, "unfaithful": 1, "unjudged": 1, "all": 4}
+    assert point_stats.fidelity_sentence(rows) == (
+        "2 faithful of 4 runs: the 1 others are left out (failed: cpu 1); 1 from before the monitors, shown "
+        "without a verdict (benchmarks/emulation/fidelity.py).")
+    assert point_stats.fidelity_sentence([_row("p3", 0, "", [[1.0]])]) == ""  # no verdicts: nothing to say
+    # Runs with and without CPU limits are different points, never pooled.
+    mixed = point_stats.aggregate([_row("p3", 0, "True", [[1.0]], host_cpus="2.0"), _row("p3", 1, "", [[3.0]])])
+    assert [p["n"] for p in mixed] == [1, 1]
+
+
+def test_the_sweep_block_and_the_headline_say_how_many_runs_were_faithful(tmp_path):
+    path = tmp_path / "sweeps" / "bandwidth.csv"
+    for r in [_row("p3", 0, "True", [[1.0, 1.0], [1.0, 3.0]]),
+              _row("p3", 1, "False", [[9.0, 9.0], [9.0, 9.0]], "vgpu: a completion 2500 us late"),
+              _row("dist_sync", 0, "True", [[2.0, 2.0], [2.0, 2.0]])]:
+        bench_rows.write_run(path, {k: v for k, v in r.items() if k in bench_rows.RUN_COLUMNS})
+    block = sweep_blocks.reviewed_block("bandwidth", tmp_path)
+    assert "2 faithful of 3 runs: the 1 others are left out (failed: vgpu 1)" in block, block
+    text = headline.headline_block(tmp_path)
+    assert "2 faithful of 3 runs" in text and "every rank's 2 timed iterations" in text, text
+    assert "Each host's CPUs were slowed with compute and links" in text and "0.2 cores per host" in text
+    # p3kv: the median over both ranks' 4 iterations is 1.0 s, not rank 0's alone; the unfaithful run is out.
+    assert "| 640 images/s | 2.00×" in text, text  # 2 x 32 images / 1.0 s, over gpu_scale 0.1
+    only_bad = tmp_path / "bad"
+    bench_rows.write_run(only_bad / "sweeps" / "bandwidth.csv",
+                         {k: v for k, v in _row("p3", 0, "False", [[1.0]], "cpu: x").items()
+                          if k in bench_rows.RUN_COLUMNS})
+    assert sweep_blocks.reviewed_block("bandwidth", only_bad).startswith("No faithful runs yet")
+    assert headline.headline_block(only_bad).startswith("No faithful runs yet")
+    assert "not yet: no faithful run" in sweep_blocks.status_block(only_bad)
+
+
+def test_the_runner_summary_counts_its_unfaithful_runs_smoke_included():
+    rows = [_row("p3", 0, "False", [[1.0]], "cpu: host 0 throttled 7.8% of the timed window", smoke="True"),
+            _row("dist_sync", 0, "True", [[2.0]], smoke="True")]
+    text = cluster_bench.summary(rows)
+    assert "| dist_sync |" in text and "| p3kv |" not in text
+    assert "1 faithful of 2 runs: the 1 others are left out (failed: cpu 1)" in text
+
+
+def test_run_ids_are_unique_when_the_same_point_runs_again():
+    point = cluster_bench.Point(model="resnet50_v1", kvstore="p3", hosts=2, bandwidth="2gbit", repeat=1)
+    first, second = cluster_job.new_run_id(point, 2), cluster_job.new_run_id(point, 2)
+    assert first != second  # a resumed sweep runs the same point, repeat and port again
+    assert first.startswith("resnet50_v1.p3.2gbit.2h.r1.")
+
+
+def test_every_new_column_is_a_run_column_and_the_old_ones_keep_their_place():
+    from benchmarks.emulation import run_monitors
+
+    assert set(run_monitors.COLUMNS) <= set(bench_rows.RUN_COLUMNS)
+    # Existing CSVs (header = the older columns) accept rows with the new ones appended at the end.
+    assert bench_rows.RUN_COLUMNS.index("idle_warning") < bench_rows.RUN_COLUMNS.index("host_cpus")
+    assert bench_rows.RUN_COLUMNS[-2:] == ("rank_iter_s", "update_placement")

@@ -1,0 +1,156 @@
+"""CPU-limited emulated hosts without root: the quota arithmetic and its refusal, the kernel's counters parsed
+from captured text, the hierarchy found in a fake /sys/fs/cgroup, the shell that puts a process into its group
+before it runs anything, and the timed window cut from samples."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks.emulation import cpu_limit
+from benchmarks.emulation.cpu_limit import CpuUsage
+from benchmarks.suites import cluster_bench, sweeps
+
+pytestmark = pytest.mark.unit
+
+V1_STAT = "nr_periods 1200\nnr_throttled 300\nthrottled_time 4500000000\nnr_bursts 0\nburst_time 0\n"
+V2_STAT = ("usage_usec 2500000\nuser_usec 2000000\nsystem_usec 500000\nnr_periods 40\nnr_throttled 10\n"
+           "throttled_usec 750000\nnr_bursts 0\nburst_usec 0\n")
+
+
+def test_quota_is_host_cpus_times_the_dilation():
+    assert cpu_limit.quota_cores(2, 0.1) == pytest.approx(0.2)
+    assert cpu_limit.largest_fitting_scale(4, 2, 2) == pytest.approx(0.225)  # 0.9 x 2 cores over 4 x 2 CPUs
+    assert cpu_limit.largest_fitting_scale(8, 2, 2) == pytest.approx(0.1125)
+    assert cpu_limit.check_fits(4, 2, 0.2, cpus=2) == pytest.approx(0.4)
+    assert cpu_limit.check_fits(4, 2, 0.225, cpus=2) == pytest.approx(0.45)  # exactly 90% fits
+    with pytest.raises(ValueError, match="positive"):
+        cpu_limit.quota_cores(0, 0.1)
+
+
+def test_a_point_past_ninety_percent_is_refused_naming_the_largest_scale_that_fits():
+    with pytest.raises(cpu_limit.QuotaRefused) as refused:
+        cpu_limit.check_fits(4, 2, 0.3, cpus=2)
+    message = str(refused.value)
+    assert "2.4 cores" in message and "90% of this machine's 2 cores" in message
+    assert "--gpu-scale 0.225 or less" in message and "--no-cpu-limit" in message
+
+
+def test_points_are_checked_before_any_run():
+    cpus = os.cpu_count() or 1
+    too_big = cluster_bench.Point(model="resnet50_v1", kvstore="p3", hosts=8, gpu_scale=1, host_cpus=cpus)
+    with pytest.raises(cpu_limit.QuotaRefused, match="--gpu-scale"):
+        cluster_bench.check_cpu_limits([cluster_bench.Point(model="resnet50_v1", kvstore="p3"), too_big])
+    # No limit (host_cpus None) and compute that is not dilated are never refused.
+    assert cluster_bench.Point(model="m", kvstore="p3", gpu_scale=1).cpu_quota is None
+    assert cluster_bench.Point(model="m", kvstore="p3", compute="real", host_cpus=2).cpu_quota is None
+    assert cluster_bench.Point(model="m", kvstore="p3", gpu_scale=0.1, host_cpus=2).cpu_quota == pytest.approx(0.2)
+
+
+def test_sweeps_pick_a_dilation_within_the_quotas():
+    assert sweeps.cpu_fit(4, None) == 1.0
+    fit = sweeps.cpu_fit(4, 2)
+    cpus = os.cpu_count() or 1
+    assert fit <= cpu_limit.largest_fitting_scale(4, 2, cpus) and fit == round(fit, 2)
+    args = sweeps.parse_args(["bandwidth"])
+    for p in sweeps.SWEEPS["bandwidth"](args) + sweeps.SWEEPS["scale"](args) + sweeps.SWEEPS["dilation"](args):
+        assert p.host_cpus == cluster_bench.DEFAULT_HOST_CPUS
+        cpu_limit.check_fits(p.hosts, p.host_cpus, p.gpu_scale, cpus)  # every planned point fits
+    off = sweeps.parse_args(["bandwidth", "--no-cpu-limit"])
+    assert {p.host_cpus for p in sweeps.SWEEPS["bandwidth"](off)} == {None}
+
+
+def test_counters_parse_from_v1_and_v2_text():
+    assert cpu_limit.parse_stat(V1_STAT)["nr_throttled"] == 300
+    v1 = cpu_limit.usage_v1(V1_STAT, "3000000000\n")
+    assert v1 == CpuUsage(cpu_s=3.0, throttled_s=4.5, periods=1200, throttled_periods=300)
+    assert v1.throttled_period_share == pytest.approx(0.25)
+    assert cpu_limit.usage_v1(V1_STAT, None).cpu_s == 0.0  # no cpuacct: CPU time unknown
+    assert cpu_limit.usage_v2(V2_STAT) == CpuUsage(cpu_s=2.5, throttled_s=0.75, periods=40, throttled_periods=10)
+    assert (v1 - CpuUsage(1.0, 0.5, 200, 100)) == CpuUsage(2.0, 4.0, 1000, 200)
+    assert CpuUsage().throttled_period_share == 0.0
+
+
+def test_window_takes_the_samples_that_cover_it():
+    samples = [(float(t), [CpuUsage(cpu_s=t, throttled_s=t / 10)]) for t in range(11)]
+    [usage] = cpu_limit.window(samples, 2.5, 6.2)  # from the sample at 2 to the one at 7
+    assert usage.cpu_s == pytest.approx(5.0) and usage.throttled_s == pytest.approx(0.5)
+    [whole] = cpu_limit.window(samples, -5, 50)
+    assert whole.cpu_s == pytest.approx(10.0)
+    assert cpu_limit.window([], 0, 1) == []
+
+
+def _fake_v1(root):
+    for controller, knob in (("cpu", "cpu.cfs_quota_us"), ("cpuacct", "cpuacct.usage")):
+        (root / controller).mkdir(parents=True)
+        (root / controller / knob).write_text("0\n")
+    return root
+
+
+def test_hierarchy_v1_then_v2_else_an_error_that_says_what_to_do(tmp_path):
+    v1 = cpu_limit.find_hierarchy(_fake_v1(tmp_path / "a"))
+    assert (v1.version, v1.cpu.name, v1.cpuacct.name) == (1, "cpu", "cpuacct")
+    v2_root = tmp_path / "b" / "unified"
+    v2_root.mkdir(parents=True)
+    (v2_root / "cgroup.controllers").write_text("cpu memory pids\n")
+    (v2_root / "cgroup.subtree_control").write_text("\n")
+    v2 = cpu_limit.find_hierarchy(tmp_path / "b")
+    assert (v2.version, v2.cpu) == (2, v2_root)
+    assert (v2_root / "cgroup.subtree_control").read_text() == "+cpu"  # enabled for the children
+    none = tmp_path / "c" / "unified"
+    none.mkdir(parents=True)
+    (none / "cgroup.controllers").write_text("hugetlb\n")  # this machine's v2: cpu not delegated
+    with pytest.raises(cpu_limit.CpuLimitError, match="--no-cpu-limit") as error:
+        cpu_limit.find_hierarchy(tmp_path / "c")
+    assert "/sys/fs/cgroup/cpu" in str(error.value) and "subtree_control" in str(error.value)
+
+
+def test_groups_write_the_quota_and_read_their_counters(tmp_path):
+    root = _fake_v1(tmp_path)
+    limits = cpu_limit.HostCpuLimits(["p3c1x0h0", "p3c1x0h1"], cpu_limit.find_hierarchy(root))
+    limits.start()
+    group = root / "cpu" / "p3c1x0h0"
+    assert (group / "cpu.cfs_period_us").read_text() == "100000"
+    assert (group / "cpu.cfs_quota_us").read_text() == "-1"  # accounting only until a quota is set
+    limits.set_quota(0.25)
+    assert (group / "cpu.cfs_quota_us").read_text() == "25000" and limits.quota == 0.25
+    (group / "cpu.stat").write_text(V1_STAT)
+    (root / "cpuacct" / "p3c1x0h0" / "cpuacct.usage").write_text("3000000000\n")
+    assert limits.groups[0].usage().cpu_s == 3.0
+    for name in ("cpu.cfs_period_us", "cpu.cfs_quota_us", "cpu.stat"):  # a real cgroup's files go with it
+        (group / name).unlink()
+    (root / "cpuacct" / "p3c1x0h0" / "cpuacct.usage").unlink()
+    for name in ("cpu.cfs_period_us", "cpu.cfs_quota_us"):
+        (root / "cpu" / "p3c1x0h1" / name).unlink()
+    limits.close()
+    assert not group.exists() and not (root / "cpuacct" / "p3c1x0h1").exists()
+
+
+def test_a_wrapped_process_joins_its_group_before_it_runs(tmp_path):
+    root = _fake_v1(tmp_path)
+    limits = cpu_limit.HostCpuLimits(["p3c1x0h0"], cpu_limit.find_hierarchy(root))
+    for d in limits.groups[0].dirs:
+        d.mkdir()
+    # The command prints its own pid: the same process (exec, no fork) wrote it into both controllers' groups.
+    done = subprocess.run(limits.wrap(0, [sys.executable, "-c", "import os; print(os.getpid())"]),
+                          capture_output=True, text=True, timeout=30, check=True)
+    pid = done.stdout.strip()
+    for d in limits.groups[0].dirs:
+        assert (d / "cgroup.procs").read_text().strip() == pid
+    # A group that cannot be joined stops the command before it starts.
+    failed = subprocess.run(cpu_limit.HostCpuLimits(["p3c1x0h9"], limits.hierarchy).wrap(0, ["echo", "ran"]),
+                            capture_output=True, text=True, timeout=30)
+    assert failed.returncode == 125 and "ran" not in failed.stdout
+
+
+def test_stale_groups_of_dead_runners_are_removed(tmp_path):
+    root = _fake_v1(tmp_path)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    for controller in ("cpu", "cpuacct"):
+        (root / controller / f"p3c{dead.pid}x0h0").mkdir()
+        (root / controller / f"p3c{os.getpid()}x0h0").mkdir()  # alive: kept
+    removed = cpu_limit.cleanup_stale(root)
+    assert sorted(removed) == sorted(str(root / c / f"p3c{dead.pid}x0h0") for c in ("cpu", "cpuacct"))
+    assert (root / "cpu" / f"p3c{os.getpid()}x0h0").exists()

@@ -1,0 +1,82 @@
+"""CPU-limited emulated hosts for real (root, cgroups, namespaces): a host's processes and their children are
+held to its quota and accounted, the other host's group sees none of it, and the groups go with the cluster,
+also when the process that made them was killed."""
+
+import pathlib
+import subprocess
+import sys
+import time
+
+import pytest
+from harness import ROOT
+
+from benchmarks.emulation import cpu_limit, emulated_cluster
+
+pytestmark = pytest.mark.system
+
+# Two processes (a parent and the child it forks) burn CPU for `seconds` of wall time; each prints its cpu cgroup.
+BURNER = r"""
+import os, sys, time
+seconds = float(sys.argv[1])
+child = os.fork()
+def cgroup():
+    return next(line.split(":", 2)[2].strip() for line in open("/proc/self/cgroup") if line.split(":")[1] == "cpu")
+end = time.monotonic() + seconds
+while time.monotonic() < end:
+    pass
+print(("child " if child == 0 else "parent ") + cgroup(), flush=True)
+if child:
+    os.waitpid(child, 0)
+"""
+
+
+def _require():
+    reason = emulated_cluster.why_unavailable() or cpu_limit.why_unavailable()
+    if reason:
+        pytest.skip(reason)
+
+
+def test_a_host_is_held_to_its_quota_and_accounted_and_its_groups_go_with_the_cluster():
+    _require()
+    with emulated_cluster.EmulatedCluster(2, "1gbit", cpu_groups=True) as cluster:
+        dirs = [d for g in cluster.cpu.groups for d in g.dirs]
+        assert all(d.is_dir() for d in dirs)
+        cluster.set_cpu_quota(0.2)  # 20 ms of CPU per 100 ms period, for the parent and its child together
+        before = cluster.cpu.usage()
+        start = time.monotonic()
+        done = cluster.run(0, [sys.executable, "-c", BURNER, "1.5"], capture_output=True, text=True, timeout=60,
+                           check=True)
+        wall = time.monotonic() - start
+        used = [a - b for a, b in zip(cluster.cpu.usage(), before)]
+        name = cluster.cpu.groups[0].name
+        assert sorted(done.stdout.split()) == sorted(["parent", f"/{name}", "child", f"/{name}"]), done.stdout
+        # Two busy processes would use 2 x 1.5 s of CPU unlimited; the quota allows 0.2 cores over the wall time,
+        # plus the quota of the period under way at each end (20 ms each) and the kernel's per-CPU runtime slices
+        # (5 ms per CPU) handed out ahead.
+        assert 0.1 < used[0].cpu_s <= 0.2 * wall + 0.06, (used[0], wall)
+        assert used[0].throttled_s > 0.5 and used[0].throttled_periods >= 5, used[0]
+        assert used[1].cpu_s < 0.05 and used[1].throttled_periods == 0, used[1]
+        # A process still running at teardown is ended with its group.
+        sleeper = cluster.popen(1, ["sleep", "600"])
+        deadline = time.monotonic() + 10
+        while sleeper.pid not in cluster.cpu.groups[1].pids() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sleeper.pid in cluster.cpu.groups[1].pids()
+    assert sleeper.wait(timeout=10) != 0
+    assert not any(d.exists() for d in dirs)
+
+
+def test_groups_of_a_killed_runner_are_removed_by_the_next_cleanup():
+    _require()
+    code = ("import sys, time; sys.path.insert(0, sys.argv[1]); import benchmarks.emulation.emulated_cluster as e; "
+            "c = e.EmulatedCluster(2, cpu_groups=True).start(); print(c.name, flush=True); time.sleep(600)")
+    child = subprocess.Popen([sys.executable, "-c", code, ROOT], stdout=subprocess.PIPE, text=True)
+    name = child.stdout.readline().strip()
+    child.kill()
+    child.wait()
+    hierarchy = cpu_limit.find_hierarchy()
+    left = [d for i in range(2) for d in hierarchy.dirs(f"{name}h{i}")]
+    assert left and all(pathlib.Path(d).is_dir() for d in left)
+    removed = emulated_cluster.cleanup_stale()
+    assert {str(d) for d in left} <= set(removed)
+    assert not any(d.exists() for d in left)

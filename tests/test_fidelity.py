@@ -1,0 +1,110 @@
+"""The fidelity verdict's rules and the network counters it reads, from captured text: `tc -s qdisc show` of a
+host and of the bridge, /proc/net/snmp, and the workers' virtual-GPU fields."""
+
+import pytest
+
+from benchmarks.emulation import fidelity, net_counters
+from benchmarks.emulation.cpu_limit import CpuUsage
+from benchmarks.emulation.net_counters import HostNet
+
+pytestmark = pytest.mark.unit
+
+HOST_TC = """qdisc tbf 8001: root refcnt 2 rate 200Mbit burst 262144b lat 50ms
+ Sent 48213340 bytes 8021 pkt (dropped 17, overlimits 3120 requeues 0)
+ backlog 0b 0p requeues 0
+"""
+BRIDGE_TC = """qdisc noqueue 0: dev lo root refcnt 2
+ Sent 0 bytes 0 pkt (dropped 0, overlimits 0 requeues 0)
+ backlog 0b 0p requeues 0
+qdisc noqueue 0: dev br0 root refcnt 2
+ Sent 0 bytes 0 pkt (dropped 0, overlimits 0 requeues 0)
+ backlog 0b 0p requeues 0
+qdisc tbf 8002: dev h0 root refcnt 2 rate 200Mbit burst 262144b lat 50ms
+ Sent 1000 bytes 10 pkt (dropped 4, overlimits 9 requeues 0)
+ backlog 0b 0p requeues 0
+qdisc tbf 8004: dev h1 root refcnt 2 rate 200Mbit burst 262144b lat 50ms
+ Sent 2000 bytes 20 pkt (dropped 0, overlimits 1 requeues 0)
+ backlog 0b 0p requeues 0
+"""
+SNMP = """Ip: Forwarding DefaultTTL InReceives
+Ip: 1 64 12345
+Tcp: RtoAlgorithm RtoMin RtoMax MaxConn ActiveOpens PassiveOpens AttemptFails EstabResets CurrEstab InSegs \
+OutSegs RetransSegs InErrs OutRsts InCsumErrors
+Tcp: 1 200 120000 -1 6 6 0 0 4 9000 10000 250 0 2 0
+Udp: InDatagrams NoPorts
+Udp: 0 0
+"""
+
+
+def test_qdisc_drops_per_device_with_and_without_dev_in_the_line():
+    assert net_counters.parse_qdisc_drops(HOST_TC) == {"": 17}
+    assert net_counters.parse_qdisc_drops(BRIDGE_TC) == {"lo": 0, "br0": 0, "h0": 4, "h1": 0}
+
+
+def test_snmp_tcp_counters():
+    tcp = net_counters.parse_snmp_tcp(SNMP)
+    assert (tcp["RetransSegs"], tcp["OutSegs"], tcp["RtoMin"]) == (250, 10000, 200)
+    assert net_counters.parse_snmp_tcp("Ip: a\nIp: 1\n") == {}
+
+
+def test_a_host_reads_both_ends_of_its_link_and_its_tcp():
+    text = HOST_TC + "@@snmp@@\n" + SNMP
+    bridge = net_counters.parse_qdisc_drops(BRIDGE_TC)
+    assert net_counters.host_counters(text, bridge, 0) == HostNet(17, 4, 250, 10000)
+    assert net_counters.host_counters(text, bridge, 1).drops == 17
+
+
+def test_a_run_counts_the_difference_and_a_reset_qdisc_from_zero():
+    before, after = HostNet(10, 5, 100, 1000), HostNet(12, 2, 130, 3000)  # the ingress qdisc was replaced
+    assert after.since(before) == HostNet(2, 2, 30, 2000)
+    assert net_counters.difference([after], [before]) == [HostNet(2, 2, 30, 2000)]
+
+
+def _judge(**overrides):
+    settings = dict(cpu_window=[CpuUsage(5.0, 0.1, 100, 2), CpuUsage(5.0, 0.2, 100, 4)], window_s=10.0, limited=True,
+                    ranks=[{"vgpu_late_max_us": 120.0, "vgpu_forgiven_us_per_iter": 900.0}], median_iter_s=0.5,
+                    net=[HostNet(0, 0, 5, 10000)], sampling_cpu_s=0.5, wall_s=20.0, headroom_cores=0.2)
+    settings.update(overrides)
+    return fidelity.judge(**settings)
+
+
+def test_a_run_within_every_threshold_is_faithful_with_no_notes():
+    verdict = _judge()
+    assert verdict.faithful and verdict.notes == ()
+
+
+def test_a_host_throttled_beyond_the_share_fails_the_run_with_its_numbers():
+    verdict = _judge(cpu_window=[CpuUsage(5.0, 0.1, 100, 2), CpuUsage(5.0, 0.8, 100, 40)])
+    assert not verdict.faithful
+    assert verdict.text() == "cpu: host 1 throttled 8.0% of the timed window (0.80 of 10.00 s, limit 5%)"
+    assert _judge(cpu_window=[CpuUsage(5.0, 0.5, 100, 40)]).faithful  # 5.0% exactly: within
+
+
+def test_runs_without_cpu_limits_or_a_window_are_not_faithful():
+    off = _judge(limited=False)
+    assert not off.faithful and "not limited (--no-cpu-limit" in off.text()
+    assert not _judge(cpu_window=None).faithful
+
+
+def test_the_virtual_gpu_late_or_forgiving_too_much_fails_and_absent_is_not_measured():
+    late = _judge(ranks=[{"vgpu_late_max_us": 100.0}, {"vgpu_late_max_us": 2500.0}])
+    assert not late.faithful and "2500 us late (limit 1000 us)" in late.text()
+    forgiving = _judge(ranks=[{"vgpu_forgiven_us_per_iter": 6000.0}])  # 6 ms of a 0.5 s iteration: 1.2%
+    assert not forgiving.faithful and "1.20% of the median iteration (limit 1%)" in forgiving.text()
+    absent = _judge(ranks=[{"rank": 0}])
+    assert absent.faithful and absent.notes == ("vgpu: not measured",)
+
+
+def test_drops_and_retransmissions_are_flagged_never_failed():
+    verdict = _judge(net=[HostNet(3, 4, 20, 1000), HostNet(0, 0, 0, 1000)])
+    assert verdict.faithful
+    assert verdict.notes == ("network: 7 packets dropped by the link queues",
+                             "network: host 0 retransmitted 2.00% of its segments (20 of 1000)")
+    assert _judge(net=None).notes == ("network: not measured",)
+
+
+def test_monitors_beyond_the_headroom_flag_the_run_as_perturbed():
+    verdict = _judge(sampling_cpu_s=6.0)  # 0.3 cores against 0.2 left beside the quotas
+    assert verdict.faithful
+    assert verdict.notes == ("sampling: perturbed, the monitors used 0.300 cores (headroom 0.200)",)
+    assert "perturbed" in _judge(limited=False, headroom_cores=None, sampling_cpu_s=2.0).text()  # 0.1 > 0.05

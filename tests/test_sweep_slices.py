@@ -1,0 +1,62 @@
+"""Long sweeps in slices that fit an idle window (benchmarks/suites/sweep_slices.py, `sweeps.py --slice K/N`,
+`sweeps.py estimate --window H`): slices are whole comparisons, cover the sweep exactly once, keep their
+interleaved order, are the same in every invocation, and the estimate says how many fit the window."""
+
+import pytest
+
+from benchmarks.suites import sweep_slices, sweeps
+
+pytestmark = pytest.mark.unit
+
+
+def _seconds(points):
+    return 60.0 * sum(p.iters for p in points)
+
+
+def test_parse_names_the_slice_or_the_problem():
+    assert sweep_slices.parse("2/5") == (2, 5)
+    for bad in ("0/3", "4/3", "2", "a/b", "1/0"):
+        with pytest.raises(ValueError, match="K/N"):
+            sweep_slices.parse(bad)
+    with pytest.raises(SystemExit):
+        sweeps.parse_args(["bandwidth", "--slice", "3/2"])
+
+
+def test_slices_are_whole_comparisons_that_cover_the_sweep_once():
+    args = sweeps.parse_args(["bandwidth"])
+    points = sweeps.sweep_points("bandwidth", args)
+    assert len(points) == 4 * 6 * 4 * 3  # models x points x systems x repeats
+    parts = [sweep_slices.select(points, k, 5, _seconds) for k in range(1, 6)]
+    assert sorted(map(id, [p for part in parts for p in part])) == sorted(map(id, points))  # each run once
+    for part in parts:
+        assert part and part == [p for p in points if p in part]  # the interleaved order is kept
+        for p in part:  # every system and repeat of a comparison is in the same slice
+            assert all(q in part for q in points if q.group() == p.group())
+    costs = [_seconds(part) for part in parts]
+    assert max(costs) <= 1.5 * sum(costs) / 5  # about equal
+    again = sweeps.sweep_points("bandwidth", sweeps.parse_args(["bandwidth", "--resume"]))
+    assert [p.group() for p in sweep_slices.select(again, 2, 5, _seconds)] == [p.group() for p in parts[1]]
+
+
+def test_the_fewest_slices_that_fit_the_window():
+    points = sweeps.sweep_points("bandwidth", sweeps.parse_args(["bandwidth"]))
+    total = _seconds(points)
+    n, longest = sweep_slices.slices_for(points, total / 3.5, _seconds)
+    assert n >= 4 and longest <= total / 3.5
+    assert sweep_slices.slices_for(points, total * 2, _seconds) == (1, total)
+    groups = len(sweep_slices.by_comparison(points))
+    n, longest = sweep_slices.slices_for(points, 1.0, _seconds)  # no comparison fits: one per comparison
+    assert n == groups and longest > 1.0
+    assert sweep_slices.slices_for([], 1.0, _seconds) == (0, 0.0)
+
+
+def test_estimate_prints_each_sweeps_slices_for_the_window(tmp_path, capsys):
+    assert sweeps.main(["estimate", "--window", "2", "--results-dir", str(tmp_path / "sweeps")]) == 0
+    out = capsys.readouterr().out
+    assert "Slices of at most 2 h" in out
+    plan = {line.split()[0]: line for line in out.splitlines() if " N = " in line}
+    assert set(plan) == set(sweeps.ALL)
+    rows, _ = sweeps.estimates(sweeps.parse_args(["estimate"]), tmp_path / "sweeps")
+    for name, full, _ in rows:  # a sweep longer than the window needs more than one slice
+        n = int(plan[name].split("N =")[1].split()[0])
+        assert (n > 1) == (full > 2 * 3600) or "longer than the window" in plan[name], plan[name]
