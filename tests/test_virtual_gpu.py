@@ -58,11 +58,12 @@ def test_rows_say_where_each_system_updates():
 def test_device_fields_are_per_timed_iteration():
     stats = {"slack_us": 50.0, "forgiven_us": 900.0, "forgiven_gaps": 30, "idle_us": 3000.0, "idle_gaps": 3,
              "started": 99, "completed": 99, "late_max_us": 12.34, "dispatch_absorbed_us": 600.0,
-             "dispatch_max_us": 80.0}
+             "dispatch_max_us": 80.0, "wake_late_max_us": 5.0, "callback_max_us": 9.0}
     fields = cluster_worker.device_fields(stats, 3)
     assert fields == {"vgpu_slack_us": 50.0, "vgpu_forgiven_us_per_iter": 300.0, "vgpu_forgiven_gaps_per_iter": 10.0,
                       "vgpu_idle_us_per_iter": 1000.0, "vgpu_dispatch_absorbed_us_per_iter": 200.0,
-                      "vgpu_dispatch_max_us": 80.0, "vgpu_late_max_us": 12.3}
+                      "vgpu_dispatch_max_us": 80.0, "vgpu_late_max_us": 12.3, "vgpu_wake_late_max_us": 5.0,
+                      "vgpu_callback_max_us": 9.0}
     assert set(cluster_worker.device_fields(None, 3).values()) == {None}  # real compute: no virtual GPU
 
 
@@ -194,3 +195,16 @@ def test_a_mxnet_p3_job_updates_on_the_virtual_gpu_and_its_result_says_so(tmp_pa
     assert min(result["iter_s"]) >= result["compute_s"] + result["update_s"] - 0.02, result["iter_s"]
     assert result["vgpu_forgiven_us_per_iter"] == 0 and result["vgpu_slack_us"] == 50
     assert result["vgpu_late_max_us"] >= 0 and result["vgpu_dispatch_absorbed_us_per_iter"] >= 0
+
+
+@pytest.mark.mxnet
+def test_the_timer_thread_runs_as_a_gpu_real_time_where_allowed():
+    import os
+
+    model = emulated_compute.EmulatedModel(_toy(), 1, emulated_compute.Profile("p100", SCALE))
+    tid = model.timer_tid
+    assert tid > 0 and os.path.isdir(f"/proc/self/task/{tid}")  # a thread of this process
+    said = emulated_compute.run_timer_as_gpu(tid)
+    # It says what it did: real-time exactly when the kernel agreed (root here; EPERM named otherwise).
+    assert said.startswith("real-time") == (os.sched_getscheduler(tid) == os.SCHED_FIFO), said
+    assert said.startswith("real-time") or "not real-time (" in said

@@ -151,6 +151,7 @@ class EmulatedTraining:
         # the kvstore (pulled over the network).
         self.model = emulated_compute.EmulatedModel(description, args.batch_size, profile, args.vgpu_slack_us,
                                                     weights_from_device=self.update_on_gpu or mode == "horovod")
+        self.vgpu_timer = emulated_compute.run_timer_as_gpu(self.model.timer_tid)
         self.samples = args.batch_size * int(description.get("tokens_per_sample", 1))
         self.unit = description.get("sample_unit", "images")
         self.compute_s = self.model.compute_seconds
@@ -247,6 +248,7 @@ class RealTraining:
         device = "GPU" if self.batch[0].context.device_type == "gpu" else "CPU"
         self.update_placement = update_placement(args.optimizer, mode, args.compute, device=device)
         self.update_s = 0.0  # real work: inside the measured iteration, not modelled
+        self.vgpu_timer = None  # no virtual GPU
         self.batch_size = args.batch_size
 
     def _compute_only_seconds(self) -> float:
@@ -283,15 +285,17 @@ class RealTraining:
 
 
 DEVICE_FIELDS = ("vgpu_slack_us", "vgpu_forgiven_us_per_iter", "vgpu_forgiven_gaps_per_iter", "vgpu_idle_us_per_iter",
-                 "vgpu_dispatch_absorbed_us_per_iter", "vgpu_dispatch_max_us", "vgpu_late_max_us")
+                 "vgpu_dispatch_absorbed_us_per_iter", "vgpu_dispatch_max_us", "vgpu_late_max_us",
+                 "vgpu_wake_late_max_us", "vgpu_callback_max_us")
 
 
 def device_fields(stats: dict | None, iterations: int) -> dict:
     """The virtual GPU's fidelity fields of a rank's JSON (None without one), per timed iteration: the gaps the
     slack forgave (µs and count; 0 where every operation is chained, as EmulatedModel's are), the device's idle
     time (waiting for the network), the engine's dispatch latency absorbed by chaining and its largest single
-    value, and the latest completion past its due time (the timer thread woken late: the one delay that reaches
-    the network, since a late completion releases its gradient late)."""
+    value, and the latest completion past its due time (the one delay that reaches the network, since a late
+    completion releases its gradient late), split into the timer's own late wake-up and the longest completion
+    callback (the engine's, which holds back the completions due behind it)."""
     if stats is None or not iterations:
         return dict.fromkeys(DEVICE_FIELDS)
     return {"vgpu_slack_us": stats["slack_us"],
@@ -300,7 +304,9 @@ def device_fields(stats: dict | None, iterations: int) -> dict:
             "vgpu_idle_us_per_iter": round(stats["idle_us"] / iterations, 1),
             "vgpu_dispatch_absorbed_us_per_iter": round(stats["dispatch_absorbed_us"] / iterations, 1),
             "vgpu_dispatch_max_us": round(stats["dispatch_max_us"], 1),
-            "vgpu_late_max_us": round(stats["late_max_us"], 1)}
+            "vgpu_late_max_us": round(stats["late_max_us"], 1),
+            "vgpu_wake_late_max_us": round(stats["wake_late_max_us"], 1),
+            "vgpu_callback_max_us": round(stats["callback_max_us"], 1)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -356,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"rank": rank, "num_workers": num_workers, "mode": mode, "model": args.model,
               "optimizer": optimizer_label(args.optimizer, num_workers), "update_on": training.update_on,
               "update_placement": training.update_placement, "update_s": training.update_s,
+              "vgpu_timer": training.vgpu_timer,
               **device_fields(device, len(times)),
               "compute": args.compute, "batch_size": args.batch_size, "samples_per_batch": training.samples,
               "unit": training.unit, "compute_s": training.compute_s, "iter_s": times,

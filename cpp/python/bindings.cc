@@ -390,6 +390,8 @@ PYBIND11_MODULE(_p3, m) {
         }
         b.slack = slack;
       }, "The virtual device's dispatch slack in microseconds (cpp/src/device_clock.h); before the first use")
+      .def("emulation_timer_tid", [](PyEngineBridge& b) { return b.Emulated().stream().timer_tid(); },
+           "The Linux thread id of the virtual device's timer thread (it stands for the GPU)")
       .def("emulation_stats", [](PyEngineBridge& b, bool reset) {
         p3::VirtualStream& stream = b.Emulated().stream();
         const p3::DeviceClock::Stats st = stream.stats();
@@ -403,6 +405,8 @@ PYBIND11_MODULE(_p3, m) {
         d["started"] = st.started;
         d["completed"] = st.completed;
         d["late_max_us"] = Microseconds(st.late_max);
+        d["wake_late_max_us"] = Microseconds(st.wake_late_max);
+        d["callback_max_us"] = Microseconds(st.callback_max);
         d["dispatch_absorbed_us"] = Microseconds(st.dispatch_absorbed);
         d["dispatch_max_us"] = Microseconds(st.dispatch_max);
         return d;

@@ -43,9 +43,13 @@ DeviceClock::Clock::time_point DeviceClock::StartChained(Clock::time_point issue
   return end_;
 }
 
-void DeviceClock::Completed(Clock::time_point deadline, Clock::time_point now) {
+void DeviceClock::Completed(Clock::time_point deadline, Clock::time_point now, bool after_wake) {
   ++stats_.completed;
-  if (now > deadline) stats_.late_max = std::max(stats_.late_max, now - deadline);
+  if (now <= deadline) return;
+  stats_.late_max = std::max(stats_.late_max, now - deadline);
+  if (after_wake) stats_.wake_late_max = std::max(stats_.wake_late_max, now - deadline);
 }
+
+void DeviceClock::CallbackTook(Clock::duration took) { stats_.callback_max = std::max(stats_.callback_max, took); }
 
 }  // namespace p3

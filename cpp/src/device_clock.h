@@ -36,7 +36,9 @@ class DeviceClock {
     Clock::duration dispatch_max{};       // the largest of those (a starved engine thread shows here)
     uint64_t started = 0;         // items started
     uint64_t completed = 0;       // items completed (Completed calls)
-    Clock::duration late_max{};   // the largest delay of a completion past its due time (a late timer)
+    Clock::duration late_max{};   // the largest delay of a completion past its due time (the timer's doing)
+    Clock::duration wake_late_max{};  // of those, completions run right after the timer woke: a late wake-up
+    Clock::duration callback_max{};   // the longest completion callback (the engine's, blocking the next ones)
   };
 
   explicit DeviceClock(Clock::duration slack = kDefaultSlack) : slack_(slack) {}
@@ -46,8 +48,11 @@ class DeviceClock {
   Clock::time_point Start(Clock::time_point now, Clock::duration duration);
   // A chained item, issued by the host at `issued`, arrives at `now`: returns its due time.
   Clock::time_point StartChained(Clock::time_point issued, Clock::time_point now, Clock::duration duration);
-  // The item due at `deadline` completed at `now` (a completion run early, at shutdown, is not late).
-  void Completed(Clock::time_point deadline, Clock::time_point now);
+  // The item due at `deadline` completed at `now` (a completion run early, at shutdown, is not late);
+  // `after_wake`: the first completion after the timer slept (its lateness is the wake-up's).
+  void Completed(Clock::time_point deadline, Clock::time_point now, bool after_wake = false);
+  // A completion callback took `took`: the items due meanwhile complete that much later.
+  void CallbackTook(Clock::duration took);
 
   const Stats& stats() const { return stats_; }
   void ResetStats() { stats_ = Stats{}; }

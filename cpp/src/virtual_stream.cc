@@ -1,14 +1,21 @@
 #include "virtual_stream.h"
 
+#include <algorithm>
 #include <utility>
 
 #ifdef __linux__
 #include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 namespace p3 {
 
-VirtualStream::VirtualStream(Clock::duration slack) : slack_(slack), clock_(slack), thread_([this] { Loop(); }) {}
+VirtualStream::VirtualStream(Clock::duration slack) : slack_(slack), clock_(slack), thread_([this] { Loop(); }) {
+  std::unique_lock<std::mutex> lock(mu_);
+  // The thread publishes its id at once; the timeout only guards against a thread that never starts.
+  cv_.wait_for(lock, std::chrono::seconds(5), [this] { return timer_tid_ != 0; });
+}
 
 VirtualStream::~VirtualStream() {
   {
@@ -36,7 +43,7 @@ void VirtualStream::RunChained(Clock::time_point issued, Clock::duration duratio
 }
 
 void VirtualStream::Push(Clock::time_point deadline, std::function<void()> done) {
-  due_.push(Item{deadline, seq_++, std::move(done)});
+  due_.push(Item{deadline, seq_++, std::move(done), std::max(deadline, Clock::now())});
 }
 
 DeviceClock::Stats VirtualStream::stats() {
@@ -56,23 +63,36 @@ void VirtualStream::Loop() {
   prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
 #endif
   std::unique_lock<std::mutex> lock(mu_);
+#ifdef __linux__
+  timer_tid_ = static_cast<int>(syscall(SYS_gettid));
+#else
+  timer_tid_ = -1;
+#endif
+  cv_.notify_all();
+  bool woke = false;  // the next completion is the first since the timer slept
   for (;;) {
     if (due_.empty()) {
       if (stop_) return;
       cv_.wait(lock);
+      woke = true;
       continue;
     }
     const Clock::time_point deadline = due_.top().deadline;
     if (!stop_ && Clock::now() < deadline) {
       cv_.wait_until(lock, deadline);
+      woke = true;
       continue;
     }
-    clock_.Completed(deadline, Clock::now());
+    clock_.Completed(due_.top().due, Clock::now(), woke);
+    woke = false;
     std::function<void()> done = std::move(const_cast<Item&>(due_.top()).done);
     due_.pop();
     lock.unlock();
+    const Clock::time_point start = Clock::now();
     done();  // outside the lock: a completion may queue the next item
+    const Clock::duration took = Clock::now() - start;
     lock.lock();
+    clock_.CallbackTook(took);
   }
 }
 

@@ -38,12 +38,18 @@ class VirtualStream {
   DeviceClock::Stats stats();
   void ResetStats();
   Clock::duration slack() const { return slack_; }
+  // The timer thread's Linux thread id (0 elsewhere): the thread that stands for the GPU, which a benchmark may
+  // exempt from the emulated host's CPU limit and give a real-time priority, as a GPU runs beside the host's CPU.
+  int timer_tid() const { return timer_tid_; }
 
  private:
   struct Item {
     Clock::time_point deadline;
     uint64_t seq;
     std::function<void()> done;
+    // When the timer owes the completion: its deadline, or when it was queued if that is later (an item
+    // dispatched after its deadline, the engine being behind, is the engine's lateness: dispatch_max).
+    Clock::time_point due;
     bool operator>(const Item& o) const { return deadline != o.deadline ? deadline > o.deadline : seq > o.seq; }
   };
   void Push(Clock::time_point deadline, std::function<void()> done);  // with mu_ held
@@ -56,6 +62,7 @@ class VirtualStream {
   DeviceClock clock_;
   uint64_t seq_ = 0;
   bool stop_ = false;
+  int timer_tid_ = 0;  // set by the timer thread before the constructor returns
   std::thread thread_;
 };
 

@@ -81,10 +81,16 @@ void LateCompletionsAndResetAreMeasured() {
   const Clock::time_point d1 = device.Start(t0, milliseconds(1));
   const Clock::time_point d2 = device.Start(t0, milliseconds(1));
   device.Completed(d1, d1 + microseconds(80));
-  device.Completed(d2, d2 - microseconds(500));  // run early (shutdown): not late
+  device.Completed(d2, d2 - microseconds(500), true);  // run early (shutdown): not late
   CHECK(device.stats().completed == 2 && device.stats().late_max == microseconds(80));
+  CHECK(device.stats().wake_late_max == Clock::duration::zero());  // the late one came after a callback
+  device.Completed(d2, d2 + microseconds(30), true);
+  device.CallbackTook(microseconds(70));
+  CHECK(device.stats().wake_late_max == microseconds(30) && device.stats().late_max == microseconds(80));
+  CHECK(device.stats().callback_max == microseconds(70));
   device.ResetStats();
   CHECK(device.stats().completed == 0 && device.stats().late_max == Clock::duration::zero());
+  CHECK(device.stats().callback_max == Clock::duration::zero());
   // The timeline survives a reset: the next item still queues behind the work started before it.
   CHECK(device.Start(t0, milliseconds(1)) == t0 + milliseconds(3));
   CHECK(device.slack() == microseconds(50));
