@@ -3,8 +3,10 @@ with --update, the workers' SGD update of every parameter, as MXNet's P3 and Hor
 interleaved in one process, with the engine settings of the cluster jobs (one CPU worker thread).
 
 Per slack it reports the median iteration time against the device time the profile asks for (forward + backward
-[+ update]): the excess is the engine's dispatch latency that the slack did not forgive, added up over the
-layers; and the gaps the slack forgave (µs and count per iteration), the idle time, the latest completion.
+[+ update]), the gaps the slack forgave (µs and count per iteration), the idle time, the engine's dispatch latency
+absorbed by chaining, and the latest completion. EmulatedModel's operations are all chained
+(benchmarks/emulation/emulated_compute.py), so the slack should change nothing and the excess should be ~0: an
+excess is engine latency that still reaches the device's timeline (e.g. an arrival marker dispatched late).
 
     python -m benchmarks.emulation.vgpu_slack --model resnet50_v1 --gpu-scale 0.2 --slack-us 1000 50 --iters 10
 """
