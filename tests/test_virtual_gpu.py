@@ -62,7 +62,7 @@ def test_device_fields_are_per_timed_iteration():
     fields = cluster_worker.device_fields(stats, 3)
     assert fields == {"vgpu_slack_us": 50.0, "vgpu_forgiven_us_per_iter": 300.0, "vgpu_forgiven_gaps_per_iter": 10.0,
                       "vgpu_idle_us_per_iter": 1000.0, "vgpu_dispatch_absorbed_us_per_iter": 200.0,
-                      "vgpu_dispatch_max_us": 80.0, "vgpu_late_max_us": 12.3, "vgpu_wake_late_max_us": 5.0,
+                      "vgpu_dispatch_max_us": 80.0, "vgpu_late_max_us": 5.0, "vgpu_completion_late_max_us": 12.3,
                       "vgpu_callback_max_us": 9.0}
     assert set(cluster_worker.device_fields(None, 3).values()) == {None}  # real compute: no virtual GPU
 
