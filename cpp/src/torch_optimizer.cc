@@ -25,6 +25,21 @@
 #include <cmath>
 #include <string>
 
+// The compiler may fuse nothing on its own: an FMA where torch has none changes the last bit. (Builds without
+// -mfma cannot fuse anyway; the FMA clones below could.)
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+#if defined(__GNUC__) && defined(__x86_64__)
+// Each kernel is also compiled for AVX2+FMA, chosen at run time: std::fma is then one instruction and the loops
+// vectorise (same bits: every operation is still IEEE-rounded once, as in the portable build, where std::fma
+// calls the C library's fma).
+#define P3_TORCH_FMA_CLONES 1
+#define P3_INLINE inline __attribute__((always_inline))
+#else
+#define P3_INLINE inline
+#endif
+
 namespace p3 {
 namespace {
 
@@ -38,13 +53,13 @@ double OneMinusProduct(double a, double b) {
 // torch's lerp (ATen's Lerp.h): the formula depends on whether the weight is small; both vectorized and
 // scalar paths are one FMA.
 template <class C>
-inline C Lerp(C self, C end, C weight) {
+P3_INLINE C Lerp(C self, C end, C weight) {
   return std::fabs(weight) < C(0.5) ? std::fma(weight, end - self, self) : std::fma(weight - C(1), end - self, end);
 }
 
 // torch.maximum: NaN if either is NaN.
 template <class C>
-inline C Maximum(C a, C b) {
+P3_INLINE C Maximum(C a, C b) {
   if (std::isnan(a) || std::isnan(b)) return a + b;
   return a > b ? a : b;
 }
@@ -57,7 +72,7 @@ struct GradPrep {
   GradPrep(const OptimizerSpec& sp, const StepParams& st)
       : rescale(st.rescale_grad != 1.0), clip(st.clip_gradient >= 0), negate(sp.maximize),
         scale(static_cast<C>(st.rescale_grad)), bound(static_cast<C>(st.clip_gradient)) {}
-  inline C operator()(C g) const {
+  P3_INLINE C operator()(C g) const {
     if (rescale) g = g * scale;
     if (clip) g = g < -bound ? -bound : (g > bound ? bound : g);
     return negate ? -g : g;
@@ -67,7 +82,7 @@ struct GradPrep {
 // _single_tensor_sgd: grad (+ wd * param), buffer = grad at first, then buf * momentum + (1 - dampening) * grad;
 // nesterov: grad + momentum * buf; param + (-lr) * grad.
 template <class C>
-void Sgd(const OptimizerSpec& sp, const StepParams& st, C* __restrict w, const C* __restrict g, C* __restrict buf,
+P3_INLINE void Sgd(const OptimizerSpec& sp, const StepParams& st, C* __restrict w, const C* __restrict g, C* __restrict buf,
          uint64_t n) {
   const GradPrep<C> prep(sp, st);
   const bool decay = st.wd != 0, mom = sp.momentum != 0, first = st.t <= 1, nesterov = sp.nesterov;
@@ -88,7 +103,7 @@ void Sgd(const OptimizerSpec& sp, const StepParams& st, C* __restrict w, const C
 
 // _single_tensor_adam with capturable=False: the step's scalars are Python floats.
 template <class C>
-void Adam(const OptimizerSpec& sp, const StepParams& st, C* __restrict w, const C* __restrict g,
+P3_INLINE void Adam(const OptimizerSpec& sp, const StepParams& st, C* __restrict w, const C* __restrict g,
           C* __restrict exp_avg, C* __restrict exp_avg_sq, C* __restrict max_sq, uint64_t n) {
   const GradPrep<C> prep(sp, st);
   const TorchAdamScalars sc = TorchAdamStepScalars(sp, st);
@@ -122,13 +137,45 @@ void Adam(const OptimizerSpec& sp, const StepParams& st, C* __restrict w, const 
 }
 
 template <class C>
-void Update(const OptimizerSpec& sp, const StepParams& st, C* w, const C* g, void* const* s, uint64_t n) {
-  auto state = [s](int k) { return static_cast<C*>(s[k]); };
+P3_INLINE void Update(const OptimizerSpec& sp, const StepParams& st, C* w, const C* g, void* const* s, uint64_t n) {
+  C* s0 = TorchNumStates(sp) > 0 ? static_cast<C*>(s[0]) : nullptr;
   if (sp.kind == OptimizerKind::kTorchSgd) {
-    Sgd<C>(sp, st, w, g, sp.momentum != 0 ? state(0) : nullptr, n);
+    Sgd<C>(sp, st, w, g, s0, n);
   } else {
-    Adam<C>(sp, st, w, g, state(0), state(1), sp.amsgrad ? state(2) : nullptr, n);
+    Adam<C>(sp, st, w, g, s0, static_cast<C*>(s[1]), sp.amsgrad ? static_cast<C*>(s[2]) : nullptr, n);
   }
+}
+
+template <class C>
+void UpdatePortable(const OptimizerSpec& sp, const StepParams& st, C* w, const C* g, void* const* s, uint64_t n) {
+  Update<C>(sp, st, w, g, s, n);
+}
+
+#ifdef P3_TORCH_FMA_CLONES
+template <class C>
+__attribute__((target("avx2,fma"))) void UpdateFma(const OptimizerSpec& sp, const StepParams& st, C* w, const C* g,
+                                                   void* const* s, uint64_t n) {
+  Update<C>(sp, st, w, g, s, n);
+}
+
+bool HasFma() {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  }();
+  return has;
+}
+#endif
+
+template <class C>
+void Run(const OptimizerSpec& sp, const StepParams& st, void* w, const void* g, void* const* s, uint64_t n) {
+#ifdef P3_TORCH_FMA_CLONES
+  if (HasFma()) {
+    UpdateFma<C>(sp, st, static_cast<C*>(w), static_cast<const C*>(g), s, n);
+    return;
+  }
+#endif
+  UpdatePortable<C>(sp, st, static_cast<C*>(w), static_cast<const C*>(g), s, n);
 }
 
 }  // namespace
@@ -181,9 +228,9 @@ TorchAdamScalars TorchAdamStepScalars(const OptimizerSpec& spec, const StepParam
 void TorchApplyUpdate(const OptimizerSpec& spec, const StepParams& step, DType dtype, void* weight,
                       const void* grad, void* const* states, uint64_t count) {
   if (dtype == DType::kFloat32) {
-    Update<float>(spec, step, static_cast<float*>(weight), static_cast<const float*>(grad), states, count);
+    Run<float>(spec, step, weight, grad, states, count);
   } else if (dtype == DType::kFloat64) {
-    Update<double>(spec, step, static_cast<double*>(weight), static_cast<const double*>(grad), states, count);
+    Run<double>(spec, step, weight, grad, states, count);
   }
   // CheckTorchOptimizer refuses every other dtype.
 }
