@@ -23,6 +23,7 @@
 #include "torch_optimizer.h"
 
 #include <cmath>
+#include <limits>
 #include <string>
 
 // The compiler may fuse nothing on its own: an FMA where torch has none changes the last bit. (Builds without
@@ -64,85 +65,92 @@ P3_INLINE C Maximum(C a, C b) {
   return a > b ? a : b;
 }
 
-// The gradient as torch's step sees it: rescaled and clipped as the caller asks, negated under maximize.
+// The gradient as torch's step sees it: rescaled and clipped as the caller asks, negated under maximize. Written
+// without branches so that the loops vectorise: a scale of 1 and a clipping bound of +inf change no bit.
 template <class C>
 struct GradPrep {
-  bool rescale, clip, negate;
   C scale, bound;
+  bool negate;
   GradPrep(const OptimizerSpec& sp, const StepParams& st)
-      : rescale(st.rescale_grad != 1.0), clip(st.clip_gradient >= 0), negate(sp.maximize),
-        scale(static_cast<C>(st.rescale_grad)), bound(static_cast<C>(st.clip_gradient)) {}
+      : scale(static_cast<C>(st.rescale_grad)),
+        bound(st.clip_gradient >= 0 ? static_cast<C>(st.clip_gradient) : std::numeric_limits<C>::infinity()),
+        negate(sp.maximize) {}
   P3_INLINE C operator()(C g) const {
-    if (rescale) g = g * scale;
-    if (clip) g = g < -bound ? -bound : (g > bound ? bound : g);
+    g = g * scale;
+    g = g < -bound ? -bound : (g > bound ? bound : g);
     return negate ? -g : g;
   }
 };
 
 // _single_tensor_sgd: grad (+ wd * param), buffer = grad at first, then buf * momentum + (1 - dampening) * grad;
-// nesterov: grad + momentum * buf; param + (-lr) * grad.
-template <class C>
-P3_INLINE void Sgd(const OptimizerSpec& sp, const StepParams& st, C* __restrict w, const C* __restrict g, C* __restrict buf,
-         uint64_t n) {
+// nesterov: grad + momentum * buf; param + (-lr) * grad. Per element both sides of each choice are computed and
+// one is selected (the choices are the same for every element), so the loop vectorises.
+template <class C, bool kMomentum>
+P3_INLINE void Sgd(const OptimizerSpec& sp, const StepParams& st, C* __restrict w, const C* __restrict g,
+                   C* __restrict buf, uint64_t n) {
   const GradPrep<C> prep(sp, st);
-  const bool decay = st.wd != 0, mom = sp.momentum != 0, first = st.t <= 1, nesterov = sp.nesterov;
+  const bool decay = st.wd != 0, first = st.t <= 1, nesterov = sp.nesterov;
   const C wd = static_cast<C>(st.wd), mu = static_cast<C>(sp.momentum);
   const C damp = static_cast<C>(1 - sp.dampening), neglr = static_cast<C>(-st.lr);
   for (uint64_t i = 0; i < n; ++i) {
     C d = prep(g[i]);
-    if (decay) d = std::fma(w[i], wd, d);  // grad.add(param, alpha=wd)
-    if (mom) {
-      C b = d;                                       // first step: grad.detach().clone()
-      if (!first) b = std::fma(d, damp, buf[i] * mu);  // buf.mul_(momentum).add_(grad, alpha=1 - dampening)
+    const C p = w[i];
+    d = decay ? std::fma(p, wd, d) : d;  // grad.add(param, alpha=wd)
+    if (kMomentum) {
+      // First step: grad.detach().clone(); then buf.mul_(momentum).add_(grad, alpha=1 - dampening).
+      const C b = first ? d : std::fma(d, damp, buf[i] * mu);
       buf[i] = b;
-      d = nesterov ? std::fma(b, mu, d) : b;         // grad.add(buf, alpha=momentum)
+      d = nesterov ? std::fma(b, mu, d) : b;  // grad.add(buf, alpha=momentum)
     }
-    w[i] = std::fma(d, neglr, w[i]);  // param.add_(grad, alpha=-lr)
+    w[i] = std::fma(d, neglr, p);  // param.add_(grad, alpha=-lr)
   }
 }
 
 // _single_tensor_adam with capturable=False: the step's scalars are Python floats.
-template <class C>
+template <class C, bool kAmsgrad>
 P3_INLINE void Adam(const OptimizerSpec& sp, const StepParams& st, C* __restrict w, const C* __restrict g,
-          C* __restrict exp_avg, C* __restrict exp_avg_sq, C* __restrict max_sq, uint64_t n) {
+                    C* __restrict exp_avg, C* __restrict exp_avg_sq, C* __restrict max_sq, uint64_t n) {
   const GradPrep<C> prep(sp, st);
   const TorchAdamScalars sc = TorchAdamStepScalars(sp, st);
-  const bool decay = st.wd != 0, decoupled = sp.decoupled_weight_decay, ams = sp.amsgrad;
+  const bool l2 = st.wd != 0 && !sp.decoupled_weight_decay, decoupled = st.wd != 0 && sp.decoupled_weight_decay;
   const C wd = static_cast<C>(st.wd), shrink = static_cast<C>(OneMinusProduct(st.lr, st.wd));
   const C w1 = static_cast<C>(1 - sp.beta1), b2 = static_cast<C>(sp.beta2), w2 = static_cast<C>(1 - sp.beta2);
   const C bc2 = static_cast<C>(sc.bias_correction2_sqrt), eps = static_cast<C>(sp.epsilon);
   const C negstep = static_cast<C>(-sc.step_size);
   for (uint64_t i = 0; i < n; ++i) {
     C d = prep(g[i]);
-    C p = w[i];
-    if (decay) {
-      if (decoupled) {
-        p = p * shrink;  // param.mul_(1 - lr * weight_decay)
-      } else {
-        d = std::fma(p, wd, d);  // grad.add(param, alpha=weight_decay)
-      }
-    }
-    const C m = Lerp(exp_avg[i], d, w1);           // exp_avg.lerp_(grad, 1 - beta1)
+    const C w0 = w[i];
+    const C p = decoupled ? w0 * shrink : w0;  // param.mul_(1 - lr * weight_decay)
+    d = l2 ? std::fma(w0, wd, d) : d;          // grad.add(param, alpha=weight_decay)
+    const C m = Lerp(exp_avg[i], d, w1);                   // exp_avg.lerp_(grad, 1 - beta1)
     const C v = std::fma(w2 * d, d, exp_avg_sq[i] * b2);  // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2)
     exp_avg[i] = m;
     exp_avg_sq[i] = v;
     C s = v;
-    if (ams) {
+    if (kAmsgrad) {
       s = Maximum(max_sq[i], v);  // torch.maximum(max_exp_avg_sq, exp_avg_sq, out=max_exp_avg_sq)
       max_sq[i] = s;
     }
-    const C denom = std::sqrt(s) / bc2 + eps;  // (sqrt() / bias_correction2_sqrt).add_(eps)
-    w[i] = p + (negstep * m) / denom;          // param.addcdiv_(exp_avg, denom, value=-step_size)
+    // (sqrt() / bias_correction2_sqrt).add_(eps). (sqrt's errno keeps this loop scalar: about the speed of
+    // MXNet's adam kernel.)
+    const C denom = std::sqrt(s) / bc2 + eps;
+    w[i] = p + (negstep * m) / denom;  // param.addcdiv_(exp_avg, denom, value=-step_size)
   }
 }
 
 template <class C>
 P3_INLINE void Update(const OptimizerSpec& sp, const StepParams& st, C* w, const C* g, void* const* s, uint64_t n) {
-  C* s0 = TorchNumStates(sp) > 0 ? static_cast<C*>(s[0]) : nullptr;
+  auto state = [s](int k) { return static_cast<C*>(s[k]); };
   if (sp.kind == OptimizerKind::kTorchSgd) {
-    Sgd<C>(sp, st, w, g, s0, n);
+    if (sp.momentum != 0) {
+      Sgd<C, true>(sp, st, w, g, state(0), n);
+    } else {
+      Sgd<C, false>(sp, st, w, g, nullptr, n);
+    }
+  } else if (sp.amsgrad) {
+    Adam<C, true>(sp, st, w, g, state(0), state(1), state(2), n);
   } else {
-    Adam<C>(sp, st, w, g, s0, static_cast<C*>(s[1]), sp.amsgrad ? static_cast<C*>(s[2]) : nullptr, n);
+    Adam<C, false>(sp, st, w, g, state(0), state(1), nullptr, n);
   }
 }
 
