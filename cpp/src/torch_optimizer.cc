@@ -2,7 +2,7 @@
 // kernels, so that a slice updated here holds the bits torch.optim.*(foreach=False) leaves in the same elements
 // of the whole tensor (tests/test_torch_kernels.py compares them bit for bit).
 //
-// How torch rounds (ATen's CPU kernels, float32 and float64 tensors):
+// How torch rounds (ATen's CPU kernels, float32 and float64 tensors; float16: see HalfSgd's comment):
 // - a Python float passed to an operator becomes the tensor's element type before the operator runs
 //   (Scalar::to<scalar_t>, or a wrapped 0-dim double tensor cast by TensorIterator), so every scalar below is
 //   the double torch's Python computes, cast to C once;
@@ -12,6 +12,9 @@
 // - addcdiv is self + (value * t1) / t2: a quotient added, never fused;
 // - what torch's Python computes per step (bias corrections, step size, 1 - lr * wd) is double arithmetic in
 //   Python's order, computed here from StepParams (TorchAdamStepScalars).
+// One exception keeps Adam/AdamW from torch's bits on float32/float64: torch's CPU sqrt is MKL's vector sqrt
+// (VML, high accuracy), not IEEE-rounded (about 17% of float32 results 1 ulp off); here std::sqrt (IEEE).
+// tests/test_torch_kernels.py shows that this is the only difference, and bounds its effect.
 //
 // StepParams for the torch kinds:
 //   lr, wd: the param group's lr and weight_decay (Python floats);
@@ -23,8 +26,10 @@
 #include "torch_optimizer.h"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
+#include <type_traits>
 
 // The compiler may fuse nothing on its own: an FMA where torch has none changes the last bit. (Builds without
 // -mfma cannot fuse anyway; the FMA clones below could.)
@@ -51,6 +56,15 @@ double OneMinusProduct(double a, double b) {
   return 1.0 - p;
 }
 
+template <class C>
+C AllOnesNaN() {
+  using Bits = std::conditional_t<sizeof(C) == 4, uint32_t, uint64_t>;
+  const Bits ones = ~Bits(0);
+  C out;
+  std::memcpy(&out, &ones, sizeof out);
+  return out;
+}
+
 // torch's lerp (ATen's Lerp.h): the formula depends on whether the weight is small; both vectorized and
 // scalar paths are one FMA.
 template <class C>
@@ -58,11 +72,10 @@ P3_INLINE C Lerp(C self, C end, C weight) {
   return std::fabs(weight) < C(0.5) ? std::fma(weight, end - self, self) : std::fma(weight - C(1), end - self, end);
 }
 
-// torch.maximum: NaN if either is NaN.
+// torch.maximum as its vectorized kernel computes it: the larger, or if either is NaN, the NaN with every bit set.
 template <class C>
 P3_INLINE C Maximum(C a, C b) {
-  if (std::isnan(a) || std::isnan(b)) return a + b;
-  return a > b ? a : b;
+  return std::isnan(a) || std::isnan(b) ? AllOnesNaN<C>() : (a > b ? a : b);
 }
 
 // The gradient as torch's step sees it: rescaled and clipped as the caller asks, negated under maximize. Written
@@ -186,15 +199,93 @@ void Run(const OptimizerSpec& sp, const StepParams& st, void* w, const void* g, 
   UpdatePortable<C>(sp, st, static_cast<C*>(w), static_cast<const C*>(g), s, n);
 }
 
+// float16 weights: torch keeps float16 states (no float32 copy) and every torch operation computes in float and
+// rounds its result to float16. Scalars: add's alpha, and a Python number added (eps), are cast to float16
+// first (Scalar::to<Half>, through float); mul, div, lerp, addcmul and addcdiv keep theirs in float (opmath).
+inline float H(float x) { return HalfToFloat(FloatToHalf(x)); }
+inline float HalfScalar(double x) { return H(static_cast<float>(x)); }
+
+struct HalfGradPrep {
+  float scale, bound;
+  bool negate;
+  HalfGradPrep(const OptimizerSpec& sp, const StepParams& st)
+      : scale(static_cast<float>(st.rescale_grad)),
+        bound(st.clip_gradient >= 0 ? H(static_cast<float>(st.clip_gradient)) : std::numeric_limits<float>::infinity()),
+        negate(sp.maximize) {}
+  float operator()(uint16_t raw) const {
+    float g = H(HalfToFloat(raw) * scale);
+    g = g < -bound ? -bound : (g > bound ? bound : g);
+    return negate ? -g : g;
+  }
+};
+
+void HalfSgd(const OptimizerSpec& sp, const StepParams& st, uint16_t* w, const uint16_t* g, uint16_t* buf,
+             uint64_t n) {
+  const HalfGradPrep prep(sp, st);
+  const bool decay = st.wd != 0, mom = sp.momentum != 0, first = st.t <= 1, nesterov = sp.nesterov;
+  const float wd = HalfScalar(st.wd), mu = static_cast<float>(sp.momentum), mu_alpha = HalfScalar(sp.momentum);
+  const float damp = HalfScalar(1 - sp.dampening), neglr = HalfScalar(-st.lr);
+  for (uint64_t i = 0; i < n; ++i) {
+    float d = prep(g[i]);
+    const float p = HalfToFloat(w[i]);
+    if (decay) d = H(std::fma(p, wd, d));
+    if (mom) {
+      const float b = first ? d : H(std::fma(d, damp, H(HalfToFloat(buf[i]) * mu)));
+      buf[i] = FloatToHalf(b);
+      d = nesterov ? H(std::fma(b, mu_alpha, d)) : b;
+    }
+    w[i] = FloatToHalf(std::fma(d, neglr, p));
+  }
+}
+
+void HalfAdam(const OptimizerSpec& sp, const StepParams& st, uint16_t* w, const uint16_t* g, uint16_t* exp_avg,
+              uint16_t* exp_avg_sq, uint16_t* max_sq, uint64_t n) {
+  const HalfGradPrep prep(sp, st);
+  const TorchAdamScalars sc = TorchAdamStepScalars(sp, st);
+  const bool l2 = st.wd != 0 && !sp.decoupled_weight_decay, decoupled = st.wd != 0 && sp.decoupled_weight_decay;
+  const float wd = HalfScalar(st.wd), shrink = static_cast<float>(OneMinusProduct(st.lr, st.wd));
+  const float w1 = static_cast<float>(1 - sp.beta1), b2 = static_cast<float>(sp.beta2);
+  const float w2 = static_cast<float>(1 - sp.beta2), bc2 = static_cast<float>(sc.bias_correction2_sqrt);
+  const float eps = HalfScalar(sp.epsilon), negstep = static_cast<float>(-sc.step_size);
+  for (uint64_t i = 0; i < n; ++i) {
+    float d = prep(g[i]);
+    const float w0 = HalfToFloat(w[i]);
+    const float p = decoupled ? H(w0 * shrink) : w0;
+    if (l2) d = H(std::fma(w0, wd, d));
+    const float m = H(Lerp(HalfToFloat(exp_avg[i]), d, w1));
+    const float v = H(std::fma(w2 * d, d, H(HalfToFloat(exp_avg_sq[i]) * b2)));
+    exp_avg[i] = FloatToHalf(m);
+    exp_avg_sq[i] = FloatToHalf(v);
+    float s = v;
+    if (max_sq != nullptr) {
+      s = Maximum(HalfToFloat(max_sq[i]), v);
+      max_sq[i] = FloatToHalf(s);
+    }
+    const float denom = H(H(H(std::sqrt(s)) / bc2) + eps);
+    w[i] = FloatToHalf(p + (negstep * m) / denom);
+  }
+}
+
+void RunHalf(const OptimizerSpec& sp, const StepParams& st, void* w, const void* g, void* const* s, uint64_t n) {
+  auto state = [s](int k) { return static_cast<uint16_t*>(s[k]); };
+  uint16_t* wh = static_cast<uint16_t*>(w);
+  const uint16_t* gh = static_cast<const uint16_t*>(g);
+  if (sp.kind == OptimizerKind::kTorchSgd) {
+    HalfSgd(sp, st, wh, gh, sp.momentum != 0 ? state(0) : nullptr, n);
+  } else {
+    HalfAdam(sp, st, wh, gh, state(0), state(1), sp.amsgrad ? state(2) : nullptr, n);
+  }
+}
+
 }  // namespace
 
 bool IsTorchKind(OptimizerKind kind) { return kind == OptimizerKind::kTorchSgd || kind == OptimizerKind::kTorchAdam; }
 
 Status CheckTorchOptimizer(const OptimizerSpec& spec, DType dtype) {
   const std::string name = OptimizerKindName(spec.kind);
-  if (dtype != DType::kFloat32 && dtype != DType::kFloat64) {
-    return Status::Invalid("optimizer " + name + " updates float32 (and float64) weights only, not " +
-                           DTypeName(dtype) + ": its kernels match torch.optim bit for bit on float32; for " +
+  if (dtype != DType::kFloat32 && dtype != DType::kFloat64 && dtype != DType::kFloat16) {
+    return Status::Invalid("optimizer " + name + " updates float32 (and float64, float16) weights only, not " +
+                           DTypeName(dtype) + ": its kernels follow torch.optim bit for bit on float32; for " +
                            DTypeName(dtype) + " parameters use worker mode (the workers run torch's optimizer)");
   }
   if (spec.multi_precision) {
@@ -239,6 +330,8 @@ void TorchApplyUpdate(const OptimizerSpec& spec, const StepParams& step, DType d
     Run<float>(spec, step, weight, grad, states, count);
   } else if (dtype == DType::kFloat64) {
     Run<double>(spec, step, weight, grad, states, count);
+  } else if (dtype == DType::kFloat16) {
+    RunHalf(spec, step, weight, grad, states, count);
   }
   // CheckTorchOptimizer refuses every other dtype.
 }
