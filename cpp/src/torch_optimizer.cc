@@ -2,7 +2,7 @@
 // kernels, so that a slice updated here holds the bits torch.optim.*(foreach=False) leaves in the same elements
 // of the whole tensor (tests/test_torch_kernels.py compares them bit for bit).
 //
-// How torch rounds (ATen's CPU kernels, float32 and float64 tensors; float16: see HalfSgd's comment):
+// How torch rounds (ATen's CPU kernels, float32 and float64 tensors; float16: see the comment above HalfGradPrep):
 // - a Python float passed to an operator becomes the tensor's element type before the operator runs
 //   (Scalar::to<scalar_t>, or a wrapped 0-dim double tensor cast by TensorIterator), so every scalar below is
 //   the double torch's Python computes, cast to C once;
