@@ -245,6 +245,9 @@ def test_runner_smoke_every_system_with_the_optimizer_on_two_hosts(tmp_path):
         assert r["baseline_setting"] == "default (untuned)"
         assert r["optimizer"] == "sgd(lr=0.01,momentum=0.9,wd=0.0001,rescale_grad=1/2)", r
         assert r["update_on"] == ("workers" if r["kvstore"] in ("mxnet-p3", "horovod") else "servers")
+        # The workers' update runs on their virtual GPUs, the servers' on their CPUs.
+        assert r["update_placement"] == (f"workers (virtual GPU, 732 GB/s x {float(r['gpu_scale']):g})"
+                                         if r["update_on"] == "workers" else "servers (CPU)"), r
         assert r["servers"] == ("0" if r["kvstore"] == "horovod" else "2")
         assert (r["smoke"], r["allow_dirty"], r["repeats"], r["seed"]) == ("True", "True", "1", "3")
         assert r["forced"] in ("True", "False") and float(r["load_1m_before"]) >= 0 and r["load_1m_after"]

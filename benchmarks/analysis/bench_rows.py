@@ -37,6 +37,7 @@ RUN_COLUMNS = (
     "vgpu_forgiven_us_per_iter", "qdisc_drops", "qdisc_drops_total", "tcp_retrans", "tcp_retrans_total",
     "tcp_out_segs_total", "sampling_cpu_s", "faithful", "fidelity_notes",
     "rank_iter_s",  # every rank's timed iterations, [[rank 0's], [rank 1's], ...] (iter_s: rank 0's alone)
+    "update_placement",  # where the optimizer ran: servers (CPU), workers (virtual GPU at its bandwidth), none
 )
 ITERATION_COLUMNS = ("run_id", "tag", "model", "kvstore", "hosts", "bandwidth", "gpu_scale", "repeat", "rank",
                      "iteration", "time_s")

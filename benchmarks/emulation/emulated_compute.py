@@ -17,17 +17,46 @@ training throughput (fp32, batch 32 where published) and the efficiency that rep
 (`calibrated_efficiency`); it can exceed 1 where cuDNN's Winograd/FFT convolutions need fewer FLOPs than the
 direct count (VGG). A file without one falls back to EFFICIENCY. `scale` dilates time: a P100 at scale 0.1 on
 1 Gbit links has the compute/network ratio of real P100s on 10 Gbit links.
+
+The optimizer, where a system runs it on the workers (MXNet's P3, Horovod): on a GPU the update is one
+elementwise kernel per parameter, bound by memory traffic, not FLOPs. SGD with momentum and weight decay
+(MXNet's sgd_mom_update, one fused kernel) reads the weight, the gradient and the momentum and writes the weight
+and the momentum: SGD_MOMENTUM_ACCESSES = 5 accesses of the parameter's element size (20 bytes per float32
+element; rescale_grad, wd and lr are scalars of the same kernel). Its time is those bytes at the GPU's memory
+bandwidth (GPU_MEMORY_BANDWIDTH, the datasheet peak, so an optimistic ~0.7 ms for ResNet-50's 25.6M parameters
+on a P100), dilated by `scale` like compute. `EmulatedModel.update` queues it on the same virtual device, after
+the summed gradient and before the next forward of that layer, as the real kernel would run; the servers' updates
+of p3kv and dist_sync stay real CPU work, as on a real parameter-server cluster.
+
+Dispatch latency (cpp/src/device_clock.h, cpp/mxnet/emulated_compute.h): an operation reaches the virtual device
+only after the engine has dispatched it, tens of µs after the completion that released it (more on a busy
+machine); a real GPU has the next kernel queued long before. So every operation here is "chained": it starts
+where the work before it ended, however late the engine dispatched it, and no earlier than its inputs from off the
+device arrived (the weights a kvstore pulled, the summed gradient an update reads): a zero-time marker operation
+records when those became readable. An input that arrived while the device was busy costs nothing; one that
+arrived late costs its lateness, as on a real GPU. No gap is forgiven by a slack (the slack, 50 µs, remains for
+operations pushed without this bookkeeping). `EmulatedModel.device_stats` reports the dispatch latency absorbed,
+the idle time, and how late completions ran.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import pathlib
 
 from benchmarks.paths import SHAPES_DIR
 from benchmarks.workloads import model_shapes
 
 GPU_PEAK_FLOPS = {"p100": 9.3e12, "v100": 15.7e12, "k80": 4.37e12, "t4": 8.1e12}  # fp32, vendor datasheets
+# Memory bandwidth, bytes/s, the same datasheets: NVIDIA Tesla P100 (PCIe 16 GB, the 9.3 TFLOP/s part above, and
+# SXM2): 732 GB/s HBM2; V100 SXM2 900 GB/s; K80 480 GB/s per board of two GPUs (240 per GPU, as its FLOP/s above);
+# T4 320 GB/s.
+GPU_MEMORY_BANDWIDTH = {"p100": 732e9, "v100": 900e9, "k80": 240e9, "t4": 320e9}
+# Memory accesses per element of SGD with momentum and weight decay: read weight, gradient, momentum; write weight,
+# momentum (one fused kernel). A plain copy (the sum becoming the weight) is 2: read, write.
+SGD_MOMENTUM_ACCESSES = 5
+COPY_ACCESSES = 2
 EFFICIENCY = 0.5  # models without a calibration
 BACKWARD_FACTOR = 2.0
 
@@ -46,6 +75,35 @@ def efficiency_of(description: dict, factor: float = 1.0) -> float:
         return EFFICIENCY * factor
     return calibrated_efficiency(calibration["samples_per_s"], description["fwd_flops_total"],
                                  calibration.get("gpu", "p100")) * factor
+
+
+CPU_CGROUP_V1 = pathlib.Path("/sys/fs/cgroup/cpu")
+
+
+def run_timer_as_gpu(tid: int, cpu_root: pathlib.Path = CPU_CGROUP_V1) -> str:
+    """Lets the virtual GPU's timer thread (`tid`) run as a GPU runs: beside the emulated host's CPU, not on it.
+
+    A host's CPU quota (benchmarks/emulation/cpu_limit.py) stops every thread of its processes once spent for the
+    period, the timer thread included, which then completes GPU operations tens of ms late (vgpu_late_max_us);
+    a busy machine delays it too. So, on cgroup v1, where one thread may leave its process's group, the thread
+    moves to the cpu hierarchy's root (its CPU time stays in the host's cpuacct group), and it gets SCHED_FIFO
+    priority 1, so it wakes on time: its work per completion is the engine's callback, a few µs. Returns what was
+    done, for the worker's result; a step the system refuses is named there, never fatal."""
+    done, refused = [], []
+    try:
+        lines = pathlib.Path(f"/proc/self/task/{tid}/cgroup").read_text().splitlines()
+        group = next((line.split(":", 2)[2] for line in lines if "cpu" in line.split(":", 2)[1].split(",")), None)
+        if group not in (None, "/") and (cpu_root / "tasks").exists():
+            (cpu_root / "tasks").write_text(str(tid))
+            done.append("outside the host's CPU limit")
+    except OSError as e:
+        refused.append(f"kept in the host's CPU limit ({e.strerror or e})")
+    try:
+        os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(1))
+        done.insert(0, "real-time")
+    except OSError as e:
+        refused.append(f"not real-time ({e.strerror or e})")
+    return ", ".join(done + refused) or "ordinary"
 
 
 def load_description(model: str, shapes_dir: pathlib.Path = SHAPES_DIR) -> dict:
@@ -75,6 +133,20 @@ class Profile:
     def seconds(self, flops: float) -> float:
         return flops / self.flops_per_second
 
+    @property
+    def bytes_per_second(self) -> float:
+        """The emulated GPU's memory bandwidth, dilated like its FLOP/s."""
+        return GPU_MEMORY_BANDWIDTH[self.gpu] * self.scale
+
+    def memory_seconds(self, elements: int, itemsize: int, accesses: int = SGD_MOMENTUM_ACCESSES) -> float:
+        """Time of an elementwise kernel that makes `accesses` passes over `elements` of `itemsize` bytes (the
+        default: an SGD-with-momentum update), at the emulated GPU's memory bandwidth."""
+        return accesses * itemsize * elements / self.bytes_per_second
+
+    def describe_bandwidth(self) -> str:
+        """Where a worker-side update runs, as the result rows say it."""
+        return f"workers (virtual GPU, {GPU_MEMORY_BANDWIDTH[self.gpu] / 1e9:g} GB/s x {self.scale:g})"
+
 
 @dataclasses.dataclass(frozen=True)
 class Layer:
@@ -97,44 +169,95 @@ class EmulatedModel:
     `weights[i]`/`grads[i]` follow the shape file's params order (forward order); `priority(i)` is -layer.
     """
 
-    def __init__(self, description: dict, batch_size: int, profile: Profile):
+    def __init__(self, description: dict, batch_size: int, profile: Profile, slack_us: float | None = None,
+                 weights_from_device: bool = False):
+        """`slack_us`: the virtual device's dispatch slack (None: its default). `weights_from_device`: the weights
+        are written by this model's own `update` (a worker-side optimizer, or Horovod's sum copied in); else the
+        kvstore writes them, and a forward layer waits for their arrival (recorded by a marker)."""
         import mxnet as mx
+        import numpy as np
 
         from p3kv import _p3
 
         self._mx = mx
         self._bridge = _p3.EngineBridge.load(mx.libinfo.find_lib_path()[0])
+        if slack_us is not None:  # else the device's default (cpp/src/device_clock.h)
+            self._bridge.set_emulation_slack(slack_us)
+        self.profile = profile
+        self._weights_from_device = weights_from_device
         self.layers = layers_of(description, batch_size, profile)
         params = description["params"]
         self.weights = [mx.nd.zeros(p["shape"], dtype=p["dtype"]) for p in params]
         self.grads = [mx.nd.zeros(p["shape"], dtype=p["dtype"]) for p in params]
+        self._sizes = [(int(np.prod(p["shape"])), np.dtype(p["dtype"]).itemsize) for p in params]
         self.layer_of = {i: k for k, layer in enumerate(self.layers) for i in layer.params}
         if sorted(self.layer_of) != list(range(len(params))):
             raise SystemExit(f"{description['model']}: the layers do not cover every parameter exactly once")
-        # One-element tokens stand for the activations and their gradients: they carry the dependencies.
+        # One-element tokens stand for the activations and their gradients: they carry the dependencies; and for
+        # the arrival of what is written off the device: a layer's pulled weights, a parameter's summed gradient.
         self._acts = [mx.nd.zeros((1,)) for _ in self.layers]
         self._act_grads = [mx.nd.zeros((1,)) for _ in self.layers]
+        self._weights_arrived = [mx.nd.zeros((1,)) for _ in self.layers]
+        self._grad_arrived = [mx.nd.zeros((1,)) for _ in params]
 
     @property
     def compute_seconds(self) -> float:
         """Forward + backward time of one iteration on the virtual device."""
         return sum(layer.forward_s + layer.backward_s for layer in self.layers)
 
+    def update_seconds(self, index: int, accesses: int = SGD_MOMENTUM_ACCESSES) -> float:
+        """Time of parameter `index`'s update (or of a kernel with `accesses` per element) on the virtual device."""
+        return self.profile.memory_seconds(*self._sizes[index], accesses)
+
+    @property
+    def update_seconds_total(self) -> float:
+        """Every parameter's SGD-with-momentum update of one iteration on the virtual device."""
+        return sum(self.update_seconds(i) for i in range(len(self._sizes)))
+
     def priority(self, index: int) -> int:
         return -self.layer_of[index]
 
-    def _op(self, reads: list, writes: list, seconds: float) -> None:
-        self._bridge.emulate_compute([a.handle.value for a in reads], [a.handle.value for a in writes], seconds)
+    def update(self, index: int, accesses: int = SGD_MOMENTUM_ACCESSES) -> None:
+        """Queues parameter `index`'s update on the virtual device: after the summed gradient is written (it reads
+        it), before the next forward of its layer (it writes the weight), on the same stream as the layers, as
+        the real kernel. Nothing is computed (the emulated model learns nothing: its data are zeros), so the
+        weight keeps its value and the host's CPU does no work; the engine orders everything as for the real
+        update. `accesses`: COPY_ACCESSES where the summed gradient only becomes the weight."""
+        self._op([self.grads[index]], [self.weights[index]], self.update_seconds(index, accesses),
+                 external=[self.grads[index]], arrival=self._grad_arrived[index])
+
+    @property
+    def timer_tid(self) -> int:
+        """The Linux thread id of the virtual device's timer thread (run_timer_as_gpu)."""
+        return self._bridge.emulation_timer_tid()
+
+    def device_stats(self, reset: bool = False) -> dict:
+        """The virtual device's accounting since its start or the last reset (EngineBridge.emulation_stats):
+        slack_us, forgiven_us / forgiven_gaps (gaps the slack absorbed), idle_us / idle_gaps, started,
+        completed, late_max_us (the latest completion past its due time), dispatch_absorbed_us / dispatch_max_us
+        (chained operations' dispatch latency, absorbed exactly)."""
+        return dict(self._bridge.emulation_stats(reset))
+
+    def _op(self, reads: list, writes: list, seconds: float, external: tuple = (), arrival=None) -> None:
+        """A chained operation (cpp/mxnet/emulated_compute.h): it starts where the device's work before it ended,
+        and no earlier than `external` (arrays written off the device) arrived, which `arrival` records."""
+        self._bridge.emulate_compute([a.handle.value for a in reads], [a.handle.value for a in writes], seconds,
+                                     True, [a.handle.value for a in external],
+                                     arrival.handle.value if arrival is not None else 0)
 
     def forward(self):
         """Queues the forward pass; returns the array that is ready when it is done (the "loss")."""
         for k, layer in enumerate(self.layers):
             reads = [self.weights[i] for i in layer.params] + ([self._acts[k - 1]] if k else [])
-            self._op(reads, [self._acts[k]], layer.forward_s)
+            weights = [] if self._weights_from_device else [self.weights[i] for i in layer.params]
+            self._op(reads, [self._acts[k]], layer.forward_s, external=weights,
+                     arrival=self._weights_arrived[k] if weights else None)
         return self._acts[-1]
 
     def backward(self) -> None:
-        """Queues the backward pass, last layer first; layer k's gradients are ready when its op completes."""
+        """Queues the backward pass, last layer first; layer k's gradients are ready when its op completes. Every
+        backward layer is chained: its weights arrived before its forward ran, and the pushes that read its
+        gradients last iteration were done before that forward could start."""
         last = len(self.layers) - 1
         for k in range(last, -1, -1):
             layer = self.layers[k]

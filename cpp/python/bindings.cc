@@ -8,6 +8,7 @@
 #include <pybind11/stl.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -163,11 +164,21 @@ struct PyCallable {
 };
 
 // What Python calls EngineBridge: the bridge, plus the benchmark-only emulated compute on the same engine
-// (created on first use: it owns a timer thread).
+// (created on first use: it owns a timer thread) with the dispatch slack set before that use.
 struct PyEngineBridge {
   std::unique_ptr<p3::EngineBridge> bridge;
   std::unique_ptr<p3::EmulatedCompute> emulated;
+  p3::VirtualStream::Clock::duration slack = p3::DeviceClock::kDefaultSlack;
+
+  p3::EmulatedCompute& Emulated() {
+    if (!emulated) emulated = std::make_unique<p3::EmulatedCompute>(bridge->api(), slack);
+    return *emulated;
+  }
 };
+
+double Microseconds(p3::VirtualStream::Clock::duration d) {
+  return std::chrono::duration<double, std::micro>(d).count();
+}
 
 // A per-slice Python update function `fn(key, slice, offset, iteration, aggregated, value)`. With `exact_sum`,
 // `aggregated` of a float16 slice is the servers' float32 sum of the workers' gradients, unrounded (what MXNet's
@@ -356,13 +367,52 @@ PYBIND11_MODULE(_p3, m) {
         }));
       }, "Engine-asynchronous push of NDArray `grad` (handle) whose broadcast lands in NDArray `out`")
       .def("emulate_compute", [](PyEngineBridge& b, const std::vector<uintptr_t>& reads,
-                                 const std::vector<uintptr_t>& writes, double seconds) {
-        std::vector<void*> r, w;
+                                 const std::vector<uintptr_t>& writes, double seconds, bool chained,
+                                 const std::vector<uintptr_t>& external, uintptr_t arrival) {
+        std::vector<void*> r, w, e;
         for (uintptr_t h : reads) r.push_back(reinterpret_cast<void*>(h));
         for (uintptr_t h : writes) w.push_back(reinterpret_cast<void*>(h));
-        if (!b.emulated) b.emulated = std::make_unique<p3::EmulatedCompute>(b.bridge->api());
-        Check(WithoutGil([&] { return b.emulated->Run(r, w, seconds); }));
-      }, "Engine operation that reads/writes the NDArrays (handles) and takes `seconds` on the virtual device");
+        for (uintptr_t h : external) e.push_back(reinterpret_cast<void*>(h));
+        p3::EmulatedCompute& emulated = b.Emulated();
+        Check(WithoutGil([&] { return emulated.Run(r, w, seconds, chained, e, reinterpret_cast<void*>(arrival)); }));
+      }, py::arg("reads"), py::arg("writes"), py::arg("seconds"), py::arg("chained") = false,
+         py::arg("external") = std::vector<uintptr_t>{}, py::arg("arrival") = 0,
+         "Engine operation that reads/writes the NDArrays (handles) and takes `seconds` on the virtual device; "
+         "`chained`: all it waits for comes from the virtual device or is listed in `external` (arrays written "
+         "off the device, whose arrival the array `arrival` records): it starts where the work before it "
+         "ended, or when those arrived (cpp/mxnet/emulated_compute.h)")
+      .def("set_emulation_slack", [](PyEngineBridge& b, double microseconds) {
+        if (!(microseconds >= 0) || microseconds > 1e6) Raise(Status::Invalid("the slack must be 0..1e6 us"));
+        const auto slack = std::chrono::duration_cast<p3::VirtualStream::Clock::duration>(
+            std::chrono::duration<double, std::micro>(microseconds));
+        if (b.emulated && b.emulated->stream().slack() != slack) {
+          Raise(Status::Invalid("the virtual device already runs: set its slack before the first emulate_compute"));
+        }
+        b.slack = slack;
+      }, "The virtual device's dispatch slack in microseconds (cpp/src/device_clock.h); before the first use")
+      .def("emulation_timer_tid", [](PyEngineBridge& b) { return b.Emulated().stream().timer_tid(); },
+           "The Linux thread id of the virtual device's timer thread (it stands for the GPU)")
+      .def("emulation_stats", [](PyEngineBridge& b, bool reset) {
+        p3::VirtualStream& stream = b.Emulated().stream();
+        const p3::DeviceClock::Stats st = stream.stats();
+        if (reset) stream.ResetStats();
+        py::dict d;
+        d["slack_us"] = Microseconds(stream.slack());
+        d["forgiven_us"] = Microseconds(st.forgiven);
+        d["forgiven_gaps"] = st.forgiven_gaps;
+        d["idle_us"] = Microseconds(st.idle);
+        d["idle_gaps"] = st.idle_gaps;
+        d["started"] = st.started;
+        d["completed"] = st.completed;
+        d["late_max_us"] = Microseconds(st.late_max);
+        d["wake_late_max_us"] = Microseconds(st.wake_late_max);
+        d["callback_max_us"] = Microseconds(st.callback_max);
+        d["dispatch_absorbed_us"] = Microseconds(st.dispatch_absorbed);
+        d["dispatch_max_us"] = Microseconds(st.dispatch_max);
+        return d;
+      }, py::arg("reset") = false,
+         "The virtual device's accounting since its start or the last reset: gaps forgiven by the slack, idle "
+         "gaps, items, the latest completion past its due time (us); `reset` starts a new count");
 
   py::class_<Ticket, std::shared_ptr<Ticket>>(m, "Ticket",
       "What init/push return: whether the core has released the operation's arrays")

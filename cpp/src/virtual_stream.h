@@ -2,6 +2,7 @@
 // machine: each Run(duration) "executes" after the work already queued, like kernels on one GPU stream,
 // and its completion runs on the stream's timer thread when the imaginary device would finish. Nothing
 // is computed, so emulated compute costs no CPU and leaves the cores to the communication under test.
+// The timeline and its dispatch slack are cpp/src/device_clock.h's.
 #pragma once
 
 #include <chrono>
@@ -12,39 +13,56 @@
 #include <thread>
 #include <vector>
 
+#include "device_clock.h"
+
 namespace p3 {
 
 class VirtualStream {
  public:
-  using Clock = std::chrono::steady_clock;
-  VirtualStream();
+  using Clock = DeviceClock::Clock;
+  // `slack`: see DeviceClock (gaps shorter than it between one item's end and the next one's arrival are
+  // forgiven as dispatch latency).
+  explicit VirtualStream(Clock::duration slack = DeviceClock::kDefaultSlack);
   ~VirtualStream();  // runs the completions still pending at once
   VirtualStream(const VirtualStream&) = delete;
   VirtualStream& operator=(const VirtualStream&) = delete;
 
-  // Any thread. `done` runs on the timer thread at max(now, end of queued work) + `duration`.
+  // Any thread. `done` runs on the timer thread at (end of queued work, or now after an idle gap) + `duration`:
+  // DeviceClock::Start's rule, for an item that may have waited for something off this device.
   void Run(Clock::duration duration, std::function<void()> done);
+  // Any thread. The same for a chained item issued by the host at `issued` (DeviceClock::StartChained): it starts
+  // at the end of queued work or at `issued`, whichever is later, however late it arrives.
+  void RunChained(Clock::time_point issued, Clock::duration duration, std::function<void()> done);
 
-  // Gaps shorter than this between one item's end and the next item's arrival are the caller's own
-  // scheduling latency (an engine dispatching the next kernel), not idle device time: the next item
-  // starts where the last one ended, so such latencies do not add up over hundreds of layers.
-  static constexpr std::chrono::microseconds kDispatchSlack{1000};
+  // Any thread: what the slack forgave and how late completions ran since the start or the last reset.
+  DeviceClock::Stats stats();
+  void ResetStats();
+  Clock::duration slack() const { return slack_; }
+  // The timer thread's Linux thread id (0 elsewhere): the thread that stands for the GPU, which a benchmark may
+  // exempt from the emulated host's CPU limit and give a real-time priority, as a GPU runs beside the host's CPU.
+  int timer_tid() const { return timer_tid_; }
 
  private:
   struct Item {
     Clock::time_point deadline;
     uint64_t seq;
     std::function<void()> done;
+    // When the timer owes the completion: its deadline, or when it was queued if that is later (an item
+    // dispatched after its deadline, the engine being behind, is the engine's lateness: dispatch_max).
+    Clock::time_point due;
     bool operator>(const Item& o) const { return deadline != o.deadline ? deadline > o.deadline : seq > o.seq; }
   };
+  void Push(Clock::time_point deadline, std::function<void()> done);  // with mu_ held
   void Loop();
 
+  const Clock::duration slack_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::priority_queue<Item, std::vector<Item>, std::greater<Item>> due_;
-  Clock::time_point end_{};  // when the device finishes the work queued so far
+  DeviceClock clock_;
   uint64_t seq_ = 0;
   bool stop_ = false;
+  int timer_tid_ = 0;  // set by the timer thread before the constructor returns
   std::thread thread_;
 };
 
