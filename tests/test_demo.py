@@ -133,3 +133,18 @@ def test_demo_defaults_are_the_committed_point_and_a_short_run():
     assert args.out == demo.ROOT / "build" / "demo" and args.wait == 60 and not args.strict
     more = demo.points(demo.parse_args(["--systems", "p3", "dist_sync", "mxnet-p3", "horovod"]))
     assert {p.kvstore for p in more} == {"p3", "dist_sync", "mxnet-p3", "horovod"}
+
+
+def test_the_screen_says_how_many_jobs_the_fidelity_monitors_passed(tmp_path):
+    run = tmp_path / "demo.csv"
+    write_fixture(run, {"p3": 1.0, "dist_sync": 1.2})
+    rows = bench_rows.read_runs(run)
+    for i, r in enumerate(rows):
+        r["faithful"] = "False" if i == 0 else "True"
+        r["fidelity_notes"] = "cpu: host 0 throttled 7.8% of the timed window (0.39 of 5.00 s, limit 5%)" if i == 0 \
+            else ""
+    text = demo_screen.screen(rows, demo_screen.iteration_arrays(bench_rows.iterations_path(run)), resamples=500,
+                              results_dir=tmp_path / "none", wall_s=100.0)
+    assert len(text.splitlines()) <= 24
+    line = next(line for line in text.splitlines() if line.startswith("fidelity: "))
+    assert line.startswith("fidelity: 5 faithful of 6 runs: the 1 others are in the numbers above (failed: cpu 1)")

@@ -72,14 +72,15 @@ def ranks_phrase(rows: Sequence[dict]) -> str:
     return "rank 0's" if not any(with_ranks) else "every rank's (rank 0's in older rows)"
 
 
-def aggregate(rows: Sequence[dict], include_smoke: bool = False) -> list[dict]:
+def aggregate(rows: Sequence[dict], include_smoke: bool = False, include_unfaithful: bool = False) -> list[dict]:
     """One entry per point and system, in first-seen order, with the statistics over its repeats (every rank's
     iterations); ratios against dist_sync and Horovod of the same comparison. Runs judged unfaithful are left out
-    (fidelity_count counts them). Smoke rows only with `include_smoke` (a runner's own summary), never in the
-    README."""
+    (fidelity_count counts them) unless `include_unfaithful` (a runner's own figure of what it just ran, titled
+    with the count). Smoke rows only with `include_smoke` (a runner's own summary), never in the README."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        if r.get("status") == "ok" and shown(r) and (include_smoke or str(r.get("smoke")) != "True"):
+        if (r.get("status") == "ok" and (include_unfaithful or shown(r))
+                and (include_smoke or str(r.get("smoke")) != "True")):
             groups.setdefault((tuple(str(r.get(k, "")) for k in POINT_KEY), r["kvstore"]), []).append(r)
     points = []
     for (key, kvstore), runs in groups.items():

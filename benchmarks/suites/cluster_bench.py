@@ -52,7 +52,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from benchmarks.analysis import bench_rows
-from benchmarks.analysis.points import aggregate, fidelity_sentence, point_table
+from benchmarks.analysis.points import aggregate, fidelity_sentence, point_table, shown
 from benchmarks.emulation import cpu_limit, emulated_cluster, run_guard
 from benchmarks.paths import RESULTS, ROOT  # noqa: F401  (ROOT: the tests' and deploy's)
 from benchmarks.suites import baseline_settings
@@ -192,9 +192,14 @@ def plot_comparison(rows: Sequence[dict], path: pathlib.Path, title: str) -> Non
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    points = aggregate(rows, include_smoke=True)
+    # Every run, faithful or not: the figure shows what this invocation measured, and its title says how many
+    # runs the fidelity monitors rejected (the summary tables and the README leave those out).
+    points = aggregate(rows, include_smoke=True, include_unfaithful=True)
     if not points:
         return
+    unfaithful = sum(1 for r in rows if r.get("status") == "ok" and not shown(r))
+    if unfaithful:
+        title += f" ({unfaithful} of {len(rows)} runs unfaithful: see fidelity_notes)"
     kvs = [p["kvstore"] for p in points]
     values = [p["throughput"] for p in points]
     errors = [[p["throughput"] - p["low"] for p in points], [p["high"] - p["throughput"] for p in points]]

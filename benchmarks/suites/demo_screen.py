@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from benchmarks.analysis import bench_rows, bootstrap
-from benchmarks.analysis.points import LABEL, aggregate, number, optimizer_label
+from benchmarks.analysis.points import LABEL, aggregate, fidelity_sentence, number, optimizer_label
 from benchmarks.paths import RESULTS, ROOT
 
 # What makes a committed row the same point as the demo's (the tag, iteration counts and repeats may differ).
@@ -194,6 +194,10 @@ def screen(rows: Sequence[dict], arrays: dict[str, np.ndarray], *, resamples: in
               f"waited {waited:.0f} s in all; tree {first['git_commit'][:8]}{dirty}",
               f"  {len(warnings)} of {len(rows)} jobs started on a busy machine (recorded), the first: "
               f"{warnings[0]['idle_warning']}" if warnings else "  every job started on an idle machine"]
+    verdict = fidelity_sentence(rows, include_smoke=True)
+    if verdict:  # the screen pools every job; the sweeps' tables keep only faithful ones
+        lines.append(f"fidelity: {verdict.replace(' are left out', ' are in the numbers above')} Each job's "
+                     "fidelity_notes column says which monitor failed it, with its numbers.")
     failed = [r for r in rows if r.get("status") != "ok"]
     if failed:
         lines.append(f"failed jobs: {', '.join(r['kvstore'] + ' repeat ' + str(r['repeat']) for r in failed)}")
