@@ -40,6 +40,11 @@ PERIOD_US = 100_000  # the kernel's default CFS period: quotas are enforced per 
 # link sampler, the CPU monitors, the relay of host 0's output) and the kernel's (softirq work of the links), so
 # that every host can get its whole quota when it asks.
 MAX_MACHINE_SHARE = 0.9
+# Real-time budget of a host's group (cgroup v1 with RT group scheduling, as here: a new group gets 0 and no thread
+# in it may run real-time). The virtual GPU's timer thread (emulated_compute.run_timer_as_gpu) runs SCHED_FIFO so
+# that it completes GPU operations on time, and a thread it waits for on a lock is boosted (virtual_stream.h): 5% of
+# one CPU per host (each timer uses a few µs per operation), 16 hosts within the root's 95%.
+RT_RUNTIME_US = 50_000
 _NAME = re.compile(r"^p3c(\d+)x\d+h\d+$")
 _JOIN = 'for procs in $1; do echo $$ > "$procs" || exit 125; done; shift; exec "$@"'
 
@@ -189,6 +194,12 @@ class CpuGroup:
             d.mkdir(exist_ok=True)
         if self.hierarchy.version == 1:
             (self.dirs[0] / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+            rt = self.dirs[0] / "cpu.rt_runtime_us"
+            if rt.exists():
+                try:
+                    rt.write_text(str(RT_RUNTIME_US))
+                except OSError as e:  # the siblings' budgets fill the parent's: the timer stays ordinary (recorded)
+                    LOG.warning("%s: no real-time budget for the virtual GPU's timer (%s)", self.name, e)
 
     def set_quota(self, cores: float | None) -> None:
         """`cores` of CPU bandwidth per period; None: unlimited (the group still accounts)."""

@@ -5,10 +5,12 @@
 // The timeline and its dispatch slack are cpp/src/device_clock.h's.
 #pragma once
 
+#include <pthread.h>
+#include <semaphore.h>
+
+#include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <functional>
-#include <mutex>
 #include <queue>
 #include <thread>
 #include <vector>
@@ -52,17 +54,39 @@ class VirtualStream {
     Clock::time_point due;
     bool operator>(const Item& o) const { return deadline != o.deadline ? deadline > o.deadline : seq > o.seq; }
   };
+  // A mutex with priority inheritance. The timer thread may run real-time while the threads that queue work are
+  // ordinary ones in a CPU-limited group: one stopped by its quota while holding the lock would hold the timer
+  // (the GPU) until its next period, tens of ms; inheritance lets it run until it lets go.
+  class PiMutex {
+   public:
+    PiMutex();
+    ~PiMutex();
+    PiMutex(const PiMutex&) = delete;
+    PiMutex& operator=(const PiMutex&) = delete;
+    void lock();
+    void unlock();
+
+   private:
+    pthread_mutex_t mu_;
+  };
+
   void Push(Clock::time_point deadline, std::function<void()> done);  // with mu_ held
+  void Wake();  // any thread, without mu_: the timer re-reads the queue
+  // The timer thread, without mu_: until a Wake(), or `deadline` as well when `until_deadline`.
+  void Sleep(bool until_deadline, Clock::time_point deadline);
   void Loop();
 
   const Clock::duration slack_;
-  std::mutex mu_;
-  std::condition_variable cv_;
+  PiMutex mu_;
+  // The timer sleeps on a semaphore, not a condition variable: posting it takes no lock (a condition variable's
+  // internal mutex would be one more lock a quota-stopped thread could hold), and a post before the timer sleeps
+  // is kept, not lost.
+  sem_t wake_;
   std::priority_queue<Item, std::vector<Item>, std::greater<Item>> due_;
   DeviceClock clock_;
   uint64_t seq_ = 0;
   bool stop_ = false;
-  int timer_tid_ = 0;  // set by the timer thread before the constructor returns
+  std::atomic<int> timer_tid_{0};  // set by the timer thread before the constructor returns
   std::thread thread_;
 };
 
