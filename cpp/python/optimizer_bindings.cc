@@ -11,7 +11,7 @@ namespace p3py {
 namespace {
 
 p3::OptimizerKind ParseKind(const std::string& name) {
-  for (int k = 0; k <= static_cast<int>(p3::OptimizerKind::kFtml); ++k) {
+  for (int k = 0; k <= static_cast<int>(p3::kLastOptimizerKind); ++k) {
     const auto kind = static_cast<p3::OptimizerKind>(k);
     if (name == p3::OptimizerKindName(kind)) return kind;
   }
@@ -100,6 +100,11 @@ p3::OptimizerSpec SpecFromDict(const py::dict& d) {
     else if (key == "lamda1") s.lamda1 = v.cast<double>();
     else if (key == "beta") s.beta = v.cast<double>();
     else if (key == "wd_lh") s.wd_lh = v.cast<double>();
+    else if (key == "dampening") s.dampening = v.cast<double>();
+    else if (key == "nesterov") s.nesterov = v.cast<bool>();
+    else if (key == "maximize") s.maximize = v.cast<bool>();
+    else if (key == "amsgrad") s.amsgrad = v.cast<bool>();
+    else if (key == "decoupled_weight_decay") s.decoupled_weight_decay = v.cast<bool>();
     else throw py::value_error("unknown optimizer spec field '" + key + "'");
   }
   return s;

@@ -7,8 +7,10 @@
 
 namespace p3py {
 
-// {"kind": "sgd"|"nag"|..., "multi_precision": bool, "momentum": float, ...}: the fields of p3::OptimizerSpec by
-// name; missing fields keep their defaults, unknown names raise ValueError.
+// {"kind": "sgd"|"nag"|...|"torch_sgd"|"torch_adam", "multi_precision": bool, "momentum": float, ...}: the fields
+// of p3::OptimizerSpec by name (torch_sgd: momentum, dampening, nesterov, maximize; torch_adam: beta1, beta2,
+// epsilon, amsgrad, maximize, decoupled_weight_decay); missing fields keep their defaults, unknown names raise
+// ValueError.
 p3::OptimizerSpec SpecFromDict(const pybind11::dict& d);
 // (lr, wd, rescale_grad, clip_gradient, t, extra0, extra1, extra2, extra3); trailing items may be left out.
 p3::StepParams StepFromTuple(const pybind11::tuple& t);

@@ -10,11 +10,15 @@
 // StepParams per kind: lr is the rate MXNet passes to its operator (Adam: the bias-corrected rate, Adamax:
 // lr / (1 - beta1^t)); t is used by FTML; clip_gradient < 0 means no clipping (for AdaGrad/AdaDelta/Adamax,
 // MXNet clips whenever clip_gradient is not None: the caller passes -1 for None). extra[] is unused.
+// The torch_* kinds live in torch_optimizer.cc (their StepParams are documented there); the public functions
+// below hand them over.
 #include "p3/optimizer.h"
 
 #include <cmath>
 #include <cstring>
 #include <limits>
+
+#include "torch_optimizer.h"
 
 namespace p3 {
 namespace {
@@ -255,7 +259,9 @@ int InnerStates(const OptimizerSpec& sp) {
   }
 }
 
-bool MasterCopy(const OptimizerSpec& sp, DType dtype) { return sp.multi_precision && dtype == DType::kFloat16; }
+bool MasterCopy(const OptimizerSpec& sp, DType dtype) {
+  return sp.multi_precision && dtype == DType::kFloat16 && !IsTorchKind(sp.kind);
+}
 // SGD and NAG nest (momentum, master); every other optimizer (master, inner states).
 int MasterIndex(const OptimizerSpec& sp) {
   return sp.kind == OptimizerKind::kSgd || sp.kind == OptimizerKind::kNag ? InnerStates(sp) : 0;
@@ -296,6 +302,8 @@ void Update(const OptimizerSpec& sp, const StepParams& st, C* w, const C* g, C* 
       break;
     case OptimizerKind::kFtrl: Ftrl<C>(sp, st, w, g, s[0], s[1], n); break;
     case OptimizerKind::kFtml: Ftml<C>(sp, st, w, g, s[0], s[1], s[2], n); break;
+    case OptimizerKind::kTorchSgd:
+    case OptimizerKind::kTorchAdam: break;  // ApplyUpdate hands these to torch_optimizer.cc
   }
 }
 
@@ -366,15 +374,18 @@ const char* OptimizerKindName(OptimizerKind kind) {
     case OptimizerKind::kSignum: return "signum";
     case OptimizerKind::kFtrl: return "ftrl";
     case OptimizerKind::kFtml: return "ftml";
+    case OptimizerKind::kTorchSgd: return "torch_sgd";
+    case OptimizerKind::kTorchAdam: return "torch_adam";
   }
   return "unknown";
 }
 
 Status CheckOptimizer(const OptimizerSpec& spec, DType dtype) {
   const int k = static_cast<int>(spec.kind);
-  if (k < 0 || k > static_cast<int>(OptimizerKind::kFtml)) {
+  if (k < 0 || k > static_cast<int>(kLastOptimizerKind)) {
     return Status::Invalid("unknown optimizer kind " + std::to_string(k));
   }
+  if (IsTorchKind(spec.kind)) return CheckTorchOptimizer(spec, dtype);
   const std::string name = OptimizerKindName(spec.kind);
   if (dtype != DType::kFloat32 && dtype != DType::kFloat64 && dtype != DType::kFloat16) {
     return Status::Invalid("optimizer " + name + " updates float16/float32/float64 weights only, not " +
@@ -393,10 +404,12 @@ Status CheckOptimizer(const OptimizerSpec& spec, DType dtype) {
 }
 
 int NumStates(const OptimizerSpec& spec, DType dtype) {
+  if (IsTorchKind(spec.kind)) return TorchNumStates(spec);
   return InnerStates(spec) + (MasterCopy(spec, dtype) ? 1 : 0);
 }
 
 DType StateDType(const OptimizerSpec& spec, DType dtype) {
+  if (IsTorchKind(spec.kind)) return dtype;  // torch keeps its states in the parameter's dtype
   return MasterCopy(spec, dtype) || FloatStateOnly(spec.kind) ? DType::kFloat32 : dtype;
 }
 
@@ -413,6 +426,10 @@ void InitStates(const OptimizerSpec& spec, DType dtype, const void* weight, void
 
 void ApplyUpdate(const OptimizerSpec& spec, const StepParams& step, DType dtype, void* weight, const void* grad,
                  void* const* states, uint64_t count) {
+  if (IsTorchKind(spec.kind)) {
+    TorchApplyUpdate(spec, step, dtype, weight, grad, states, count);
+    return;
+  }
   switch (dtype) {
     case DType::kFloat32: {
       float* s[kMaxStates] = {};

@@ -1,6 +1,7 @@
 // Public. Element-wise optimizer kernels the server runs on each slice it owns, in C++ and without the GIL
 // (the paper's server-side update). They follow MXNet 1.9.1's formulas and operation order, so a slice updated
-// here ends where MXNet's dist_sync server leaves the same elements of the whole array.
+// here ends where MXNet's dist_sync server leaves the same elements of the whole array. The torch_* kinds follow
+// torch 2.13's torch.optim formulas instead (src/torch_optimizer.cc; their StepParams are documented there).
 //
 // Split of work: what MXNet computes once per parameter and update (learning rate after the scheduler and
 // lr_mult, weight decay after wd_mult, the update count, bias corrections) arrives as StepParams, computed in
@@ -8,7 +9,10 @@
 //
 // State layout: a slice has NumStates() arrays of `count` elements of StateDType(), in the order in which
 // MXNet's `create_state_multi_precision` nests its NDArrays, depth first, skipping None (e.g. SGD with
-// momentum and multi_precision float16: [momentum, float32 master weights]; Adam: [mean, var]).
+// momentum and multi_precision float16: [momentum, float32 master weights]; Adam: [mean, var]). The torch
+// kinds keep torch's state tensors in the weights' dtype, in the order of torch's state_dict: torch_sgd
+// [momentum_buffer] (none with momentum 0), torch_adam [exp_avg, exp_avg_sq] (+ [max_exp_avg_sq] with amsgrad);
+// torch's 'step' is StepParams::t, counted by the caller.
 // All functions are pure and thread-safe; callers own every buffer.
 #pragma once
 
@@ -31,7 +35,10 @@ enum class OptimizerKind : int {
   kSignum,
   kFtrl,
   kFtml,
+  kTorchSgd,   // torch.optim.SGD (foreach=False): lr-free momentum buffer, first buffer = gradient
+  kTorchAdam,  // torch.optim.Adam / AdamW (decoupled_weight_decay)
 };
+constexpr OptimizerKind kLastOptimizerKind = OptimizerKind::kTorchAdam;
 
 // What stays fixed for the optimizer's life (its constructor's arguments). Fields a kind does not use are
 // ignored.
@@ -50,6 +57,13 @@ struct OptimizerSpec {
   double lamda1 = 0.01;          // FTRL: L1
   double beta = 1.0;             // FTRL
   double wd_lh = 0.0;            // Signum: decoupled weight decay
+  // torch.optim's flags (torch_sgd uses momentum, torch_adam beta1/beta2/epsilon above as torch's momentum,
+  // betas and eps).
+  double dampening = 0.0;               // torch_sgd
+  bool nesterov = false;                // torch_sgd
+  bool maximize = false;                // torch_sgd, torch_adam
+  bool amsgrad = false;                 // torch_adam
+  bool decoupled_weight_decay = false;  // torch_adam: AdamW's param *= 1 - lr * weight_decay
 };
 
 // What changes per key and update, computed once per key and iteration by the server's Python.
@@ -58,7 +72,7 @@ struct StepParams {
   double wd = 0.0;
   double rescale_grad = 1.0;
   double clip_gradient = -1.0;  // < 0 means no clipping
-  double t = 0.0;               // the key's update count after this update (FTML, ...)
+  double t = 0.0;               // the key's update count after this update (FTML, torch_adam's step, ...)
   double extra[4] = {0, 0, 0, 0};  // kind-specific (documented in optimizer.cc), if a kind needs more
 };
 
