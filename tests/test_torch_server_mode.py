@@ -22,7 +22,8 @@ torch = pytest.importorskip("torch", reason="p3kv.torch needs torch (pip install
 
 SERVER = ["--placement", "server"]
 
-# Every case runs StepLR (lr halved every 2 of the 6 steps, after step()): the servers get each new lr.
+# Every case runs an LR scheduler (StepLR: lr halved every 2 of the 6 steps, after step()): the servers get each
+# new value before the next update.
 CASES = {
     "sgd-momentum-wd": ["--optimizer", "sgd"],
     "sgd-nesterov": ["--optimizer", "sgd-nesterov"],
@@ -36,6 +37,9 @@ CASES = {
     # Layer a in its own param group: half the learning rate, no weight decay (per key on the servers).
     "sgd-groups": ["--optimizer", "sgd", "--groups"],
     "adamw-groups": ["--optimizer", "adamw-amsgrad", "--groups"],
+    # OneCycleLR changes lr and momentum / betas[0] at every step: new kernel settings, the states kept.
+    "sgd-onecycle": ["--optimizer", "sgd-nesterov", "--scheduler", "onecycle"],
+    "adam-onecycle": ["--optimizer", "adam", "--scheduler", "onecycle"],
     # BatchNorm's running statistics go through keys the servers' kernel leaves alone (summed only).
     "adam-batchnorm": ["--optimizer", "adam", "--model", "bn"],
     # Accumulation: two backward passes per step, the first in no_sync().

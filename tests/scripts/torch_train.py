@@ -5,7 +5,7 @@ Worker/rank 0 saves the final parameters and buffers to OUT (torch.save of the s
     torch_train.py p3kv|ddp OUT [--optimizer NAME] [--model reversed|bn|unused|wide] [--steps N]
                    [--accumulate K] [--unused error|zeros] [--dtype float32|float16|bfloat16] [--clip NORM]
                    [--marks PREFIX] [--placement worker|server] [--groups] [--save-at K] [--resume CKPT]
-                   [--misuse clip-raw|scaler|late-lr]
+                   [--misuse clip-raw|scaler|late-lr] [--scheduler step|onecycle]
 
 --groups gives layer a its own param group (half the learning rate, no weight decay). --save-at K saves
 {"model", "optimizer", "scheduler"} state dicts after K steps to OUT.ckpt (worker/rank 0) and goes on; --resume
@@ -109,6 +109,7 @@ def main() -> int:
     p.add_argument("--optimizer", default="sgd", choices=sorted(OPTIMIZERS))
     p.add_argument("--placement", default="worker", choices=["worker", "server"])
     p.add_argument("--groups", action="store_true")
+    p.add_argument("--scheduler", default="step", choices=["step", "onecycle"])
     p.add_argument("--save-at", type=int)
     p.add_argument("--resume")
     p.add_argument("--misuse", choices=["clip-raw", "scaler", "late-lr"])
@@ -131,7 +132,10 @@ def main() -> int:
     if checkpoint is not None:
         model.load_state_dict(checkpoint["model"])  # before distribute: the servers take worker 0's weights
     optimizer = make_optimizer(args.optimizer, model, args.groups)
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    if args.scheduler == "onecycle":  # changes lr and momentum (SGD) or betas[0] (Adam) at every step
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.05, total_steps=args.steps)
+    else:
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
     if args.mode == "p3kv":
         import p3kv.torch
 
