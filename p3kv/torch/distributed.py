@@ -158,6 +158,10 @@ def _patch_optimizer(optimizer: torch.optim.Optimizer, sync: Synchronizer) -> No
         sync.finish_all()
         return inner_load(state_dict)
 
+    if isinstance(sync, ServerSynchronizer):
+        # GradScaler.step then hands the scale and inf flag to step() (as to a fused optimizer) instead of unscaling
+        # .grad in place (which bumps no version counter): step() sees them and refuses GradScaler by name.
+        optimizer._step_supports_amp_scaling = True
     # An LR scheduler made before distribute() wrapped step() and checks that it still is: ours counts as its.
     step._wrapped_by_lr_sched = True
     optimizer._p3kv_sync = sync

@@ -116,6 +116,11 @@ class ServerSynchronizer(Synchronizer):
     def request_step(self) -> None:
         """step(): the servers have updated (or are updating) from this iteration's pushes; each parameter takes
         its new value when its module next runs forward (or at finish_all)."""
+        if getattr(self.optimizer, "grad_scale", None) is not None or \
+                getattr(self.optimizer, "found_inf", None) is not None:
+            raise ConfigError("GradScaler.step(optimizer): the servers updated from the scaled gradients backward() "
+                              "sent, and cannot unscale them or skip a step after an inf; with placement='server' "
+                              "train without GradScaler (float32 on the CPU needs none), or use placement='worker'")
         self.check_round()
         changed = [s.key[6:] for s, (g, version) in self._pushed_grads.items()
                    if s.param.grad is not g or g._version != version]
