@@ -98,8 +98,9 @@ def _same_state(a, b, where="", tolerance=None) -> list[str]:
     return [] if a == b else [f"{where}: {a!r} != {b!r}"]
 
 
-@pytest.mark.parametrize("optimizer", ["adamw-amsgrad", "sgd"])
-def test_state_dict_is_ddps_and_a_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path, optimizer):
+# The optimizer's state loaded after distribute (sent by load_state_dict) or before it (sent at distribute).
+@pytest.mark.parametrize("optimizer, load", [("adamw-amsgrad", "after"), ("sgd", "before")])
+def test_state_dict_is_ddps_and_a_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path, optimizer, load):
     args = ["--optimizer", optimizer, "--groups"]
     # Saved after 3 of 6 steps (worker 0 alone asks the servers), and the run goes on to the end.
     saved = p3kv_job(tmp_path / "full.pt", *args, *SERVER, "--save-at", "3")
@@ -114,7 +115,8 @@ def test_state_dict_is_ddps_and_a_resumed_run_ends_where_an_uninterrupted_one_do
     # The run that took the checkpoint ends with DDP's parameters.
     _assert_ddps(torch.load(tmp_path / "full.pt"), torch.load(tmp_path / "ddp.pt"), args)
     # A new job resumed from the checkpoint (the optimizer's state sent to the servers by load_state_dict).
-    resumed = p3kv_job(tmp_path / "resumed.pt", *args, *SERVER, "--resume", str(tmp_path / "full.pt.ckpt"))
+    resumed = p3kv_job(tmp_path / "resumed.pt", *args, *SERVER, "--resume", str(tmp_path / "full.pt.ckpt"),
+                       *(["--load-first"] if load == "before" else []))
     assert resumed.returncode == 0, resumed.stdout
     assert "step 2 loss" not in resumed.stdout and "step 3 loss" in resumed.stdout, resumed.stdout
     diff = _differences(torch.load(tmp_path / "resumed.pt"), torch.load(tmp_path / "full.pt"))

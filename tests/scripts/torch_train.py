@@ -4,7 +4,7 @@ Worker/rank 0 saves the final parameters and buffers to OUT (torch.save of the s
 
     torch_train.py p3kv|ddp OUT [--optimizer NAME] [--model reversed|bn|unused|wide] [--steps N]
                    [--accumulate K] [--unused error|zeros] [--dtype float32|float16|bfloat16] [--clip NORM]
-                   [--marks PREFIX] [--placement worker|server] [--groups] [--save-at K] [--resume CKPT]
+                   [--marks PREFIX] [--placement worker|server] [--groups] [--save-at K] [--resume CKPT [--load-first]]
                    [--misuse clip-raw|scaler|late-lr] [--scheduler step|onecycle]
 
 --groups gives layer a its own param group (half the learning rate, no weight decay). --save-at K saves
@@ -112,6 +112,8 @@ def main() -> int:
     p.add_argument("--scheduler", default="step", choices=["step", "onecycle"])
     p.add_argument("--save-at", type=int)
     p.add_argument("--resume")
+    p.add_argument("--load-first", action="store_true", help="with --resume: load the optimizer's state before "
+                   "distribute (p3kv sends it to the servers at distribute)")
     p.add_argument("--misuse", choices=["clip-raw", "scaler", "late-lr"])
     p.add_argument("--model", default="reversed", choices=sorted(MODELS))
     p.add_argument("--steps", type=int, default=6)
@@ -136,6 +138,8 @@ def main() -> int:
         scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.05, total_steps=args.steps)
     else:
         scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    if checkpoint is not None and args.load_first:
+        optimizer.load_state_dict(checkpoint["optimizer"])
     if args.mode == "p3kv":
         import p3kv.torch
 
@@ -154,7 +158,8 @@ def main() -> int:
         model = nn.parallel.DistributedDataParallel(model)
     first = 0
     if checkpoint is not None:
-        optimizer.load_state_dict(checkpoint["optimizer"])  # p3kv server placement: sent to the servers
+        if not args.load_first:
+            optimizer.load_state_dict(checkpoint["optimizer"])  # p3kv server placement: sent to the servers
         scheduler.load_state_dict(checkpoint["scheduler"])
         first = checkpoint["steps"]
     scaler = torch.amp.GradScaler("cpu") if args.misuse == "scaler" else None
