@@ -14,11 +14,12 @@
 namespace p3 {
 
 bool IsTorchKind(OptimizerKind kind);
-// Ok for float32 and float64 weights with flags torch accepts; otherwise why not (naming float32).
+// Ok for float32, float64 and float16 weights with flags torch accepts; otherwise why not (naming float32).
 Status CheckTorchOptimizer(const OptimizerSpec& spec, DType dtype);
 // torch_sgd: 1 with momentum (momentum_buffer), else 0; torch_adam: 2, or 3 with amsgrad.
 int TorchNumStates(const OptimizerSpec& spec);
-// One update of `count` elements, states in the weights' dtype (zeros before the first update).
+// One update of `count` elements, states in the weights' dtype (zeros before the first update). float16 rounds
+// after every torch operation, as torch does with float16 tensors (no float32 copy).
 void TorchApplyUpdate(const OptimizerSpec& spec, const StepParams& step, DType dtype, void* weight,
                       const void* grad, void* const* states, uint64_t count);
 

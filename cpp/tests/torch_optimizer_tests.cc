@@ -129,9 +129,10 @@ void TestAdamWDecaysTheWeightsBeforeTheStep() {
 }
 
 void TestRefusalsNameWhatToUse() {
-  const Status half = CheckOptimizer(TorchAdam(false), DType::kFloat16);
-  CHECK(!half.ok() && Names(half, "float32") && Names(half, "float16") && Names(half, "worker mode"));
-  CHECK(!CheckOptimizer(TorchSgd(0.9), DType::kBFloat16).ok());
+  const Status bf16 = CheckOptimizer(TorchAdam(false), DType::kBFloat16);
+  CHECK(!bf16.ok() && Names(bf16, "float32") && Names(bf16, "bfloat16") && Names(bf16, "worker mode"));
+  CHECK(CheckOptimizer(TorchSgd(0.9), DType::kFloat16).ok());
+  CHECK(StateDType(TorchSgd(0.9), DType::kFloat16) == DType::kFloat16);
   CHECK(!CheckOptimizer(TorchSgd(0.9), DType::kInt32).ok());
   OptimizerSpec mp = TorchSgd(0.9);
   mp.multi_precision = true;
