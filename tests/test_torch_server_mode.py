@@ -46,6 +46,10 @@ CASES = {
     "adam-onecycle": ["--optimizer", "adam", "--scheduler", "onecycle"],
     # BatchNorm's running statistics go through keys the servers' kernel leaves alone (summed only).
     "adam-batchnorm": ["--optimizer", "adam", "--model", "bn"],
+    # float16 parameters: the servers sum two float16 gradients in float32 and round once (as gloo's sum of two
+    # values), the kernel runs torch's float16 arithmetic.
+    "sgd-float16": ["--optimizer", "sgd", "--dtype", "float16"],
+    "adam-float16": ["--optimizer", "adam-half", "--dtype", "float16"],
     # Accumulation: two backward passes per step, the first in no_sync().
     "adamw-no_sync": ["--optimizer", "adamw", "--accumulate", "2"],
 }

@@ -87,6 +87,8 @@ OPTIMIZERS = {
     "adamw": lambda params: torch.optim.AdamW(params, lr=1e-2, foreach=False),
     "adamw-amsgrad": lambda params: torch.optim.AdamW(params, lr=1e-2, amsgrad=True, weight_decay=0.05,
                                                       foreach=False),
+    # eps 1e-8 is 0 in float16 (torch's own float16 Adam then ends in NaN): an eps float16 holds.
+    "adam-half": lambda params: torch.optim.Adam(params, lr=1e-3, eps=1e-4, foreach=False),
     "adam-maximize": lambda params: torch.optim.Adam(params, lr=1e-3, maximize=True, betas=(0.8, 0.95),
                                                      eps=1e-6, foreach=False),
 }
