@@ -89,7 +89,8 @@ def distribute(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, plac
     the next iteration's first push; optimizer.state_dict()/load_state_dict() gather the state from the servers
     and send it back, in torch's format. Refused with a ConfigError naming placement='worker': other optimizers,
     differentiable/capturable, optimizer.synchronize(), gradients changed between backward() and step()
-    (clip_grad_norm_, GradScaler), param_groups changed between backward() and step(), bfloat16 parameters.
+    (clip_grad_norm_), GradScaler.step, param_groups changed between backward() and step(), bfloat16
+    parameters.
     """
     if placement not in PLACEMENTS:
         raise ConfigError(f"placement={placement!r}: p3kv.torch has placement='worker' (servers sum, each worker "
