@@ -4,7 +4,8 @@
     python -m torch.distributed.run --nproc-per-node 2 --master-port 29500 examples/torch_drop_in.py --ddp
 
 Both print each worker's weight checksum; with two workers they are equal bit for bit (docs/torch.md; torchrun
-runs its workers with OMP_NUM_THREADS=1, hence the --env).
+runs its workers with OMP_NUM_THREADS=1, hence the --env). `--placement server` runs the optimizer on p3kv's
+servers instead of the workers (the paper's placement); the checksum is the same.
 """
 
 import argparse
@@ -21,6 +22,8 @@ def main():
     p.add_argument("--ddp", action="store_true", help="run as DistributedDataParallel (gloo) to compare")
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--placement", choices=["worker", "server"], default="worker",
+                   help="p3kv: where the optimizer runs (workers, or the servers as in the paper)")
     args = p.parse_args()
 
     torch.manual_seed(0)  # same initial weights everywhere (both also broadcast rank 0's)
@@ -36,7 +39,7 @@ def main():
     else:
         import p3kv.torch  # <- 1
 
-        model, optimizer = p3kv.torch.distribute(model, optimizer)  # <- 2
+        model, optimizer = p3kv.torch.distribute(model, optimizer, placement=args.placement)  # <- 2
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])  # both launchers export them
 
     # Synthetic data: 10 classes of 3x32x32 images, each class a noisy copy of a fixed pattern.
@@ -57,7 +60,7 @@ def main():
     state = model.state_dict()  # p3kv.torch: finishes the pending updates first
     checksum = sum(float(t.double().abs().sum()) for t in state.values())
     throughput = (args.steps - 1) * args.batch_size / elapsed if args.steps > 1 else float("nan")
-    kind = "ddp" if args.ddp else "p3kv"
+    kind = "ddp" if args.ddp else f"p3kv placement={args.placement}"
     print(f"worker {rank}/{world} {kind}: {throughput:.1f} samples/s, final loss {loss.item():.4f}, "
           f"weight checksum {checksum:.10f}", flush=True)
     if args.ddp:

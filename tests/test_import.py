@@ -50,7 +50,7 @@ def test_source_folder_shadowing_an_installed_p3kv_is_named(tmp_path):
     assert "Run from another directory" in message and "python setup.py build_ext --inplace" in message, message
 
 
-CORE_MODULES = ("config", "keys", "node", "worker", "server", "scheduler", "requests")
+CORE_MODULES = ("config", "keys", "node", "worker", "server", "scheduler", "requests", "native_optimizer")
 
 
 def run_here(code):
@@ -91,21 +91,23 @@ def test_the_core_imports_nothing_from_the_layers_above_it():
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             above += [f"{path.name}:{node.lineno} {n}" for n in names
-                      if n.split(".")[0] == "mxnet" or n.startswith(("p3kv.mxnet", "p3kv.launch"))]
+                      if n.split(".")[0] in ("mxnet", "torch") or n.startswith(("p3kv.mxnet", "p3kv.torch",
+                                                                                    "p3kv.launch"))]
     assert above == []
 
 
-def test_the_launchers_server_runs_the_mxnet_optimizer_and_the_core_server_aggregates_only():
+def test_the_launchers_server_runs_the_mxnet_optimizer_and_the_core_server_framework_free_kernels():
     result = run_here("from p3kv.core.config import load, Role\n"
                       "from p3kv.core.server import P3Server\n"
                       "from p3kv.mxnet.server import OptimizerServer\n"
                       "config = load(role=Role.SERVER, root_uri='127.0.0.1', root_port=9, num_worker=1, num_server=1)\n"
                       "plain, mx_server = P3Server(config), OptimizerServer(config)\n"
-                      "print('plain host:', hasattr(plain, 'optimizer_host'))\n"
+                      "print('plain host:', type(plain.optimizer_host).__name__)\n"
                       "print('optimizer host:', type(mx_server.optimizer_host).__name__)\n"
                       "import sys; print('mxnet loaded:', 'mxnet' in sys.modules)")
     assert result.returncode == 0, result.stderr
-    assert "plain host: False" in result.stdout and "optimizer host: OptimizerHost" in result.stdout, result.stdout
+    assert "plain host: NativeOptimizerHost" in result.stdout and "optimizer host: OptimizerHost" in result.stdout, \
+        result.stdout
     assert "mxnet loaded: False" in result.stdout, result.stdout  # imported only when an optimizer arrives
 
 

@@ -15,7 +15,7 @@ pytest.importorskip("torch", reason="the example needs torch (pip install '.[tor
 
 EXAMPLE = os.path.join(ROOT, "examples", "torch_drop_in.py")
 # Not anchored to lines: torchrun's two workers share one pipe, and a line's text and newline may interleave.
-LINE = re.compile(r"worker (\d)/2 (p3kv|ddp): [^\n]*? weight checksum (\d+\.\d{10})")
+LINE = re.compile(r"worker (\d)/2 (p3kv placement=\w+|ddp): [^\n]*? weight checksum (\d+\.\d{10})")
 
 
 def checksums(output: str, kind: str) -> dict:
@@ -24,11 +24,12 @@ def checksums(output: str, kind: str) -> dict:
     return {rank: checksum for rank, _, checksum in lines}
 
 
-def test_torch_example_runs_both_ways_and_p3kv_ends_with_ddps_weights():
-    job = run_job(2, 2, [EXAMPLE, "--steps", "8"], env=launcher_env(), timeout=240,
+@pytest.mark.parametrize("placement", ["worker", "server"])
+def test_torch_example_runs_both_ways_and_p3kv_ends_with_ddps_weights(placement):
+    job = run_job(2, 2, [EXAMPLE, "--steps", "8", "--placement", placement], env=launcher_env(), timeout=240,
                   launcher_args=("--servers", "core", "--timeout", "220", "--env", "OMP_NUM_THREADS=1"))
     assert job.returncode == 0, job.stdout[-4000:]
-    p3 = checksums(job.stdout, "p3kv")
+    p3 = checksums(job.stdout, f"p3kv placement={placement}")
     ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
                           str(free_port()), EXAMPLE, "--steps", "8", "--ddp"], cwd=REPO, env=launcher_env(), text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=240, stdin=subprocess.DEVNULL)

@@ -16,11 +16,13 @@ TRAIN = os.path.join(SCRIPTS, "torch_train.py")
 
 
 def p3kv_job(out: Path, *args: str, workers: int = 2, servers: int = 2, env: dict | None = None,
-             timeout: float = 300) -> subprocess.CompletedProcess:
-    """The training script as a p3kv.torch job (servers only sum); worker 0 saves its state to `out`."""
+             timeout: float = 300, server_module: str = "core",
+             launcher_args: tuple | list = ()) -> subprocess.CompletedProcess:
+    """The training script as a p3kv.torch job on the launcher's `--servers server_module` (the framework-free
+    p3kv.core.server by default); worker 0 saves its state to `out`."""
     return run_job(workers, servers, [TRAIN, "p3kv", str(out), *args],
                    env={**launcher_env(), "P3_SLICE_SIZE": "1000", **(env or {})}, timeout=timeout,
-                   launcher_args=["--servers", "core", "--timeout", str(timeout - 10)])
+                   launcher_args=["--servers", server_module, "--timeout", str(timeout - 10), *launcher_args])
 
 
 def ddp_job(out: Path, *args: str, workers: int = 2, timeout: float = 300) -> list[str]:

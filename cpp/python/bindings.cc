@@ -276,6 +276,9 @@ PYBIND11_MODULE(_p3, m) {
            "Per-slice Python update function from now on (no kernel). exact_sum: float16 slices get the float32 "
            "sum of the workers' gradients (multi_precision), not the sum rounded to float16")
       .def("clear", [](p3::SliceOptimizer& o) { Check(o.Clear()); })
+      .def("set_kernel_keys", &p3::SliceOptimizer::SetKernelKeys, py::arg("keys"),
+           "With a kernel: only these keys are updated by it, the others aggregated only (until the next "
+           "use_kernel/use_function/clear)")
       .def_property_readonly("has_kernel", &p3::SliceOptimizer::has_kernel)
       .def_property_readonly("step_calls", &p3::SliceOptimizer::step_calls)
       .def("slices", &p3::SliceOptimizer::Slices)
@@ -323,6 +326,11 @@ PYBIND11_MODULE(_p3, m) {
             try {
               *reply = callable->fn(type, py::bytes(body)).cast<std::string>();
             } catch (py::error_already_set& e) {
+              // A handler that takes no request of this kind says so as a server without a handler does: the
+              // worker raises UnsupportedRequest (p3kv.mxnet.kvstore then names the server command to use).
+              if (e.matches(py::module_::import("p3kv.core.errors").attr("UnsupportedRequest"))) {
+                return Status::Unsupported(py::str(e.value()).cast<std::string>());
+              }
               return PyErrorStatus(e, "request handler");
             } catch (py::cast_error& e) {
               return Status::Rejected(std::string("the request handler must return bytes: ") + e.what());

@@ -51,7 +51,12 @@ Status SliceOptimizer::Clear() {
   return Status::Ok();
 }
 
+void SliceOptimizer::SetKernelKeys(std::vector<uint64_t> keys) {
+  kernel_keys_ = std::set<uint64_t>(keys.begin(), keys.end());
+}
+
 void SliceOptimizer::Reset() {
+  kernel_keys_.clear();
   kernel_ = false;
   steps_ = nullptr;
   function_ = nullptr;
@@ -92,6 +97,10 @@ Status SliceOptimizer::SliceFailed(const UpdateRequest& r, Status why) {
 Status SliceOptimizer::Update(const UpdateRequest& r) {
   if (!kernel_) {
     if (function_) return function_(r);
+    CopyAggregate(r);
+    return Status::Ok();
+  }
+  if (!kernel_keys_.empty() && kernel_keys_.count(r.key) == 0) {  // a key the kernel does not own: summed only
     CopyAggregate(r);
     return Status::Ok();
   }

@@ -1,5 +1,6 @@
 // Unit tests of SliceOptimizer (the server's per-slice MXNet optimizer): a new optimizer only between two
-// iterations, one step per key and iteration also when slices or the step fail, and what a new optimizer keeps.
+// iterations, one step per key and iteration also when slices or the step fail, what a new optimizer keeps, and a
+// kernel limited to some keys.
 
 #include <cstdint>
 #include <cstring>
@@ -129,6 +130,22 @@ void TestANewOptimizerDropsStatesButKeepsTheFloat32Weights() {
   CHECK(opt.StatesOf(2, 0) == nullptr);
 }
 
+void TestAKernelLimitedToSomeKeysSumsTheOthers() {
+  // p3kv.torch's server placement: parameters' keys get the kernel, BatchNorm buffers' keys are only summed.
+  SliceOptimizer opt;
+  int calls = 0;
+  CHECK(opt.UseKernel(SgdMomentum(), FixedStep(&calls)).ok());
+  opt.SetKernelKeys({5});
+  Slice param, buffer;
+  buffer.grad = {3, 4};
+  CHECK(opt.Update(param.Request(5, 0, 1, 1)).ok() && opt.Update(buffer.Request(6, 0, 1, 1)).ok());
+  CHECK(param.value[0] == -1.0f && buffer.value[0] == 3.0f && buffer.value[1] == 4.0f);
+  CHECK(calls == 1 && opt.StatesOf(5, 0) != nullptr && opt.StatesOf(6, 0) == nullptr);
+  // A new kernel goes back to every key.
+  CHECK(opt.UseKernel(SgdMomentum(), FixedStep(&calls), SliceOptimizer::StateCarry::kKeep).ok());
+  CHECK(opt.Update(buffer.Request(6, 0, 2, 1)).ok() && calls == 2 && opt.StatesOf(6, 0) != nullptr);
+}
+
 }  // namespace
 
 #define RUN(t) {#t, t}
@@ -139,5 +156,6 @@ int main() {
       RUN(TestASliceFailingBeforeItsStepStillHasItsTurn),
       RUN(TestAFailedStepIsAskedOnceAndReportedToEverySlice),
       RUN(TestANewOptimizerDropsStatesButKeepsTheFloat32Weights),
+      RUN(TestAKernelLimitedToSomeKeysSumsTheOthers),
   });
 }

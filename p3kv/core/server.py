@@ -1,13 +1,13 @@
-"""P3Server: the server side of P3, and `python -m p3kv.core.server` to run an aggregate-only one from the P3_*
-environment.
+"""P3Server: the server side of P3, and `python -m p3kv.core.server` to run one from the P3_* environment.
 
-The update function is pluggable. Without one the server broadcasts the summed gradient ("aggregate only");
-p3kv.mxnet.server.OptimizerServer, the server the launcher starts, plugs in the MXNet optimizer that worker 0 sends
-(this module knows nothing of MXNet). A custom update function is called once per slice and iteration, on the
-server's consumer thread, as `updater(key_id, slice, offset, iteration, aggregated, value)`: `aggregated` is a
-read-only view of the sum over workers, `value` a writable view of the stored slice (initially worker 0's init
-value) to update in place; the new `value` is then broadcast. An exception in it reaches every worker waiting on the
-key.
+The update function is pluggable. By default the server runs the framework-free optimizer host
+(p3kv.core.native_optimizer): native kernels chosen by name, which p3kv.torch's server placement asks for; until a
+worker sends a kernel spec it broadcasts the summed gradient ("aggregate only"). This module and that host import
+no framework. p3kv.mxnet.server.OptimizerServer, the launcher's default server, adds the MXNet optimizer worker 0
+pickles. A custom update function is called once per slice and iteration, on the server's consumer thread, as
+`updater(key_id, slice, offset, iteration, aggregated, value)`: `aggregated` is a read-only view of the sum over
+workers, `value` a writable view of the stored slice (initially worker 0's init value) to update in place; the new
+`value` is then broadcast. An exception in it reaches every worker waiting on the key.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from p3kv import _p3
 from p3kv.core import node
 from p3kv.core.config import Config, Role, load
 from p3kv.core.errors import P3Error
+from p3kv.core.native_optimizer import NativeOptimizerHost
 
 log = logging.getLogger("p3kv.server")
 
@@ -32,8 +33,13 @@ class P3Server:
     def __init__(self, config: Config | None = None, updater: Updater | None = None,
                  on_request: Callable[[int, bytes], bytes] | None = None, **overrides):
         """`on_request(type, body) -> reply` answers workers' control requests (see p3kv.core.requests) on the
-        consumer thread; without it a request is refused with an error the worker raises. Without `updater` the
-        server broadcasts summed gradients."""
+        consumer thread. Without `updater` and `on_request` the server runs the framework-free optimizer host
+        (`optimizer_host`, a NativeOptimizerHost; aggregate only until a kernel spec arrives). With an `updater`
+        and no `on_request`, a request is refused with an error the worker raises."""
+        if updater is None and on_request is None:
+            self.native = _p3.SliceOptimizer()
+            self.optimizer_host = NativeOptimizerHost(self.native)
+            updater, on_request = self.native, self.optimizer_host.on_request
         self.config = config if config is not None else load(role=Role.SERVER, **overrides)
         node.configure_logging(self.config)
         self._core = _p3.Server(node.node_config(self.config), updater, on_request)
@@ -91,8 +97,9 @@ def serve(create: Callable[[], P3Server]) -> int:
 
 
 def main(updater: Updater | None = None) -> int:
-    """Runs one server from the environment with `updater` (aggregate only without one); returns the exit code.
-    The launcher's servers run p3kv.mxnet.server instead, which adds the MXNet optimizer."""
+    """Runs one server from the environment with `updater` (the framework-free optimizer host without one);
+    returns the exit code. The launcher's default servers run p3kv.mxnet.server, which adds the MXNet optimizer;
+    `--servers core` runs this one."""
     return serve(lambda: P3Server(updater=updater))
 
 

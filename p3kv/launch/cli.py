@@ -65,8 +65,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--server-command", type=_command, metavar="CMD", help="run CMD as each server instead of "
                    "the default (split like a shell does)")
     p.add_argument("--servers", choices=sorted(SERVER_MODULES), default="mxnet", help="p3 jobs: mxnet (default) "
-                   "runs the MXNet optimizer a worker sends; core runs framework-free servers that import neither "
-                   "MXNet nor torch and sum gradients (p3kv.torch)")
+                   "runs the MXNet optimizer a worker sends (and p3kv.torch's kernels); core runs framework-free "
+                   "servers that import neither MXNet nor torch: they sum gradients, or run the native kernels "
+                   "p3kv.torch's placement='server' asks for")
     p.add_argument("--scheduler-command", type=_command, metavar="CMD", help="run CMD as the scheduler")
     p.add_argument("--env", type=_env_pair, action="append", default=[], metavar="KEY=VALUE",
                    help="set KEY for every process (repeatable), e.g. --env P3_SLICE_SIZE=40000")

@@ -315,10 +315,10 @@ class P3(mx.kvstore.KVStoreBase):
                 try:
                     self._worker.request(s, requests.SET_OPTIMIZER, body)
                 except UnsupportedRequest as e:  # the server's REPLY status says it has no request handler
-                    raise P3Error(f"{e}. Its servers run without an optimizer host (p3kv.core.server or a custom "
-                                  "P3Server): start them with `python -m p3kv.mxnet.server`, which python -m "
-                                  "p3kv.launch runs by default, or train with update_on_kvstore=False (the workers "
-                                  "update)") from None
+                    raise P3Error(f"{e}. Its servers run no MXNet optimizer host (p3kv.core.server, framework-"
+                                  "free, or a custom P3Server): start them with `python -m p3kv.mxnet.server`, which "
+                                  "python -m p3kv.launch runs by default, or train with update_on_kvstore=False (the "
+                                  "workers update)") from None
 
     def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
         """Collects every slice's optimizer state from the servers and writes them per key, in the format of

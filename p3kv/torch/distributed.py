@@ -12,11 +12,13 @@ import torch
 
 from p3kv.core.errors import ConfigError
 from p3kv.core.worker import P3Worker
+from p3kv.torch import server_optimizer
+from p3kv.torch.server_placement import ServerSynchronizer
 from p3kv.torch.synchronizer import Synchronizer
 
 log = logging.getLogger("p3kv.torch")
 
-PLACEMENTS = ("worker",)
+PLACEMENTS = ("worker", "server")
 _worker: P3Worker | None = None
 
 
@@ -51,7 +53,7 @@ def distribute(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, plac
 
     - At this call every worker joins the job and takes worker 0's parameters and buffers (as DDP's broadcast at
       construction).
-    - Worker placement (the only one yet): servers only sum. Each parameter's gradient leaves as soon as it is
+    - Worker placement (the default): servers only sum. Each parameter's gradient leaves as soon as it is
       final (its post-accumulate-grad hook), multiplied by 1/world size as DDP does, as one key sliced by the core
       and pushed with its forward-order priority (the first forward pass learns the order of the modules; the
       first layer is the most urgent). `optimizer.step()` returns at once: each parameter's update is the user's
@@ -78,18 +80,36 @@ def distribute(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, plac
     - Tensors: dense contiguous CPU float32, float16, bfloat16 or float64 parameters (the servers sum float16
       and bfloat16 in float32); CUDA tensors are refused with a ConfigError (the GPU path is not built yet).
     - Refused: step(closure) (LBFGS re-runs forward and backward inside step()).
+
+    placement='server' (the paper's placement; docs/torch.md) runs the optimizer on the servers instead, per slice,
+    with native kernels following torch's formulas: torch.optim.SGD, Adam and AdamW only, with the same settings
+    in every param group but lr and weight_decay. Workers push gradients and get back parameters; the servers
+    hold the weights from this call on (load a model's state before it). step() returns at once and the new values
+    become the parameters as in worker placement. param_groups changes (LR schedulers) reach the servers before
+    the next iteration's first push; optimizer.state_dict()/load_state_dict() gather the state from the servers
+    and send it back, in torch's format. Refused with a ConfigError naming placement='worker': other optimizers,
+    differentiable/capturable, optimizer.synchronize(), gradients changed between backward() and step()
+    (clip_grad_norm_), GradScaler.step, param_groups changed between backward() and step(), bfloat16
+    parameters.
     """
     if placement not in PLACEMENTS:
-        raise ConfigError(f"placement={placement!r}: p3kv.torch supports {PLACEMENTS} (the server placement, "
-                          "optimizers run on the servers, is not built yet): use placement='worker'")
+        raise ConfigError(f"placement={placement!r}: p3kv.torch has placement='worker' (servers sum, each worker "
+                          "runs the optimizer) and placement='server' (the optimizer runs on the servers)")
     if getattr(optimizer, "_p3kv_sync", None) is not None:
         raise ConfigError("this optimizer is already distributed by p3kv.torch.distribute")
-    sync = Synchronizer(model, optimizer, worker(), unused_parameters=unused_parameters,
-                        backward_passes_per_step=backward_passes_per_step, broadcast_buffers=broadcast_buffers)
+    options = dict(unused_parameters=unused_parameters, backward_passes_per_step=backward_passes_per_step,
+                   broadcast_buffers=broadcast_buffers)
+    if placement == "server":
+        # Refused before joining the job: every worker raises the same error at once.
+        spec = server_optimizer.kernel_spec(optimizer)
+        server_optimizer.check_dtypes(spec, [(n, p) for n, p in model.named_parameters() if p.requires_grad])
+        sync = ServerSynchronizer(model, optimizer, worker(), spec, **options)
+    else:
+        sync = Synchronizer(model, optimizer, worker(), **options)
     _patch_optimizer(optimizer, sync)
     model.no_sync = types.MethodType(_no_sync_of(sync), model)
-    log.info("worker %d of %d: %d parameters, %d servers", sync.worker.rank, sync.worker.num_workers,
-             len(sync.slots), sync.worker.num_servers)
+    log.info("worker %d of %d: %d parameters, %d servers, placement=%s", sync.worker.rank, sync.worker.num_workers,
+             len(sync.slots), sync.worker.num_servers, placement)
     return model, optimizer
 
 
@@ -128,13 +148,21 @@ def _patch_optimizer(optimizer: torch.optim.Optimizer, sync: Synchronizer) -> No
         sync.synchronize()
 
     def state_dict(self):
+        if isinstance(sync, ServerSynchronizer):
+            return sync.state_dict(inner_state_dict)
         sync.finish_all()
         return inner_state_dict()
 
     def load_state_dict(self, state_dict):
+        if isinstance(sync, ServerSynchronizer):
+            return sync.load_state_dict(inner_load, state_dict)
         sync.finish_all()
         return inner_load(state_dict)
 
+    if isinstance(sync, ServerSynchronizer):
+        # GradScaler.step then hands the scale and inf flag to step() (as to a fused optimizer) instead of unscaling
+        # .grad in place (which bumps no version counter): step() sees them and refuses GradScaler by name.
+        optimizer._step_supports_amp_scaling = True
     # An LR scheduler made before distribute() wrapped step() and checks that it still is: ours counts as its.
     step._wrapped_by_lr_sched = True
     optimizer._p3kv_sync = sync

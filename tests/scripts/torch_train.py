@@ -2,9 +2,15 @@
 (under python -m p3kv.launch) or as a DDP rank (gloo; RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set by the test).
 Worker/rank 0 saves the final parameters and buffers to OUT (torch.save of the state_dict).
 
-    torch_train.py p3kv|ddp OUT [--optimizer sgd|adam|adamw] [--model reversed|bn|unused|wide] [--steps N]
+    torch_train.py p3kv|ddp OUT [--optimizer NAME] [--model reversed|bn|unused|wide] [--steps N]
                    [--accumulate K] [--unused error|zeros] [--dtype float32|float16|bfloat16] [--clip NORM]
-                   [--marks PREFIX]
+                   [--marks PREFIX] [--placement worker|server] [--groups] [--save-at K] [--resume CKPT [--load-first]]
+                   [--misuse clip-raw|scaler|late-lr] [--scheduler step|onecycle]
+
+--groups gives layer a its own param group (half the learning rate, no weight decay). --save-at K saves
+{"model", "optimizer", "scheduler"} state dicts after K steps to OUT.ckpt (worker/rank 0) and goes on; --resume
+CKPT loads such a checkpoint (the model's before distribute, the optimizer's and scheduler's after it) and runs the
+remaining steps. --misuse does something server placement refuses between backward() and step().
 
 The "reversed" model registers its layers in the reverse of the order its forward pass calls them (a, b, c run
 in that order; c, b, a registered), so registration order is not forward order.
@@ -70,19 +76,47 @@ class Wide(Reversed):
 MODELS = {"reversed": Reversed, "bn": WithBatchNorm, "unused": Unused, "wide": Wide}
 
 
-def make_optimizer(name: str, params):
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=0.05, momentum=0.9, weight_decay=1e-3, foreach=False)
-    if name == "adam":
-        return torch.optim.Adam(params, lr=1e-2, weight_decay=1e-3, foreach=False)
-    return torch.optim.AdamW(params, lr=1e-2, foreach=False)
+OPTIMIZERS = {
+    "sgd": lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9, weight_decay=1e-3, foreach=False),
+    "sgd-nesterov": lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-3,
+                                                   foreach=False),
+    "sgd-dampening": lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.8, dampening=0.3, foreach=False),
+    "sgd-plain": lambda params: torch.optim.SGD(params, lr=0.05, foreach=False),
+    "sgd-maximize": lambda params: torch.optim.SGD(params, lr=0.01, momentum=0.5, maximize=True, foreach=False),
+    "adam": lambda params: torch.optim.Adam(params, lr=1e-2, weight_decay=1e-3, foreach=False),
+    "adamw": lambda params: torch.optim.AdamW(params, lr=1e-2, foreach=False),
+    "adamw-amsgrad": lambda params: torch.optim.AdamW(params, lr=1e-2, amsgrad=True, weight_decay=0.05,
+                                                      foreach=False),
+    # eps 1e-8 is 0 in float16 (torch's own float16 Adam then ends in NaN): an eps float16 holds.
+    "adam-half": lambda params: torch.optim.Adam(params, lr=1e-3, eps=1e-4, foreach=False),
+    "adam-maximize": lambda params: torch.optim.Adam(params, lr=1e-3, maximize=True, betas=(0.8, 0.95),
+                                                     eps=1e-6, foreach=False),
+}
+
+
+def make_optimizer(name: str, model: nn.Module, groups: bool):
+    if not groups:
+        return OPTIMIZERS[name](model.parameters())
+    first = list(model.a.parameters())
+    rest = [p for p in model.parameters() if all(p is not q for q in first)]
+    optimizer = OPTIMIZERS[name](rest)
+    optimizer.add_param_group({"params": first, "lr": optimizer.defaults["lr"] / 2, "weight_decay": 0.0})
+    return optimizer
 
 
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("mode", choices=["p3kv", "ddp"])
     p.add_argument("out")
-    p.add_argument("--optimizer", default="sgd", choices=["sgd", "adam", "adamw"])
+    p.add_argument("--optimizer", default="sgd", choices=sorted(OPTIMIZERS))
+    p.add_argument("--placement", default="worker", choices=["worker", "server"])
+    p.add_argument("--groups", action="store_true")
+    p.add_argument("--scheduler", default="step", choices=["step", "onecycle"])
+    p.add_argument("--save-at", type=int)
+    p.add_argument("--resume")
+    p.add_argument("--load-first", action="store_true", help="with --resume: load the optimizer's state before "
+                   "distribute (p3kv sends it to the servers at distribute)")
+    p.add_argument("--misuse", choices=["clip-raw", "scaler", "late-lr"])
     p.add_argument("--model", default="reversed", choices=sorted(MODELS))
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--accumulate", type=int, default=1, help="backward passes per step (the first K-1 in no_sync)")
@@ -98,14 +132,22 @@ def main() -> int:
     torch.manual_seed(0)
     torch.set_num_threads(1)
     model = MODELS[args.model]().to(getattr(torch, args.dtype))
-    optimizer = make_optimizer(args.optimizer, model.parameters())
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    checkpoint = torch.load(args.resume) if args.resume else None
+    if checkpoint is not None:
+        model.load_state_dict(checkpoint["model"])  # before distribute: the servers take worker 0's weights
+    optimizer = make_optimizer(args.optimizer, model, args.groups)
+    if args.scheduler == "onecycle":  # changes lr and momentum (SGD) or betas[0] (Adam) at every step
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.05, total_steps=args.steps)
+    else:
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    if checkpoint is not None and args.load_first:
+        optimizer.load_state_dict(checkpoint["optimizer"])
     if args.mode == "p3kv":
         import p3kv.torch
 
         passes = args.accumulate if args.passes_per_step else 1
         model, optimizer = p3kv.torch.distribute(model, optimizer, unused_parameters=args.unused,
-                                                 backward_passes_per_step=passes)
+                                                 backward_passes_per_step=passes, placement=args.placement)
         rank, world = p3kv.torch.worker().rank, p3kv.torch.worker().num_workers
         if os.environ.get("RANK") is not None:  # the launcher's torchrun variables name the same worker
             assert (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) == (rank, world), (
@@ -116,6 +158,13 @@ def main() -> int:
         dist.init_process_group("gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
         model = nn.parallel.DistributedDataParallel(model)
+    first = 0
+    if checkpoint is not None:
+        if not args.load_first:
+            optimizer.load_state_dict(checkpoint["optimizer"])  # p3kv server placement: sent to the servers
+        scheduler.load_state_dict(checkpoint["scheduler"])
+        first = checkpoint["steps"]
+    scaler = torch.amp.GradScaler("cpu") if args.misuse == "scaler" else None
     print(f"ready rank={rank} pid={os.getpid()}", flush=True)
     inner = model.module if args.mode == "ddp" else model
     marks: list[int] = []
@@ -127,7 +176,7 @@ def main() -> int:
     n = args.steps * args.accumulate * args.batch * world
     x = torch.randn(n, 8, generator=gen).to(getattr(torch, args.dtype))
     y = torch.randint(0, 4, (n,), generator=gen)
-    for step in range(args.steps):
+    for step in range(first, args.steps):
         for micro in range(args.accumulate):
             start = ((step * args.accumulate + micro) * world + rank) * args.batch
             xb, yb = x[start:start + args.batch], y[start:start + args.batch]
@@ -135,15 +184,27 @@ def main() -> int:
             local_only = not last and not (args.mode == "p3kv" and args.passes_per_step)
             with (model.no_sync() if local_only else _nothing()):
                 loss = F.cross_entropy(model(xb).float(), yb)
-                loss.backward()
+                (loss if scaler is None else scaler.scale(loss)).backward()
         if args.clip is not None:
             if args.mode == "p3kv":
                 optimizer.synchronize()  # the averaged gradients into .grad; the next step() is a whole one
             nn.utils.clip_grad_norm_(model.parameters(), args.clip)
-        optimizer.step()
+        if args.misuse == "clip-raw":
+            nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+        if args.misuse == "late-lr":
+            for group in optimizer.param_groups:
+                group["lr"] *= 0.9
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
         scheduler.step()
         optimizer.zero_grad()
         print(f"step {step} loss {loss.item():.6f}", flush=True)
+        if args.save_at == step + 1 and rank == 0:
+            torch.save({"model": inner.state_dict(), "optimizer": optimizer.state_dict(),
+                        "scheduler": scheduler.state_dict(), "steps": step + 1}, f"{args.out}.ckpt")
     if args.marks:
         with open(f"{args.marks}.rank{rank}.json", "w") as f:
             json.dump(marks, f)

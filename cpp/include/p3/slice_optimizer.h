@@ -5,6 +5,8 @@
 // the update count) comes from `StepSource`, which is asked once per key and iteration — not per slice — and
 // shared by all of the key's slices on this server. Optimizers without a kernel (user-defined ones) run through
 // a per-slice fallback function (MXNet's own update in Python). With neither, the value becomes the aggregate.
+// A kernel may be limited to some keys (SetKernelKeys): the others are aggregated only (p3kv.torch's server
+// placement broadcasts BatchNorm's running statistics through keys the optimizer must not touch).
 //
 // Thread-safety: none. Every method runs on the server's consumer thread (Update is called there, and control
 // requests that change the optimizer or read its states are answered there, in order with the data).
@@ -13,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -48,6 +51,9 @@ class SliceOptimizer {
   // Ok when no key is partly updated in an iteration here; otherwise which one.
   Status BetweenIterations() const;
   bool has_kernel() const { return kernel_; }
+  // With a kernel: only `keys` are updated by it, every other key's value becomes its aggregate (no state, no
+  // step asked). UseKernel, UseFunction and Clear go back to every key.
+  void SetKernelKeys(std::vector<uint64_t> keys);
 
   Status Update(const UpdateRequest& r);
 
@@ -91,6 +97,7 @@ class SliceOptimizer {
   Updater function_;
   std::map<std::pair<uint64_t, uint32_t>, States> states_;
   std::map<std::pair<uint64_t, uint64_t>, CachedStep> cached_;  // (key, iteration)
+  std::set<uint64_t> kernel_keys_;  // empty: every key
   uint64_t step_calls_ = 0;
 };
 
