@@ -28,8 +28,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 LOG = logging.getLogger("server_bench")
 SOURCE = HERE / "server_slice_bench.cc"
 # The server's per-slice path and what it needs; nothing with sockets or threads.
-UNITS = ("aggregator.cc", "admission.cc", "buffer_pool.cc", "slice_optimizer.cc", "optimizer.cc", "dtype.cc",
-         "frame_builder.cc", "codec.cc")
+UNITS = ("aggregator.cc", "admission.cc", "buffer_pool.cc", "slice_optimizer.cc", "optimizer.cc", "torch_optimizer.cc",
+         "dtype.cc", "frame_builder.cc", "codec.cc")
 # setup.py's extra_compile_args (and Pybind11Extension's C++17), so the numbers are the extension's; -Werror
 # keeps the benchmark warnings-clean.
 FLAGS = ["-std=c++17", "-O3", "-Wall", "-Wextra", "-Werror", "-pthread"]
