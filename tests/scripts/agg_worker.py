@@ -60,9 +60,12 @@ def main():
             ref[key] = (ref[key] - float(lr) * total).astype(dtype) if lr else total.astype(dtype)
             assert np.array_equal(outs[key], ref[key]), f"key {key!r} iteration {it}: {outs[key][:4]} != {ref[key][:4]}"
     np.savez(os.path.join(out_dir, f"worker{w.rank}.npz"), **{str(k): v for k, v in params.items()})
-    with open(os.path.join(out_dir, f"worker{w.rank}.json"), "w") as f:
-        json.dump({"rank": w.rank, "counters": w.counters(), "slices": {str(k): w.slices(k) for k in KEYS}}, f)
+    slices = {str(k): w.slices(k) for k in KEYS}
+    # Counters after close: the sender counts a frame once its write returned, and the server's broadcast of the
+    # last PUSH can complete the wait before that (a fresh-clone run read 50 PUSHes of 51).
     w.close()
+    with open(os.path.join(out_dir, f"worker{w.rank}.json"), "w") as f:
+        json.dump({"rank": w.rank, "counters": w.counters(), "slices": slices}, f)
     return 0
 
 
