@@ -33,6 +33,8 @@ import threading
 import time
 from collections.abc import Sequence
 
+from benchmarks.emulation import proc_monitor
+
 LOG = logging.getLogger("cpu_limit")
 ROOT = pathlib.Path("/sys/fs/cgroup")
 PERIOD_US = 100_000  # the kernel's default CFS period: quotas are enforced per 100 ms
@@ -256,16 +258,6 @@ def _remove_dirs(dirs: Sequence[pathlib.Path], timeout: float = 10.0) -> None:
                 time.sleep(0.05)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def cleanup_stale(root: pathlib.Path = ROOT) -> list[str]:
     """Removes the host groups of clusters whose creating process is gone; returns their paths."""
     removed = []
@@ -274,7 +266,7 @@ def cleanup_stale(root: pathlib.Path = ROOT) -> list[str]:
             continue
         for d in parent.iterdir():
             match = _NAME.match(d.name)
-            if match and d.is_dir() and not _alive(int(match.group(1))):
+            if match and d.is_dir() and not proc_monitor.alive(int(match.group(1))):
                 try:
                     _remove_dirs([d])
                     removed.append(str(d))

@@ -37,7 +37,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from benchmarks import paths
-from benchmarks.emulation import cpu_limit, host_cpu
+from benchmarks.emulation import cpu_limit, host_cpu, proc_monitor
 
 LOG = logging.getLogger("emulated_cluster")
 PREFIX = "p3c"  # namespace names: p3c<pid>x<n>h<i> and p3c<pid>x<n>br
@@ -86,22 +86,12 @@ def _namespaces() -> list[str]:
     return [line.split()[0] for line in done.stdout.splitlines() if line.strip()]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def cleanup_stale() -> list[str]:
     """Deletes the namespaces of clusters whose creating process is gone; returns their names."""
     removed = []
     for name in _namespaces():
         match = _NAME.match(name)
-        if match and not _alive(int(match.group(1))):
+        if match and not proc_monitor.alive(int(match.group(1))):
             _kill_namespace_processes(name)
             _run(["ip", "netns", "delete", name], check=False)
             removed.append(name)

@@ -42,6 +42,17 @@ def _children_map() -> dict[int, list[int]]:
     return children
 
 
+def alive(pid: int) -> bool:
+    """Whether a process with this pid exists (another user's counts): what names a stale namespace or cgroup."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def descendants(root: int) -> list[int]:
     children = _children_map()
     found, stack = [], [root]
