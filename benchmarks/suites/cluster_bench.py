@@ -250,6 +250,17 @@ def conditions_from_args(args: argparse.Namespace) -> Conditions:
                       allow_dirty=args.allow_dirty, seed=args.seed, smoke=args.smoke)
 
 
+def checked_bandwidth(p: argparse.ArgumentParser, text: str) -> str | None:
+    """--bandwidth as the runners take it: a tc rate, or None for "none" (uncapped links); else p.error."""
+    if text.lower() == "none":
+        return None
+    try:
+        emulated_cluster.parse_rate(text)
+    except ValueError as e:
+        p.error(str(e))
+    return text
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", nargs="+", default=["resnet50_v1"], help=f"one or more of {', '.join(MODELS)}")
@@ -291,13 +302,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     for m in args.model:
         if m not in MODELS:
             p.error(f"--model {m}: choose from {', '.join(MODELS)}")
-    if args.bandwidth.lower() == "none":
-        args.bandwidth = None
-    else:
-        try:
-            emulated_cluster.parse_rate(args.bandwidth)
-        except ValueError as e:
-            p.error(str(e))
+    args.bandwidth = checked_bandwidth(p, args.bandwidth)
     if args.hosts < 2:
         p.error("--hosts must be at least 2")
     if args.layout == "separate" and args.hosts % 2:

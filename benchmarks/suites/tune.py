@@ -224,13 +224,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error(str(e))
     if args.hosts < 2 or args.iters < 1 or args.repeats < 1 or args.warmup < 0:
         p.error("--hosts must be >= 2, --iters and --repeats >= 1, --warmup >= 0")
-    if args.bandwidth.lower() == "none":
-        args.bandwidth = None
-    else:
-        try:
-            emulated_cluster.parse_rate(args.bandwidth)
-        except ValueError as e:
-            p.error(str(e))
+    args.bandwidth = cluster_bench.checked_bandwidth(p, args.bandwidth)
     return args
 
 
