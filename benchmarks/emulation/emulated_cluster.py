@@ -37,7 +37,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from benchmarks import paths
-from benchmarks.emulation import cpu_limit, host_cpu, proc_monitor
+from benchmarks.emulation import cpu_limit, host_cpu, link_napi, proc_monitor
 
 LOG = logging.getLogger("emulated_cluster")
 PREFIX = "p3c"  # namespace names: p3c<pid>x<n>h<i> and p3c<pid>x<n>br
@@ -134,6 +134,9 @@ class EmulatedCluster:
         self._want_cpu_groups = cpu_groups
         self.cpu: cpu_limit.HostCpuLimits | None = None
         self._old_handlers: dict[int, object] = {}
+        # Each host's link receive threads (link_napi.py), or why the links receive in softirq instead.
+        self.rx_threads: list[list[int]] = [[] for _ in range(hosts)]
+        self.rx_problem: str | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------------------
     def start(self) -> EmulatedCluster:
@@ -159,8 +162,11 @@ class EmulatedCluster:
                 self._in(self.bridge_ns, "ip", "link", "set", f"h{i}", "master", "br0")
                 self._in(self.bridge_ns, "ip", "link", "set", f"h{i}", "up")
             self.set_bandwidth(self.bandwidth)
+            self._thread_receive()
             if self._want_cpu_groups:
-                self.cpu = cpu_limit.HostCpuLimits(self.namespaces).start()
+                self.cpu = cpu_limit.HostCpuLimits(self.namespaces, slice_file=cpu_limit.SLICE_FILE).start()
+                for i, tids in enumerate(self.rx_threads):
+                    self.cpu.adopt(i, tids)
         except BaseException:
             self.close()
             raise
@@ -174,6 +180,8 @@ class EmulatedCluster:
             return
         self._up = False
         self.stop_sampler()
+        if self.cpu is not None:
+            self.cpu.release([t for tids in self.rx_threads for t in tids])
         for ns in [*self.namespaces, self.bridge_ns]:
             _kill_namespace_processes(ns)
             _run(["ip", "netns", "delete", ns], check=False)
@@ -203,6 +211,35 @@ class EmulatedCluster:
         for sig in (signal.SIGTERM, signal.SIGHUP):
             if signal.getsignal(sig) in (signal.SIG_DFL, None):
                 self._old_handlers[sig] = signal.signal(sig, on_signal)
+
+    def _thread_receive(self) -> None:
+        """Both ends of every host link receive on NAPI threads (link_napi.py); each host's own thread is
+        remembered for its CPU group. Where the kernel refuses, the links keep receiving in softirq and
+        `rx_problem` says why (the rows record it)."""
+        def enable(where: str, devs: Sequence[str]) -> bool:
+            done = _run(["ip", "netns", "exec", where, sys.executable, link_napi.__file__, *devs], check=False)
+            if done.returncode != 0:
+                self.rx_problem = (done.stderr or done.stdout).strip() or f"link_napi exited {done.returncode}"
+                LOG.warning("links receive in softirq: %s", self.rx_problem)
+            return done.returncode == 0
+
+        for i, ns in enumerate(self.namespaces):  # one host at a time: its new thread is the one that appears
+            before = link_napi.napi_threads("eth0")
+            if not enable(ns, ["eth0"]):
+                return
+            new = sorted(link_napi.napi_threads("eth0") - before)
+            if len(new) == 1:  # a veth has one receive queue
+                self.rx_threads[i] = new
+            else:  # another cluster started beside this one
+                self.rx_problem = f"host {i}: {len(new)} new receive threads for eth0, expected 1"
+                LOG.warning("%s: its receive work is not charged to its CPU group", self.rx_problem)
+        enable(self.bridge_ns, [f"h{i}" for i in range(self.hosts)])
+
+    @property
+    def link_rx(self) -> str:
+        """How the links receive, for the rows: "napi-threads" (each host's in its CPU group when it has one)
+        or "softirq (why)"."""
+        return f"softirq ({self.rx_problem})" if self.rx_problem else "napi-threads"
 
     # -- hosts ------------------------------------------------------------------------------------------------
     def address(self, i: int) -> str:
