@@ -114,7 +114,12 @@ def test_groups_write_the_quota_and_read_their_counters(tmp_path):
     assert (group / "cpu.cfs_period_us").read_text() == str(cpu_limit.PERIOD_US) == "10000"
     assert (group / "cpu.cfs_quota_us").read_text() == "-1"  # accounting only until a quota is set
     limits.set_quota(0.25)
-    assert (group / "cpu.cfs_quota_us").read_text() == "25000" and limits.quota == 0.25
+    assert (group / "cpu.cfs_quota_us").read_text() == "2500" and limits.quota == 0.25  # 0.25 cores of 10 ms
+    # Under 0.1 cores the quota would fall below the kernel's 1 ms: the period grows instead, the share stays.
+    limits.set_quota(0.04)
+    assert (group / "cpu.cfs_period_us").read_text() == "25000" and (group / "cpu.cfs_quota_us").read_text() == "1000"
+    assert limits.period_us == 25000
+    limits.set_quota(0.25)
     (group / "cpu.stat").write_text(V1_STAT)
     (root / "cpuacct" / "p3c1x0h0" / "cpuacct.usage").write_text("3000000000\n")
     assert limits.groups[0].usage().cpu_s == 3.0

@@ -138,11 +138,14 @@ def _cpu_cgroup(tid: int) -> str:
 
 
 def test_a_hosts_tcp_receive_work_runs_on_its_own_thread_in_its_own_group():
-    """The links receive on NAPI threads (link_napi.py): host 1's receive thread is in host 1's CPU group and does
-    the work of a transfer host 0 sends it; the machine's CFS bandwidth slice is 1 ms while the groups exist."""
+    """With threaded_rx the hosts receive on NAPI threads (link_napi.py): host 1's receive thread is in host 1's
+    CPU group and does the work of a transfer host 0 sends it (without the switch ports' TSO off it would do none:
+    this test caught that); the machine's CFS bandwidth slice is 1 ms while the groups exist."""
     _require()
     slice_before = cpu_limit.SLICE_FILE.read_text().strip()
-    with emulated_cluster.EmulatedCluster(2, "1gbit", cpu_groups=True) as cluster:
+    with emulated_cluster.EmulatedCluster(2, "1gbit", cpu_groups=True) as plain:
+        assert plain.link_rx == "softirq" and plain.rx_threads == [[], []]  # the default: the kernel's way
+    with emulated_cluster.EmulatedCluster(2, "1gbit", cpu_groups=True, threaded_rx=True) as cluster:
         if cluster.rx_problem:
             pytest.skip(f"this kernel keeps veth receive work in softirq: {cluster.rx_problem}")
         assert cluster.link_rx == "napi-threads"

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import pathlib
 import re
@@ -41,6 +42,15 @@ ROOT = pathlib.Path("/sys/fs/cgroup")
 # burst and then stops it for the rest of the period: at a 0.4-core quota, 60 ms with nothing running, where the
 # host it stands for (2 CPUs at a fifth of their speed) would only run slower. 10 ms bounds such a stop to a few ms.
 PERIOD_US = 10_000
+MIN_QUOTA_US = 1000  # the kernel's smallest quota per period
+
+
+def period_us(cores: float | None) -> int:
+    """The CFS period for a quota of `cores`: PERIOD_US, or longer where the quota would fall under the kernel's
+    1 ms minimum (below 0.1 cores), so that the quota is never rounded up."""
+    if cores is None:
+        return PERIOD_US
+    return max(PERIOD_US, math.ceil(MIN_QUOTA_US / cores))
 # The runtime each CPU takes from its group's quota at a time (kernel.sched_cfs_bandwidth_slice_us, 5 ms by
 # default). A 10 ms period holds a 4 ms quota: with 5 ms slices the first CPU would take all of it and the host's
 # other threads would wait on the other CPU. 1 ms slices let a host use both CPUs within a period. The setting is
@@ -212,13 +222,19 @@ class CpuGroup:
                 except OSError as e:  # the siblings' budgets fill the parent's: the timer stays ordinary (recorded)
                     LOG.warning("%s: no real-time budget for the virtual GPU's timer (%s)", self.name, e)
 
-    def set_quota(self, cores: float | None) -> None:
-        """`cores` of CPU bandwidth per period; None: unlimited (the group still accounts)."""
-        quota = -1 if cores is None else max(1000, round(cores * PERIOD_US))  # the kernel's minimum is 1 ms
+    def set_quota(self, cores: float | None) -> int:
+        """`cores` of CPU bandwidth per period; None: unlimited (the group still accounts). Returns the period."""
+        period = period_us(cores)
+        quota = -1 if cores is None else max(MIN_QUOTA_US, round(cores * period))
         if self.hierarchy.version == 1:
-            (self.dirs[0] / "cpu.cfs_quota_us").write_text(str(quota))
+            # Unlimited while the period changes: the kernel checks every intermediate quota/period pair.
+            (self.dirs[0] / "cpu.cfs_quota_us").write_text("-1")
+            (self.dirs[0] / "cpu.cfs_period_us").write_text(str(period))
+            if quota >= 0:
+                (self.dirs[0] / "cpu.cfs_quota_us").write_text(str(quota))
         else:
-            (self.dirs[0] / "cpu.max").write_text(f"{'max' if quota < 0 else quota} {PERIOD_US}")
+            (self.dirs[0] / "cpu.max").write_text(f"{'max' if quota < 0 else quota} {period}")
+        return period
 
     def procs_files(self) -> list[str]:
         return [str(d / "cgroup.procs") for d in self.dirs]
@@ -300,6 +316,7 @@ class HostCpuLimits:
         self._slice_file = slice_file
         self._slice_before: str | None = None
         self.bandwidth_slice_us: int | None = None  # what the machine's slice was while the groups ran
+        self.period_us = PERIOD_US  # the CFS period of the quota set last
 
     def start(self) -> HostCpuLimits:
         self._up = True
@@ -370,7 +387,7 @@ class HostCpuLimits:
     def set_quota(self, cores: float | None) -> None:
         """Every host's quota in cores (None: unlimited, accounting only)."""
         for g in self.groups:
-            g.set_quota(cores)
+            self.period_us = g.set_quota(cores)
         self.quota = cores
 
     def wrap(self, i: int, argv: Sequence[str]) -> list[str]:

@@ -118,9 +118,10 @@ def tbf_args(rate_bps: float) -> list[str]:
 
 class EmulatedCluster:
     """`hosts` namespaces on one bridge; `bandwidth` (e.g. "1gbit", None: uncapped) caps every host's link;
-    `cpu_groups`: a CPU cgroup per host (raises cpu_limit.CpuLimitError at start where none can be made)."""
+    `cpu_groups`: a CPU cgroup per host (raises cpu_limit.CpuLimitError at start where none can be made);
+    `threaded_rx`: hosts receive on NAPI threads of their own (link_napi.py), not in softirq."""
 
-    def __init__(self, hosts: int, bandwidth: str | None = None, cpu_groups: bool = False):
+    def __init__(self, hosts: int, bandwidth: str | None = None, cpu_groups: bool = False, threaded_rx: bool = False):
         if not 1 <= hosts <= 200:
             raise ValueError(f"hosts must be 1..200 (got {hosts})")
         self.hosts = hosts
@@ -132,6 +133,7 @@ class EmulatedCluster:
         self._up = False
         self._sampler: subprocess.Popen | None = None
         self._want_cpu_groups = cpu_groups
+        self.threaded_rx = threaded_rx
         self.cpu: cpu_limit.HostCpuLimits | None = None
         self._old_handlers: dict[int, object] = {}
         # Each host's link receive threads (link_napi.py), or why the links receive in softirq instead.
@@ -162,7 +164,8 @@ class EmulatedCluster:
                 self._in(self.bridge_ns, "ip", "link", "set", f"h{i}", "master", "br0")
                 self._in(self.bridge_ns, "ip", "link", "set", f"h{i}", "up")
             self.set_bandwidth(self.bandwidth)
-            self._thread_receive()
+            if self.threaded_rx:
+                self._thread_receive()
             if self._want_cpu_groups:
                 self.cpu = cpu_limit.HostCpuLimits(self.namespaces, slice_file=cpu_limit.SLICE_FILE).start()
                 for i, tids in enumerate(self.rx_threads):
@@ -213,19 +216,22 @@ class EmulatedCluster:
                 self._old_handlers[sig] = signal.signal(sig, on_signal)
 
     def _thread_receive(self) -> None:
-        """Both ends of every host link receive on NAPI threads (link_napi.py); each host's own thread is
-        remembered for its CPU group. Where the kernel refuses, the links keep receiving in softirq and
-        `rx_problem` says why (the rows record it)."""
-        def enable(where: str, devs: Sequence[str]) -> bool:
-            done = _run(["ip", "netns", "exec", where, sys.executable, link_napi.__file__, *devs], check=False)
+        """Every host receives on a NAPI thread of its own (link_napi.py), remembered for its CPU group; the
+        switch's ports send without TSO, which a veth needs to hand TCP to that thread. Where the kernel refuses,
+        the links keep receiving in softirq and `rx_problem` says why (the rows record it)."""
+        def run(where: str, action: str, devs: Sequence[str]) -> bool:
+            done = _run(["ip", "netns", "exec", where, sys.executable, link_napi.__file__, action, *devs],
+                        check=False)
             if done.returncode != 0:
                 self.rx_problem = (done.stderr or done.stdout).strip() or f"link_napi exited {done.returncode}"
                 LOG.warning("links receive in softirq: %s", self.rx_problem)
             return done.returncode == 0
 
+        if not run(self.bridge_ns, "no-tso", [f"h{i}" for i in range(self.hosts)]):
+            return
         for i, ns in enumerate(self.namespaces):  # one host at a time: its new thread is the one that appears
             before = link_napi.napi_threads("eth0")
-            if not enable(ns, ["eth0"]):
+            if not run(ns, "receive", ["eth0"]):
                 return
             new = sorted(link_napi.napi_threads("eth0") - before)
             if len(new) == 1:  # a veth has one receive queue
@@ -233,12 +239,13 @@ class EmulatedCluster:
             else:  # another cluster started beside this one
                 self.rx_problem = f"host {i}: {len(new)} new receive threads for eth0, expected 1"
                 LOG.warning("%s: its receive work is not charged to its CPU group", self.rx_problem)
-        enable(self.bridge_ns, [f"h{i}" for i in range(self.hosts)])
 
     @property
     def link_rx(self) -> str:
-        """How the links receive, for the rows: "napi-threads" (each host's in its CPU group when it has one)
-        or "softirq (why)"."""
+        """How the links receive, for the rows: "softirq" (the kernel's default), "napi-threads" (each host's in
+        its CPU group when it has one) or "softirq (why napi was refused)"."""
+        if not self.threaded_rx:
+            return "softirq"
         return f"softirq ({self.rx_problem})" if self.rx_problem else "napi-threads"
 
     # -- hosts ------------------------------------------------------------------------------------------------

@@ -8,13 +8,14 @@ GPU's real-time timer waits behind it: at 4 hosts its completions ran 1-5 ms lat
 With GRO on, a veth receives through a NAPI instance of its own; with `threaded` set, that instance polls on a
 kernel thread (napi/<dev>-<id>), an ordinary thread that a real-time timer preempts and that a cgroup can hold.
 
-The host side (eth0 in host i's namespace) gets its thread put into host i's CPU group by the cluster: the host
-pays for its own TCP receive work within its quota. The bridge side (the switch) keeps its threads in the root
-group: the switch is not a host.
+Only the hosts' side receives this way (eth0 in host i's namespace, its thread put into host i's CPU group by the
+cluster): the host pays for its own TCP receive work within its quota. A veth uses its peer's NAPI for TCP only
+when the sending end has TSO off (no_tso), so the switch's ports (the bridge side) send without TSO; what the
+switch itself receives (bridging, a few µs per packet) stays in softirq: the switch is not a host.
 
 Two kernel interfaces: the ETHTOOL_SGRO ioctl (this machine has no ethtool binary) and
 /sys/class/net/<dev>/threaded, both inside the device's namespace: this file is run as a script (standard library
-only) with `ip netns exec`: `python link_napi.py DEV...`.
+only) with `ip netns exec`: `python link_napi.py receive|no-tso DEV...`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import sys
 from collections.abc import Sequence
 
 _SIOCETHTOOL = 0x8946
+_ETHTOOL_STSO = 0x1F
 _ETHTOOL_GGRO = 0x2B
 _ETHTOOL_SGRO = 0x2C
 
@@ -51,6 +53,14 @@ def enable(dev: str, sys_net: pathlib.Path = pathlib.Path("/sys/class/net")) -> 
     (sys_net / dev / "threaded").write_text("1")
 
 
+def no_tso(dev: str) -> None:
+    """TSO off for `dev` in this namespace. A veth hands a TCP packet to its peer's NAPI only when the sending
+    device has no TSO (the kernel's veth_skb_is_eligible_for_gro): else the packet goes the softirq way whatever
+    the receiver's settings. The large packets are then cut into MSS-sized segments when they leave the sending
+    device (software GSO, a few µs per 64 KiB), and the receiver's GRO joins them again."""
+    _ethtool_value(dev, _ETHTOOL_STSO, 0)
+
+
 def napi_threads(dev: str, proc: pathlib.Path = pathlib.Path("/proc")) -> set[int]:
     """Pids of the kernel threads polling NAPI instances of devices named `dev` (in any namespace: the names do
     not say which)."""
@@ -69,15 +79,16 @@ def napi_threads(dev: str, proc: pathlib.Path = pathlib.Path("/proc")) -> set[in
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    devs = list(sys.argv[1:] if argv is None else argv)
-    if not devs:
-        os.write(2, b"usage: python link_napi.py DEV... (inside the devices' namespace)\n")
+    args = list(sys.argv[1:] if argv is None else argv)
+    actions = {"receive": enable, "no-tso": no_tso}
+    if len(args) < 2 or args[0] not in actions:
+        os.write(2, b"usage: python link_napi.py receive|no-tso DEV... (inside the devices' namespace)\n")
         return 2
-    for dev in devs:
+    for dev in args[1:]:
         try:
-            enable(dev)
+            actions[args[0]](dev)
         except OSError as e:
-            os.write(2, f"link_napi: {dev}: {e}\n".encode())
+            os.write(2, f"link_napi: {args[0]} {dev}: {e}\n".encode())
             return 1
     return 0
 

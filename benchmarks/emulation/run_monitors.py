@@ -80,7 +80,7 @@ class RunMonitors:
                      "cpu_limit": f"cgroup-v{self._cluster.cpu.hierarchy.version}" if limited else "off",
                      "cpu_quota_cores": round(self.quota, 4) if limited and self.quota else "",
                      "sampling_cpu_s": round(sampling, 3),
-                     "cfs_period_us": cpu_limit.PERIOD_US if limited else "",
+                     "cfs_period_us": self._cluster.cpu.period_us if limited else "",
                      "cfs_slice_us": (self._cluster.cpu.bandwidth_slice_us or "") if limited else "",
                      "link_rx": getattr(self._cluster, "link_rx", "")}
         window, window_s = None, 0.0
