@@ -38,6 +38,9 @@ RUN_COLUMNS = (
     "tcp_out_segs_total", "sampling_cpu_s", "faithful", "fidelity_notes",
     "rank_iter_s",  # every rank's timed iterations, [[rank 0's], [rank 1's], ...] (iter_s: rank 0's alone)
     "update_placement",  # where the optimizer ran: servers (CPU), workers (virtual GPU at its bandwidth), none
+    # The kernel's side of the emulation: the CFS period and per-CPU slice of the host quotas (cpu_limit.py), and
+    # whether the links received on NAPI threads charged to the hosts or in softirq (link_napi.py).
+    "cfs_period_us", "cfs_slice_us", "link_rx",
 )
 ITERATION_COLUMNS = ("run_id", "tag", "model", "kvstore", "hosts", "bandwidth", "gpu_scale", "repeat", "rank",
                      "iteration", "time_s")

@@ -26,7 +26,8 @@ LOG = logging.getLogger("run_monitors")
 COLUMNS = ("host_cpus", "cpu_limit", "cpu_quota_cores", "host_cpu_s", "host_throttled_s", "host_throttled_pct",
            "throttled_max_pct", "throttled_periods_max_pct", "timed_window_s", "vgpu_late_max_us",
            "vgpu_forgiven_us_per_iter", "qdisc_drops", "qdisc_drops_total", "tcp_retrans", "tcp_retrans_total",
-           "tcp_out_segs_total", "sampling_cpu_s", "faithful", "fidelity_notes")
+           "tcp_out_segs_total", "sampling_cpu_s", "faithful", "fidelity_notes", "cfs_period_us", "cfs_slice_us",
+           "link_rx")
 
 
 def joined(values: Sequence[float], digits: int = 3) -> str:
@@ -78,7 +79,10 @@ class RunMonitors:
         row: dict = {"host_cpus": self.host_cpus if self.host_cpus is not None else "",
                      "cpu_limit": f"cgroup-v{self._cluster.cpu.hierarchy.version}" if limited else "off",
                      "cpu_quota_cores": round(self.quota, 4) if limited and self.quota else "",
-                     "sampling_cpu_s": round(sampling, 3)}
+                     "sampling_cpu_s": round(sampling, 3),
+                     "cfs_period_us": self._cluster.cpu.period_us if limited else "",
+                     "cfs_slice_us": (self._cluster.cpu.bandwidth_slice_us or "") if limited else "",
+                     "link_rx": getattr(self._cluster, "link_rx", "")}
         window, window_s = None, 0.0
         if samples:
             whole = cpu_limit.window(samples, samples[0][0], samples[-1][0])

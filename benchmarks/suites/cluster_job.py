@@ -84,6 +84,7 @@ class Point:
     setting_env: tuple[tuple[str, str], ...] = ()
     baseline_setting: str = ""
     host_cpus: float | None = None  # CPUs of one emulated host, dilated by gpu_scale; None: no CPU limit
+    link_rx: str = "softirq"  # how hosts receive: "softirq" (the kernel's way) or "napi" (link_napi.py)
 
     @property
     def cpu_quota(self) -> float | None:

@@ -112,7 +112,7 @@ def _point(name: str, args: argparse.Namespace, model: str, kvstore: str, equiva
     host_cpus = cluster_bench.host_cpus_from_args(args)
     scale = (settings.pop("gpu_scale", None) or args.gpu_scale
              or min(least_dilation(equivalent, args.link_max), cpu_fit(hosts, host_cpus)))
-    return cluster_bench.Point(model=model, kvstore=kvstore, hosts=hosts, host_cpus=host_cpus,
+    return cluster_bench.Point(model=model, kvstore=kvstore, hosts=hosts, host_cpus=host_cpus, link_rx=args.link_rx,
                                bandwidth=link(equivalent, scale), compute="emulated", batch_size=args.batch_size,
                                gpu="p100", gpu_scale=scale, optimizer=args.optimizer, warmup=args.warmup,
                                iters=args.iters, tag=name, timeout=args.timeout, **settings)

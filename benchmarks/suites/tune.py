@@ -186,7 +186,8 @@ def base_points(args: argparse.Namespace) -> list[Point]:
         points.append(Point(model=model, kvstore="", hosts=args.hosts, bandwidth=bandwidth, compute=args.compute,
                             batch_size=args.batch_size, gpu_scale=scale, optimizer=args.optimizer,
                             warmup=args.warmup, iters=args.iters, tag="tune", timeout=args.timeout,
-                            log_interval=max(1, args.iters), host_cpus=host_cpus))
+                            log_interval=max(1, args.iters), host_cpus=host_cpus,
+                            link_rx=getattr(args, "link_rx", "softirq")))
     return points
 
 
