@@ -38,6 +38,7 @@ RUN_COLUMNS = (
     "tcp_out_segs_total", "sampling_cpu_s", "faithful", "fidelity_notes",
     "rank_iter_s",  # every rank's timed iterations, [[rank 0's], [rank 1's], ...] (iter_s: rank 0's alone)
     "update_placement",  # where the optimizer ran: servers (CPU), workers (virtual GPU at its bandwidth), none
+    "torch",  # the torch version of the PyTorch systems' workers (suites/torch_systems.py)
 )
 ITERATION_COLUMNS = ("run_id", "tag", "model", "kvstore", "hosts", "bandwidth", "gpu_scale", "repeat", "rank",
                      "iteration", "time_s")
