@@ -35,7 +35,8 @@ def undilated(p: dict) -> float:
 
 # One colour per system in every panel and figure, so that a system reads the same across them.
 SYSTEM_COLORS = {"p3": "tab:orange", "dist_sync": "tab:green", "mxnet-p3": "tab:blue", "horovod": "tab:red",
-                 "p3-slicing-only": "tab:purple", "p3-priority-split": "tab:brown", "p3-priority-only": "tab:gray"}
+                 "p3-slicing-only": "tab:purple", "p3-priority-split": "tab:brown", "p3-priority-only": "tab:gray",
+                 "ddp": "tab:pink", "torch-p3kv": "tab:olive", "torch-p3kv-server": "tab:cyan"}
 
 
 def plot(name: str, rows: Sequence[dict], path: pathlib.Path, include_smoke: bool = False) -> None:
