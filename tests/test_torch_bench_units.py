@@ -156,9 +156,11 @@ def test_the_runner_runs_ddp_under_torchrun_without_servers_and_p3kv_torch_on_fr
     worker = cluster_job._worker_argv(p3, "/tmp/x")
     assert worker[1:3] == ["-m", torch_systems.WORKER_MODULE] and worker[-4:] == ["--system", "p3kv", "--placement",
                                                                                  "server"]
-    argv = torch_systems.torchrun_argv("python", 3, 1, "10.77.0.1", 9400, cluster_job._worker_argv(ddp, "/tmp/x"))
+    argv = torch_systems.torchrun_argv("python", 3, 1, "10.77.0.1", 9400, cluster_job._worker_argv(ddp, "/tmp/x"),
+                                       "10.77.0.2")
     assert argv[:3] == ["python", "-m", "torch.distributed.run"]
     assert argv[argv.index("--node-rank") + 1] == "1" and argv[argv.index("--master-addr") + 1] == "10.77.0.1"
+    assert argv[argv.index("--local-addr") + 1] == "10.77.0.2"
     assert argv[argv.index("-m", 3) + 1] == torch_systems.WORKER_MODULE and argv[-2:] == ["--system", "ddp"]
 
 
@@ -195,7 +197,10 @@ def _row(kvstore: str, seconds: float, repeat: int, rng) -> dict:
             "hosts": "2", "bandwidth": "400mbit", "bandwidth_bps": "4e8", "gpu_scale": "0.2", "batch_size": "32",
             "efficiency_factor": "1.0", "host_cpus": "2.0", "tag": "torch", "workers": "2",
             "samples_per_batch": "32", "unit": "images", "rank_iter_s": json.dumps(times),
-            "repeat": str(repeat), "update_placement": "servers (CPU)"}
+            "iter_s": json.dumps(times[0]), "repeat": str(repeat), "update_placement": "servers (CPU)",
+            "legacy": "False", "optimizer": "sgd(lr=0.01)", "bound_throughput": "500", "cpu_total_pct": "50",
+            "cpu_host_pct": "25;25", "load_1m_before": "0.1", "load_1m_after": "0.1", "layout": "colocated",
+            "compute": "emulated", "slice_size": ""}
 
 
 def test_the_table_gives_each_systems_rate_and_its_ratio_to_ddp_with_cis():
@@ -212,6 +217,17 @@ def test_the_table_gives_each_systems_rate_and_its_ratio_to_ddp_with_cis():
     low, high = (float(x) for x in ci.strip("()").split("-"))
     assert float(value) == pytest.approx(2.0, rel=0.02) and low <= 2.0 <= high
     assert torch_comparison.table([{**rows[0], "kvstore": "p3"}]) == ""
+
+
+def test_the_torch_sweeps_figure_draws_each_model_against_the_rate(tmp_path):
+    rng = np.random.default_rng(1)
+    rows = [{**_row(kv, s * rate_s, r, rng), "model": model, "bandwidth": f"{rate}mbit",
+             "bandwidth_bps": str(rate * 1e6)}
+            for model in ("resnet50_v1", "vgg19") for rate, rate_s in ((400, 1.0), (800, 0.6), (2000, 0.4))
+            for r in range(2) for kv, s in (("ddp", 1.0), ("torch-p3kv", 0.8), ("torch-p3kv-server", 0.9))]
+    path = tmp_path / "fig_torch.png"
+    sweeps.plot("torch", rows, path, include_smoke=True)
+    assert path.stat().st_size > 10_000
 
 
 def test_worker_arguments_refuse_what_the_torch_systems_do_not_run():

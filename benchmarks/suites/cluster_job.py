@@ -233,7 +233,7 @@ def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: 
         argv += ["--", *_worker_argv(point, out)]
         if launcher_kvstore == "torchrun":  # DDP: torchrun instead of p3kv's launcher
             argv = torch_systems.torchrun_argv(sys.executable, hosts, i, cluster.address(0), port,
-                                               _worker_argv(point, out))
+                                               _worker_argv(point, out), cluster.address(i))
         host_env = env
         log = open(scratch / f"{name}.host{i}.log", "w")
         logs.append(log)

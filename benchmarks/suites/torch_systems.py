@@ -30,14 +30,16 @@ SWEEP_REPEATS = 5
 TORCHRUN_MONITOR_S = 1  # how often torchrun's agent looks at its rank (its default, 0.1 s, costs the host CPU)
 
 
-def torchrun_argv(python: str, hosts: int, node_rank: int, master: str, port: int, worker_argv: list[str]
-                  ) -> list[str]:
-    """One host's torchrun: `worker_argv` is [python, "-m", module, args...], as cluster_job builds it."""
+def torchrun_argv(python: str, hosts: int, node_rank: int, master: str, port: int, worker_argv: list[str],
+                  local_addr: str) -> list[str]:
+    """One host's torchrun: `worker_argv` is [python, "-m", module, args...], as cluster_job builds it.
+    `local_addr`: the host's own address (torchrun would otherwise take the hostname's, which every namespace
+    shares)."""
     if worker_argv[1:2] != ["-m"]:
         raise ValueError(f"not a `python -m module` command: {worker_argv[:3]}")
     return [python, "-m", "torch.distributed.run", "--nnodes", str(hosts), "--nproc-per-node", "1",
             "--node-rank", str(node_rank), "--master-addr", master, "--master-port", str(port),
-            "--monitor-interval", str(TORCHRUN_MONITOR_S), "-m", *worker_argv[2:]]
+            "--local-addr", local_addr, "--monitor-interval", str(TORCHRUN_MONITOR_S), "-m", *worker_argv[2:]]
 
 
 def sweep(args, point) -> list:
