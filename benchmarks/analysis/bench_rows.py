@@ -41,6 +41,7 @@ RUN_COLUMNS = (
     # The kernel's side of the emulation: the CFS period and per-CPU slice of the host quotas (cpu_limit.py), and
     # whether the links received on NAPI threads charged to the hosts or in softirq (link_napi.py).
     "cfs_period_us", "cfs_slice_us", "link_rx",
+    "torch",  # the torch version of the PyTorch systems' workers (suites/torch_systems.py)
 )
 ITERATION_COLUMNS = ("run_id", "tag", "model", "kvstore", "hosts", "bandwidth", "gpu_scale", "repeat", "rank",
                      "iteration", "time_s")

@@ -9,6 +9,8 @@
     python -m benchmarks.suites.sweeps demo          # make demo's comparison
     python -m benchmarks.suites.sweeps utilisation   # tx/rx of every link over time, dist_sync vs p3kv vs Horovod
                                               # (also fig_utilisation_links.png, see link_utilisation.py)
+    python -m benchmarks.suites.sweeps torch         # PyTorch: p3kv.torch (both placements) vs DDP (gloo),
+                                              # ResNet-50 and VGG-19 at 3 rates each, >= 5 repeats, CIs
     python -m benchmarks.suites.sweeps estimate      # how long each sweep takes (from the bound and older rows),
                                               # and into how many --slice parts of <= --window hours it splits
     python -m benchmarks.suites.sweeps bandwidth --resume --slice 2/5   # one 2-hour slice of a long sweep
@@ -47,10 +49,10 @@ import statistics
 import sys
 from collections.abc import Sequence
 
-from benchmarks.analysis import bench_rows
+from benchmarks.analysis import bench_rows, torch_comparison
 from benchmarks.analysis.points import optimizer_label
 from benchmarks.emulation import cpu_limit, emulated_cluster, emulated_compute, run_guard, wire_bound
-from benchmarks.suites import baseline_settings, cluster_bench, sweep_slices
+from benchmarks.suites import baseline_settings, cluster_bench, sweep_slices, torch_systems
 from benchmarks.suites.sweep_plots import SYSTEM_COLORS, plot, plot_links  # noqa: F401  (SYSTEM_COLORS: the tests')
 
 LOG = logging.getLogger("sweeps")
@@ -162,10 +164,10 @@ def sweep_utilisation(args):
 
 SWEEPS = {"bandwidth": sweep_bandwidth, "slice": sweep_slice, "ablation": sweep_ablation, "scale": sweep_scale,
           "sensitivity": sweep_sensitivity, "dilation": sweep_dilation, "demo": sweep_demo,
-          "utilisation": sweep_utilisation}
+          "utilisation": sweep_utilisation, "torch": lambda args: torch_systems.sweep(args, _point)}
 
 
-ALL = ("demo", "bandwidth", "slice", "ablation", "scale", "sensitivity", "dilation", "utilisation")
+ALL = ("demo", "bandwidth", "slice", "ablation", "scale", "sensitivity", "dilation", "utilisation", "torch")
 GATE_S = 5.0  # the run guard's idle sample before every run
 WINDOW_H = 2.0  # the idle window one slice of a long sweep should fit (estimate --window)
 # What --slice cuts a sweep by: the estimate with fixed factors, so K/N stays the same runs as rows accumulate.
@@ -233,7 +235,8 @@ def not_yet_run(points: Sequence[cluster_bench.Point], csv_path: pathlib.Path) -
 
 def sweep_points(name: str, args: argparse.Namespace) -> list[cluster_bench.Point]:
     """Every run of sweep `name` in its interleaved order, each system at its tuned best where there is one."""
-    points = cluster_bench.interleave(SWEEPS[name](args), args.repeats, args.seed)
+    repeats = max(args.repeats, torch_systems.SWEEP_REPEATS if name == "torch" else 1)
+    points = cluster_bench.interleave(SWEEPS[name](args), repeats, args.seed)
     return baseline_settings.from_args(points, args)
 
 
@@ -279,7 +282,8 @@ def run_csvs(results_dir: pathlib.Path) -> list[pathlib.Path]:
 
 def write_summary(name: str, results_dir: pathlib.Path, skipped: dict[str, str] | None = None) -> str:
     """The sweep's summary table (results_dir/NAME.md) from its CSV; returns it."""
-    table = cluster_bench.summary([r for r in bench_rows.read_runs(results_dir / f"{name}.csv") if r["tag"] == name])
+    rows = [r for r in bench_rows.read_runs(results_dir / f"{name}.csv") if r["tag"] == name]
+    table = cluster_bench.summary(rows) + torch_comparison.table(rows, include_smoke=True)  # torch's: vs DDP, CIs
     table += "".join(f"\n- {kv} skipped: {why}\n" for kv, why in (skipped or {}).items())
     (results_dir / f"{name}.md").write_text(table)
     return table
