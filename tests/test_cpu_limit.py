@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from benchmarks.emulation import cpu_limit
+from benchmarks.emulation import cpu_limit, cpu_sampler
 from benchmarks.emulation.cpu_limit import CpuUsage
 from benchmarks.suites import cluster_bench, sweeps
 
@@ -74,11 +74,11 @@ def test_counters_parse_from_v1_and_v2_text():
 
 def test_window_takes_the_samples_that_cover_it():
     samples = [(float(t), [CpuUsage(cpu_s=t, throttled_s=t / 10)]) for t in range(11)]
-    [usage] = cpu_limit.window(samples, 2.5, 6.2)  # from the sample at 2 to the one at 7
+    [usage] = cpu_sampler.window(samples, 2.5, 6.2)  # from the sample at 2 to the one at 7
     assert usage.cpu_s == pytest.approx(5.0) and usage.throttled_s == pytest.approx(0.5)
-    [whole] = cpu_limit.window(samples, -5, 50)
+    [whole] = cpu_sampler.window(samples, -5, 50)
     assert whole.cpu_s == pytest.approx(10.0)
-    assert cpu_limit.window([], 0, 1) == []
+    assert cpu_sampler.window([], 0, 1) == []
 
 
 def _fake_v1(root):

@@ -18,7 +18,7 @@ import pathlib
 import resource
 from collections.abc import Sequence
 
-from benchmarks.emulation import cpu_limit, fidelity, net_counters
+from benchmarks.emulation import cpu_sampler, fidelity, net_counters
 
 LOG = logging.getLogger("run_monitors")
 
@@ -47,13 +47,13 @@ class RunMonitors:
     def __init__(self, cluster, host_cpus: float | None, quota: float | None):
         self._cluster = cluster
         self.host_cpus, self.quota = host_cpus, quota
-        self._sampler: cpu_limit.UsageSampler | None = None
+        self._sampler: cpu_sampler.UsageSampler | None = None
         self._net_before: list[net_counters.HostNet] | None = None
 
     def start(self) -> RunMonitors:
         if self._cluster.cpu is not None:
             self._cluster.set_cpu_quota(self.quota if self.host_cpus is not None else None)
-            self._sampler = cpu_limit.UsageSampler(self._cluster.cpu).start()
+            self._sampler = cpu_sampler.UsageSampler(self._cluster.cpu).start()
         self._net_before = self._net()
         self._self_before = _self_cpu_s()
         self._link_sampler_before = self._cluster.sampler_cpu_s()
@@ -85,13 +85,13 @@ class RunMonitors:
                      "link_rx": getattr(self._cluster, "link_rx", "")}
         window, window_s = None, 0.0
         if samples:
-            whole = cpu_limit.window(samples, samples[0][0], samples[-1][0])
+            whole = cpu_sampler.window(samples, samples[0][0], samples[-1][0])
             row.update(host_cpu_s=joined([u.cpu_s for u in whole]), host_throttled_s=joined([u.throttled_s
                                                                                              for u in whole]))
             if results and result_files:
                 end = max(p.stat().st_mtime for p in result_files)
                 window_s = max(sum(r.get("iter_s") or []) for r in results)
-                window = cpu_limit.window(samples, end - window_s, end)
+                window = cpu_sampler.window(samples, end - window_s, end)
                 shares = [u.throttled_s / window_s if window_s else 0.0 for u in window]
                 row.update(host_throttled_pct=joined([100 * s for s in shares], 1),
                            throttled_max_pct=round(100 * max(shares), 1),
