@@ -48,7 +48,7 @@ class ChildServices:
         """Starts `python -m p3kv.core.scheduler` or `p3kv.core.server` with this process's environment (or
         `environ`) described by `cfg`."""
         module = "p3kv.core.scheduler" if role is Role.SCHEDULER else "p3kv.core.server"
-        env = child_environment(cfg, role, os.environ if environ is None else environ)
+        env = child_environment(cfg, role, config.handed_on() if environ is None else environ)
         proc = subprocess.Popen([sys.executable, "-m", module], env=env,
                                 stdin=subprocess.DEVNULL)
         self.children.append((name, proc))

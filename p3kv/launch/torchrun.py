@@ -15,9 +15,9 @@ for consistency; p3kv.torch.torchrun starts p3kv's scheduler and servers from it
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Mapping
 
+from p3kv.core import config
 from p3kv.core.errors import ConfigError
 
 # What torchrun exports to every worker (torch.distributed.elastic's local agent); GROUP_RANK / GROUP_WORLD_SIZE
@@ -39,8 +39,7 @@ def worker_environment(local_rank: int, local_workers: int, num_workers: int, ma
 def started_by_torchrun(environ: Mapping[str, str] | None = None) -> bool:
     """Whether this process has torchrun's variables but no p3kv job description (P3_ROLE): a script started by
     torchrun (or a launcher like it) that must start p3kv's services itself."""
-    env = os.environ if environ is None else environ
-    return not env.get("P3_ROLE") and all(env.get(name) for name in ("RANK", "WORLD_SIZE"))
+    return not config.get("P3_ROLE", environ) and all(config.get(name, environ) for name in ("RANK", "WORLD_SIZE"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,8 +62,10 @@ class TorchrunJob:
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> TorchrunJob:
         """Reads torchrun's variables; ConfigError naming what is missing or inconsistent."""
-        env = os.environ if environ is None else environ
-        missing = [name for name in REQUIRED if not env.get(name)]
+        env = {name: str(config.get(name, environ)) for name in (*REQUIRED, "GROUP_RANK", "GROUP_WORLD_SIZE",
+                                                                 "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID",
+                                                                 "TORCHELASTIC_RESTART_COUNT")}
+        missing = [name for name in REQUIRED if not env[name]]
         if missing:
             raise ConfigError(f"{', '.join(missing)} not set: starting p3kv's scheduler and servers from a worker "
                               "needs torchrun's variables (run the script with `torchrun --nproc-per-node W "
@@ -72,7 +73,7 @@ class TorchrunJob:
                               "train.py`, which starts them itself")
 
         def number(name: str, default: int | None = None) -> int:
-            raw = env.get(name, "")
+            raw = env[name]
             if not raw and default is not None:
                 return default
             try:
@@ -106,8 +107,8 @@ class TorchrunJob:
             raise ConfigError(f"MASTER_PORT={port} is not a TCP port (1-65535)")
         return cls(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world, node=node,
                    nodes=nodes, master_addr=env["MASTER_ADDR"], master_port=port,
-                   agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE", "") == "True",
-                   run_id=env.get("TORCHELASTIC_RUN_ID", "none"), restart=number("TORCHELASTIC_RESTART_COUNT", 0))
+                   agent_store=env["TORCHELASTIC_USE_AGENT_STORE"] == "True",
+                   run_id=env["TORCHELASTIC_RUN_ID"] or "none", restart=number("TORCHELASTIC_RESTART_COUNT", 0))
 
     @property
     def starts_scheduler(self) -> bool:
