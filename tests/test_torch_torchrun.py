@@ -198,3 +198,18 @@ def test_without_torchrun_p3kvs_heartbeats_end_the_services_of_a_killed_worker(n
     while [p for p in pids.values() if running(p)] and time.monotonic() - killed < FAILURE_BOUND:
         time.sleep(0.1)
     assert not [name for name, pid in pids.items() if running(pid)], workers[0].output
+
+
+@pytest.mark.integration
+def test_reaping_reports_a_failed_service_and_kills_one_that_outlives_the_job():
+    import subprocess
+
+    from p3kv.launch.child_services import ChildServices
+
+    services = ChildServices()
+    services.children += [("p3kv server 0 of node 0", subprocess.Popen([sys.executable, "-c", "exit(3)"])),
+                          ("p3kv scheduler", subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]))]
+    failed = services.reap(timeout=2.0)
+    assert failed[0].startswith("p3kv server 0 of node 0 (pid ") and failed[0].endswith("exited with code 3")
+    assert "p3kv scheduler" in failed[1] and "still ran 2 s after this worker closed; killed it" in failed[1]
+    assert [proc.poll() for _, proc in services.children] == [3, -signal.SIGKILL]
