@@ -10,6 +10,10 @@ import os
 import pytest
 from harness import ROOT, SCRIPTS, run_job  # noqa: F401  (tests once imported these from here)
 
+# tests/gpu/ is a prepared script for a lent GPU (run_gpu_check.sh), not part of the suite: CI has no GPU
+# (tests/README.md, "GPU check"). (A conftest.py of its own would shadow this one: tests import `conftest` by name.)
+collect_ignore = ["gpu"]
+
 # name -> what a test of the tier may do (also registered in pyproject.toml, which --strict-markers enforces)
 TIERS = {
     "unit": "one process, no p3kv job and no MXNet training: pure Python and the C++ unit tests",

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness import REPO, SCRIPTS, free_port, launcher_env, run_job
+from harness import REPO, ROOT, SCRIPTS, free_port, launcher_env, run_job
 
 TRAIN = os.path.join(SCRIPTS, "torch_train.py")
 
@@ -75,3 +75,50 @@ def _finished(log) -> bool:
     log.flush()
     with open(log.name) as f:
         return CHECKSUM.search(f.read()) is not None
+
+
+def torchrun_env(**extra: str) -> dict[str, str]:
+    """This process's environment without P3_*/DMLC_* variables (nothing of a p3kv launcher), the checkout on
+    PYTHONPATH, small slices and INFO logs (the workers log the services' pids)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("P3_", "DMLC_"))}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p)
+    # No PYTHONUNBUFFERED: torchrun's workers share one pipe, and an unbuffered print writes its text and its newline
+    # separately (lines of two workers could interleave); print(..., flush=True) writes a line at once.
+    env.pop("PYTHONUNBUFFERED", None)
+    env.update(P3_SLICE_SIZE="1000", P3_LOG_LEVEL="INFO", **extra)
+    return env
+
+
+def torchrun_argv(out: Path | str, *args: str, workers: int = 2, servers: int = 2,
+                  standalone: bool = False) -> list[str]:
+    """The training script under torchrun (one node, `workers` processes), starting p3kv's services itself; with
+    torchrun's static rendezvous on a free port, or its c10d rendezvous (`standalone`, what users type)."""
+    rendezvous = ["--standalone"] if standalone else ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
+    return [sys.executable, "-m", "torch.distributed.run", *rendezvous, "--nproc-per-node", str(workers), TRAIN,
+            "p3kv", str(out), "--servers", str(servers), *args]
+
+
+def torchrun_job(out: Path, *args: str, workers: int = 2, servers: int = 2, standalone: bool = False,
+                 timeout: float = 300) -> subprocess.CompletedProcess:
+    """The training script as a p3kv.torch job under torchrun, run to its end (output merged into stdout)."""
+    argv = torchrun_argv(out, *args, workers=workers, servers=servers, standalone=standalone)
+    return subprocess.run(argv, cwd=REPO, env=torchrun_env(),
+                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=timeout)
+
+
+SERVICE = re.compile(r"started p3kv (scheduler|server \d+ of node \d+) \(pid (\d+)\)")
+
+
+def service_pids(output: str) -> dict[str, int]:
+    """The scheduler's and servers' pids the workers logged when they started them."""
+    return {m.group(1): int(m.group(2)) for m in SERVICE.finditer(output)}
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, exited but not yet reaped by its new parent, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False

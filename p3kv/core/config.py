@@ -110,6 +110,24 @@ VARIABLES: tuple[Variable, ...] = (
              "the servers (the paper's setting), `0` on the workers; kvstore 'p3' follows it as MXNet does."),
     Variable("DMLC_PS_WATER_MARK", int, 10, "MXNet's P3 port (`--kvstore mxnet-p3` baseline): its send "
              "high-water mark; the launcher sets 10, as the paper's artifact does, unless set."),
+    # torchrun's variables: p3kv's launcher exports the first six to workers; a script torchrun started reads them
+    # to start p3kv's scheduler and servers itself (p3kv.torch.torchrun). Checked there (p3kv.launch.torchrun).
+    *(Variable(name, str, "", f"torchrun: {meaning}") for name, meaning in (
+        ("RANK", "the worker's rank; under torchrun without p3kv's launcher, also its p3kv rank."),
+        ("WORLD_SIZE", "the number of workers."),
+        ("LOCAL_RANK", "the worker's rank on its node; local rank 0 starts the node's p3kv servers."),
+        ("LOCAL_WORLD_SIZE", "the number of workers on each node."),
+        ("GROUP_RANK", "the node's index (default: RANK // LOCAL_WORLD_SIZE); node 0 runs the scheduler."),
+        ("GROUP_WORLD_SIZE", "the number of nodes (default: WORLD_SIZE // LOCAL_WORLD_SIZE)."),
+        ("MASTER_ADDR", "the address of torchrun's store; p3kv's scheduler (on node 0) listens on the address "
+         "node 0 uses to reach it."),
+        ("MASTER_PORT", "the port of torchrun's store (where the workers may not use that store, p3kv's "
+         "scheduler listens on MASTER_PORT+1)."),
+        ("TORCHELASTIC_USE_AGENT_STORE", "`True` when the workers may use torchrun's store: p3kv publishes the "
+         "scheduler's address (and the job's secret, unless P3_SECRET_FILE is set) in it."),
+        ("TORCHELASTIC_RUN_ID", "the job's id (part of p3kv's key in torchrun's store)."),
+        ("TORCHELASTIC_RESTART_COUNT", "the restart (part of p3kv's key in torchrun's store)."),
+    )),
 )
 
 _BY_NAME = {v.name: v for v in VARIABLES}
@@ -274,6 +292,12 @@ def markdown_table() -> str:
         default = "required" if var.default is None else (f"`{var.default}`" if var.default != "" else "empty")
         rows.append(f"| `{var.name}` | {default} | {var.help} |")
     return "\n".join(rows)
+
+
+def handed_on() -> dict[str, str]:
+    """This process's whole environment, to hand on to a process it starts (p3kv.launch's children), which reads
+    what it needs through this table."""
+    return dict(os.environ)
 
 
 def environment_for(config: Config, role: Role) -> dict[str, str]:

@@ -17,6 +17,7 @@ An execution engine's arrays (MXNet's, through the engine bridge) are pushed wit
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 
 import numpy as np
@@ -28,6 +29,8 @@ from p3kv.core.errors import ConfigError
 from p3kv.core.keys import key_id
 
 log = logging.getLogger("p3kv.worker")
+# completed() is polled, key by key, many times per iteration: the ids of string keys are hashed once.
+_polled_key_id = functools.lru_cache(maxsize=1 << 16)(key_id)
 
 
 @dataclasses.dataclass
@@ -173,6 +176,15 @@ class P3Worker:
             self._release(keys, abandoned=f"{type(e).__name__}: {why}" if why else type(e).__name__)
             raise
         self._release(keys)
+
+    def completed(self, key: int | str) -> bool:
+        """Whether the core has completed every operation on `key` (and let go of its arrays): wait(key) then
+        returns at once, or raises the operation's error. Never blocks; any thread (p3kv.torch's staging thread
+        polls it)."""
+        k = self._keys.get(_polled_key_id(key))
+        if k is None:
+            self._known(key)  # raises, naming the key
+        return all(op.ticket.released for op in list(k.in_use))
 
     def barrier(self, timeout: float | None = None) -> None:
         """Blocks until every worker reached the barrier."""

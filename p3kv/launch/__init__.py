@@ -4,7 +4,8 @@
 
 job (Job, KVStore: what to run), launcher (each process's environment, and the run), baselines (MXNet's
 dist_sync and mxnet-p3 jobs), horovod (Horovod jobs) and rendezvous (their rendezvous process), supervisor
-(runs the processes together), cli (the command line).
+(runs the processes together), cli (the command line); torchrun (torchrun's variables, exported to workers and
+read by a script torchrun started) and child_services (the scheduler and servers such a script starts itself).
 From Python: ``launch(Job(command=("python", "train.py"), num_workers=2, num_servers=2))``.
 """
 

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from p3kv.core.worker import P3Worker
-from p3kv.torch import tensors
+from p3kv.torch import cuda_staging, tensors
 
 
 @dataclasses.dataclass(eq=False)
@@ -28,6 +28,7 @@ class _Buffer:
     recv: torch.Tensor
     recv_np: np.ndarray
     pushed: bool = False
+    staged: cuda_staging.StagedKey | None = None  # CUDA: through pinned host buffers (recv is then on the device)
 
     @property
     def value(self) -> torch.Tensor:
@@ -35,8 +36,8 @@ class _Buffer:
 
 
 class BufferBroadcast:
-    def __init__(self, model: torch.nn.Module, worker: P3Worker):
-        self.worker = worker
+    def __init__(self, model: torch.nn.Module, worker: P3Worker, staging: cuda_staging.Staging | None = None):
+        self.worker, self.staging = worker, staging
         self._by_module: dict[int, list[_Buffer]] = {}
         self._all: list[_Buffer] = []
         for mname, module in model.named_modules():
@@ -45,10 +46,14 @@ class BufferBroadcast:
                     continue
                 name = f"{mname}.{attr}" if mname else attr
                 tensors.check(f"buffer {name!r}", buf)
-                send, send_np = tensors.buffer_like(buf)
-                recv, recv_np = tensors.buffer_like(buf)
-                send.zero_()
-                b = _Buffer(f"buffer:{name}", module, attr, send, send_np, recv, recv_np)
+                if staging is None:
+                    send, send_np = tensors.buffer_like(buf)
+                    recv, recv_np = tensors.buffer_like(buf)
+                    send.zero_()
+                    b = _Buffer(f"buffer:{name}", module, attr, send, send_np, recv, recv_np)
+                else:
+                    sk = staging.register(f"buffer:{name}", buf)
+                    b = _Buffer(sk.key, module, attr, sk.send_dev, sk.send_np, sk.recv_dev, sk.recv_np, staged=sk)
                 self._by_module.setdefault(id(module), []).append(b)
                 self._all.append(b)
 
@@ -60,12 +65,19 @@ class BufferBroadcast:
 
     def init(self) -> None:
         for b in self._all:
+            if b.staged is not None:
+                self.staging.init(b.staged, b.value, tensors.wire_dtype(b.value))
+                continue
             value = tensors.view(b.value)
             self.worker.init(b.key, value, out=value, wire_dtype=tensors.wire_dtype(b.value))
 
     def push(self, order) -> None:
         for b in self._all:
             self._wait(b)
+            if b.staged is not None:
+                self.staging.push(b.staged, b.value if self.worker.rank == 0 else None, None, order.of(b.key))
+                b.pushed = True
+                continue
             if self.worker.rank == 0:
                 b.send.copy_(b.value)
             self.worker.push(b.key, b.send_np, out=b.recv_np, priority=order.of(b.key))
@@ -74,7 +86,10 @@ class BufferBroadcast:
     def _wait(self, b: _Buffer) -> bool:
         if not b.pushed:
             return False
-        self.worker.wait(b.key)
+        if b.staged is not None:
+            self.staging.wait(b.staged)
+        else:
+            self.worker.wait(b.key)
         b.pushed = False
         return True
 

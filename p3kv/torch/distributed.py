@@ -12,7 +12,8 @@ import torch
 
 from p3kv.core.errors import ConfigError
 from p3kv.core.worker import P3Worker
-from p3kv.torch import server_optimizer
+from p3kv.launch.torchrun import started_by_torchrun
+from p3kv.torch import cuda_staging, server_optimizer, torchrun
 from p3kv.torch.server_placement import ServerSynchronizer
 from p3kv.torch.synchronizer import Synchronizer
 
@@ -25,11 +26,26 @@ _worker: P3Worker | None = None
 def worker() -> P3Worker:
     """This process's P3Worker (joined at the first call; the job comes from the P3_* environment that
     `python -m p3kv.launch` sets). Its rank is the worker's rank, equal to the RANK the launcher exports."""
-    global _worker
     if _worker is None:
-        _worker = P3Worker()
-        atexit.register(_close_at_exit, _worker)
+        if started_by_torchrun():
+            raise ConfigError("this script was started by torchrun, not by python -m p3kv.launch: nothing started "
+                              "p3kv's scheduler and servers. Pass servers=S to p3kv.torch.distribute (or call "
+                              "p3kv.torch.init_from_torchrun(servers=S) first): local rank 0 of each node then "
+                              "starts them")
+        adopt(P3Worker())
+    assert _worker is not None
     return _worker
+
+
+def joined() -> bool:
+    return _worker is not None
+
+
+def adopt(w: P3Worker) -> None:
+    """`w` becomes this process's worker (p3kv.torch.torchrun joins through this); it closes at exit."""
+    global _worker
+    _worker = w
+    atexit.register(_close_at_exit, w)
 
 
 def _close_at_exit(w: P3Worker) -> None:
@@ -44,7 +60,8 @@ def _close_at_exit(w: P3Worker) -> None:
 
 def distribute(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, placement: str = "worker",
                unused_parameters: str = "error", backward_passes_per_step: int = 1,
-               broadcast_buffers: bool = True) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+               broadcast_buffers: bool = True, servers: int | None = None
+               ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """Makes `model` and `optimizer` train data-parallel over p3kv; returns them (the same objects, hooked).
 
     The training loop stays as it is (forward, loss.backward(), optimizer.step(), optimizer.zero_grad()); the
@@ -77,8 +94,11 @@ def distribute(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, plac
     - Buffers: with broadcast_buffers (default, as DDP) worker 0's floating-point buffers (BatchNorm's running
       statistics) reach every worker after each synchronized forward pass, before the modules owning them run
       again.
-    - Tensors: dense contiguous CPU float32, float16, bfloat16 or float64 parameters (the servers sum float16
-      and bfloat16 in float32); CUDA tensors are refused with a ConfigError (the GPU path is not built yet).
+    - Tensors: dense contiguous float32, float16, bfloat16 or float64 parameters (the servers sum float16 and
+      bfloat16 in float32), all on the CPU or all on one CUDA device (p3kv.torch.cuda_staging: through pinned host
+      buffers on a side stream; the forward waits on an event). Parameters on several devices are refused.
+    - servers=S: under torchrun (no p3kv launcher) local rank 0 of each node starts p3kv's scheduler and servers
+      (p3kv.torch.torchrun); under python -m p3kv.launch, S must equal its -s.
     - Refused: step(closure) (LBFGS re-runs forward and backward inside step()).
 
     placement='server' (the paper's placement; docs/torch.md) runs the optimizer on the servers instead, per slice,
@@ -97,12 +117,15 @@ def distribute(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, plac
                           "runs the optimizer) and placement='server' (the optimizer runs on the servers)")
     if getattr(optimizer, "_p3kv_sync", None) is not None:
         raise ConfigError("this optimizer is already distributed by p3kv.torch.distribute")
+    # Refused before joining the job (and before torchrun's services start): every worker raises the same at once.
+    cuda_staging.model_device(model)
+    if placement == "server":
+        spec = server_optimizer.kernel_spec(optimizer)
+        server_optimizer.check_dtypes(spec, [(n, p) for n, p in model.named_parameters() if p.requires_grad])
+    torchrun.join(servers)
     options = dict(unused_parameters=unused_parameters, backward_passes_per_step=backward_passes_per_step,
                    broadcast_buffers=broadcast_buffers)
     if placement == "server":
-        # Refused before joining the job: every worker raises the same error at once.
-        spec = server_optimizer.kernel_spec(optimizer)
-        server_optimizer.check_dtypes(spec, [(n, p) for n, p in model.named_parameters() if p.requires_grad])
         sync = ServerSynchronizer(model, optimizer, worker(), spec, **options)
     else:
         sync = Synchronizer(model, optimizer, worker(), **options)

@@ -116,7 +116,8 @@ def to_torch(spec: dict, count: int, arrays: list[np.ndarray], param: torch.Tens
     names = state_names(spec)
     if not names:
         return None
-    state = {name: torch.from_numpy(a.copy()).reshape(param.shape) for name, a in zip(names, arrays)}
+    # On the parameter's device, as torch keeps it (a no-op for CPU parameters).
+    state = {name: torch.from_numpy(a.copy()).reshape(param.shape).to(param.device) for name, a in zip(names, arrays)}
     if spec["kind"] == "torch_adam":
         # As torch keeps it outside capturable/fused: a float32 scalar tensor on the CPU, first in the dict.
         state = {"step": torch.tensor(float(count), dtype=torch.float32), **state}
@@ -140,4 +141,4 @@ def from_torch(spec: dict, state: dict, name: str) -> tuple[int, list[np.ndarray
             raise ConfigError(f"the optimizer state of {name!r} has {sorted(state)}; the servers' {spec['kind']} "
                               f"kernel needs step and {', '.join(names)} (a state saved with other settings?)")
         count = int(_number(state["step"]))
-    return count, [tensors.view(state[n].detach().contiguous()).reshape(-1) for n in names]
+    return count, [tensors.view(state[n].detach().cpu().contiguous()).reshape(-1) for n in names]

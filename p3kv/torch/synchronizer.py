@@ -3,8 +3,13 @@ forward-order priority, waited for (and the user's optimizer applied to that one
 pre-hook of the module about to read it. Servers only sum; the average is DDP's (each gradient multiplied by
 1/world size before the sum, as DDP's reducer does), so two workers give DDP's bits.
 
-Threads: hooks run on the thread that calls backward()/forward() (autograd's CPU thread is the caller's); the
-core is thread-safe. State here is touched only from those calls and from DistributedOptimizer's methods.
+Threads: hooks run on the thread that calls backward()/forward() (autograd's CPU thread is the caller's; for CUDA
+tensors autograd's device thread runs them while the caller waits in backward()); the core is thread-safe. State
+here is touched only from those calls and from DistributedOptimizer's methods.
+
+CUDA models: each key's tensors travel through pinned host buffers (p3kv.torch.cuda_staging, `self.staging`);
+slot.send/slot.avg are then device tensors and the staging pushes and waits. CPU models (staging None) share the
+tensors' own memory with the core, as before.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import torch
 
 from p3kv.core.errors import ConfigError, P3Error
 from p3kv.core.worker import P3Worker
-from p3kv.torch import tensors
+from p3kv.torch import cuda_staging, tensors
 from p3kv.torch.buffers import BufferBroadcast
 from p3kv.torch.forward_order import ForwardOrder
 
@@ -42,6 +47,7 @@ class _Slot:
     arrived: bool = False  # `avg` holds an average no step has consumed yet
     step_pending: bool = False  # step() was called: apply the optimizer when `avg` is here
     in_round: bool = False  # pushed since the last step()
+    staged: cuda_staging.StagedKey | None = None  # CUDA: the key's pinned buffers and events
 
 
 class Synchronizer:
@@ -63,6 +69,7 @@ class Synchronizer:
         self.synchronized = False  # synchronize() put the averages into .grad: the next step() is immediate
         self._snapshot: list[dict] = []  # the param_groups' hyperparameters when step() was called
         self._handles: list = []
+        self.staging = cuda_staging.select(cuda_staging.model_device(model), worker, worker.config.timeout)
         group_of = {p: i for i, g in enumerate(optimizer.param_groups) for p in g["params"]}
         self.slots: dict[torch.nn.Parameter, _Slot] = {}
         owners: dict[str, list] = {}
@@ -73,9 +80,13 @@ class Synchronizer:
                 raise ConfigError(f"parameter {name!r} requires grad but is not in the optimizer's param_groups; "
                                   "give the optimizer every trained parameter (or set requires_grad=False)")
             tensors.check(f"parameter {name!r}", p)
-            send, send_np = tensors.buffer_like(p)
-            avg, avg_np = tensors.buffer_like(p)
-            self.slots[p] = _Slot(f"param:{name}", p, send, send_np, avg, avg_np, group_of[p])
+            staged = None if self.staging is None else self.staging.register(f"param:{name}", p)
+            if staged is None:
+                send, send_np = tensors.buffer_like(p)
+                avg, avg_np = tensors.buffer_like(p)
+            else:
+                send, send_np, avg, avg_np = staged.send_dev, staged.send_np, staged.recv_dev, staged.recv_np
+            self.slots[p] = _Slot(f"param:{name}", p, send, send_np, avg, avg_np, group_of[p], staged=staged)
             owners[f"param:{name}"] = []
         self._owned: dict[int, list[_Slot]] = {}  # id(module) -> its direct parameters' slots
         by_id = {id(p): s for p, s in self.slots.items()}
@@ -85,7 +96,7 @@ class Synchronizer:
                 if slot is not None:
                     self._owned.setdefault(id(module), []).append(slot)
                     owners[slot.key].append(module)
-        self.buffers = BufferBroadcast(model, worker) if broadcast_buffers else None
+        self.buffers = BufferBroadcast(model, worker, self.staging) if broadcast_buffers else None
         if self.buffers is not None:
             for key, module in self.buffers.owners().items():
                 owners[key] = [module]
@@ -97,11 +108,16 @@ class Synchronizer:
     def _init_keys(self) -> None:
         """Every worker starts from worker 0's parameters (and buffers), as DDP broadcasts them at construction."""
         for slot in self.slots.values():
+            if slot.staged is not None:
+                self.staging.init(slot.staged, slot.param.data, tensors.wire_dtype(slot.param))
+                continue
             value = tensors.view(slot.param.data)
             self.worker.init(slot.key, value, out=value, wire_dtype=tensors.wire_dtype(slot.param))
         if self.buffers is not None:
             self.buffers.init()
         self.worker.wait()
+        if self.staging is not None:
+            self.staging.finish_init()
 
     def _install_hooks(self) -> None:
         root = self.model
@@ -159,18 +175,21 @@ class Synchronizer:
 
     def _push(self, slot: _Slot, grad: torch.Tensor | None) -> None:
         if slot.pushed:  # a second backward before step(): the earlier average is superseded
-            self.worker.wait(slot.key)
+            self._wait_key(slot)
             slot.pushed = False
         if slot.step_pending:
             raise P3Error(f"{slot.key[6:]} got a new gradient before the forward pass applied its previous "
                           "step(); p3kv.torch applies a step when the module reading the parameter starts its "
                           "forward: run forward between step() and backward()")
-        with torch.no_grad():
-            if grad is None:
-                slot.send.zero_()
-            else:
-                torch.mul(grad, self.scale, out=slot.send)
-        self.worker.push(slot.key, slot.send_np, out=slot.avg_np, priority=self.order.of(slot.key))
+        if slot.staged is not None:
+            self.staging.push(slot.staged, grad, self.scale, self.order.of(slot.key))
+        else:
+            with torch.no_grad():
+                if grad is None:
+                    slot.send.zero_()
+                else:
+                    torch.mul(grad, self.scale, out=slot.send)
+            self.worker.push(slot.key, slot.send_np, out=slot.avg_np, priority=self.order.of(slot.key))
         slot.pushed, slot.arrived, slot.in_round = True, False, True
 
     # -- step -----------------------------------------------------------------------------------------------
@@ -204,11 +223,18 @@ class Synchronizer:
     def _finish(self, slot: _Slot) -> None:
         """Waits for the slot's average and applies its pending step."""
         if slot.pushed:
-            self.worker.wait(slot.key)
+            self._wait_key(slot)
             slot.pushed, slot.arrived = False, True
         if slot.step_pending and slot.arrived:
             self._apply(slot)
         slot.step_pending = False
+
+    def _wait_key(self, slot: _Slot) -> None:
+        """Until the slot's push completed: its result is in slot.avg (CUDA: for the current stream)."""
+        if slot.staged is not None:
+            self.staging.wait(slot.staged)
+        else:
+            self.worker.wait(slot.key)
 
     def _apply(self, slot: _Slot) -> None:
         """The user's optimizer on this one parameter, with the hyperparameters step() saw."""

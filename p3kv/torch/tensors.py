@@ -14,13 +14,12 @@ SUPPORTED = {torch.float32: "float32", torch.float16: "float16", torch.float64: 
 
 
 def check(name: str, tensor: torch.Tensor) -> None:
-    """ConfigError unless `tensor` can be shared with the core: a dense, contiguous CPU tensor of a supported
-    dtype."""
+    """ConfigError unless `tensor` can go to the core: a dense, contiguous tensor of a supported dtype, on the CPU
+    (shared with the core) or on a CUDA device (staged through pinned host memory, p3kv.torch.cuda_staging)."""
     if tensor.dtype not in SUPPORTED:
         raise ConfigError(f"{name} has dtype {tensor.dtype}; p3kv.torch supports {', '.join(SUPPORTED.values())}")
-    if tensor.device.type != "cpu":
-        raise ConfigError(f"{name} is on {tensor.device}; p3kv.torch runs on CPU tensors only (the GPU path is "
-                          "not built yet): move the model to the CPU")
+    if tensor.device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"{name} is on {tensor.device}; p3kv.torch runs on CPU tensors or on one CUDA device")
     if tensor.layout is not torch.strided or not tensor.is_contiguous():
         raise ConfigError(f"{name} is not a dense contiguous tensor; p3kv.torch shares it with the core as one "
                           "flat array")

@@ -5,12 +5,17 @@ Worker/rank 0 saves the final parameters and buffers to OUT (torch.save of the s
     torch_train.py p3kv|ddp OUT [--optimizer NAME] [--model reversed|bn|unused|wide] [--steps N]
                    [--accumulate K] [--unused error|zeros] [--dtype float32|float16|bfloat16] [--clip NORM]
                    [--marks PREFIX] [--placement worker|server] [--groups] [--save-at K] [--resume CKPT [--load-first]]
-                   [--misuse clip-raw|scaler|late-lr] [--scheduler step|onecycle]
+                   [--misuse clip-raw|scaler|late-lr] [--scheduler step|onecycle] [--servers S]
+                   [--device cpu|cuda] [--staging double] [--timing]
 
 --groups gives layer a its own param group (half the learning rate, no weight decay). --save-at K saves
 {"model", "optimizer", "scheduler"} state dicts after K steps to OUT.ckpt (worker/rank 0) and goes on; --resume
 CKPT loads such a checkpoint (the model's before distribute, the optimizer's and scheduler's after it) and runs the
 remaining steps. --misuse does something server placement refuses between backward() and step().
+--servers S passes servers=S to distribute (under torchrun: p3kv's scheduler and servers start from the workers).
+--device cuda trains on cuda:LOCAL_RANK modulo the GPUs there are (p3kv: the staging path; DDP: gloo on CUDA
+tensors); --staging double runs a CPU model through the staging path's CPU double (p3kv.torch.stream_double).
+--timing prints each worker's iterations per second after the first two steps.
 
 The "reversed" model registers its layers in the reverse of the order its forward pass calls them (a, b, c run
 in that order; c, b, a registered), so registration order is not forward order.
@@ -128,10 +133,17 @@ def main() -> int:
     p.add_argument("--clip", type=float, help="clip the gradients' global norm to this before each step (p3kv: "
                    "after optimizer.synchronize(), as with Horovod)")
     p.add_argument("--marks", help="write JSON: time.time_ns() when each step's forward has passed layer a")
+    p.add_argument("--servers", type=int, help="p3kv: distribute(servers=S)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--staging", choices=["double"], help="p3kv, CPU: through the staging path's CPU double")
+    p.add_argument("--timing", action="store_true")
     args = p.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    model = MODELS[args.model]().to(getattr(torch, args.dtype))
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    model = MODELS[args.model]().to(getattr(torch, args.dtype)).to(device)
     checkpoint = torch.load(args.resume) if args.resume else None
     if checkpoint is not None:
         model.load_state_dict(checkpoint["model"])  # before distribute: the servers take worker 0's weights
@@ -145,9 +157,14 @@ def main() -> int:
     if args.mode == "p3kv":
         import p3kv.torch
 
+        if args.staging == "double":
+            from p3kv.torch import cuda_staging
+
+            cuda_staging.use_host_double()
         passes = args.accumulate if args.passes_per_step else 1
         model, optimizer = p3kv.torch.distribute(model, optimizer, unused_parameters=args.unused,
-                                                 backward_passes_per_step=passes, placement=args.placement)
+                                                 backward_passes_per_step=passes, placement=args.placement,
+                                                 servers=args.servers)
         rank, world = p3kv.torch.worker().rank, p3kv.torch.worker().num_workers
         if os.environ.get("RANK") is not None:  # the launcher's torchrun variables name the same worker
             assert (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) == (rank, world), (
@@ -166,6 +183,8 @@ def main() -> int:
         first = checkpoint["steps"]
     scaler = torch.amp.GradScaler("cpu") if args.misuse == "scaler" else None
     print(f"ready rank={rank} pid={os.getpid()}", flush=True)
+    if device.type != "cpu":
+        print(f"rank {rank} device {device} ({torch.cuda.get_device_name(device)})", flush=True)
     inner = model.module if args.mode == "ddp" else model
     marks: list[int] = []
     inner.a.register_forward_hook(lambda *_: marks.append(time.time_ns()))
@@ -174,9 +193,12 @@ def main() -> int:
     # Every process draws the whole data set, then takes its shard: the same shards in both modes.
     gen = torch.Generator().manual_seed(1)
     n = args.steps * args.accumulate * args.batch * world
-    x = torch.randn(n, 8, generator=gen).to(getattr(torch, args.dtype))
-    y = torch.randint(0, 4, (n,), generator=gen)
+    x = torch.randn(n, 8, generator=gen).to(getattr(torch, args.dtype)).to(device)
+    y = torch.randint(0, 4, (n,), generator=gen).to(device)
+    timed_from = None
     for step in range(first, args.steps):
+        if step == first + min(2, args.steps - first - 1):
+            timed_from = (step, time.perf_counter())
         for micro in range(args.accumulate):
             start = ((step * args.accumulate + micro) * world + rank) * args.batch
             xb, yb = x[start:start + args.batch], y[start:start + args.batch]
@@ -205,6 +227,9 @@ def main() -> int:
         if args.save_at == step + 1 and rank == 0:
             torch.save({"model": inner.state_dict(), "optimizer": optimizer.state_dict(),
                         "scheduler": scheduler.state_dict(), "steps": step + 1}, f"{args.out}.ckpt")
+    if args.timing and timed_from is not None and args.steps - timed_from[0] > 0:
+        rate = (args.steps - timed_from[0]) / (time.perf_counter() - timed_from[1])
+        print(f"rank {rank} iterations_per_s {rate:.3f}", flush=True)
     if args.marks:
         with open(f"{args.marks}.rank{rank}.json", "w") as f:
             json.dump(marks, f)
