@@ -38,6 +38,11 @@ RUN_COLUMNS = (
     "tcp_out_segs_total", "sampling_cpu_s", "faithful", "fidelity_notes",
     "rank_iter_s",  # every rank's timed iterations, [[rank 0's], [rank 1's], ...] (iter_s: rank 0's alone)
     "update_placement",  # where the optimizer ran: servers (CPU), workers (virtual GPU at its bandwidth), none
+    "link_queue_ms",  # each link direction's queue beyond its burst (emulated_cluster.tbf_args); "": uncapped
+    # The link monitor (benchmarks/emulation/link_monitor.py), per host the worse direction: the share of sampling
+    # intervals with data queued to the link, and of those the share in which it sent under 90% of what it owed;
+    # the sampling thread's CPU.
+    "link_backlogged_pct", "link_starved_pct", "link_starved_max_pct", "link_monitor_cpu_s",
 )
 ITERATION_COLUMNS = ("run_id", "tag", "model", "kvstore", "hosts", "bandwidth", "gpu_scale", "repeat", "rank",
                      "iteration", "time_s")
