@@ -412,6 +412,13 @@ def test_link_utilisation_measures_the_timed_window_per_host_and_direction(tmp_p
                         "of the samples."]
 
 
+def test_link_utilisation_times_the_window_by_every_rank():
+    # The window is as long as the slowest rank's timed iterations; older rows give rank 0's.
+    assert link_utilisation.timed_seconds({"iter_s": "[0.5, 0.5]", "rank_iter_s": "[[0.5, 0.5], [0.6, 0.7]]"}) == \
+        pytest.approx(1.3)
+    assert link_utilisation.timed_seconds({"iter_s": "[0.5, 0.5]"}) == pytest.approx(1.0)
+
+
 def _sweep_row(kv, repeat, hosts="2", cpu="120"):
     return {"status": "ok", "model": "m", "kvstore": kv, "hosts": hosts, "workers": hosts, "samples_per_batch": "4",
             "bandwidth": "1gbit", "bandwidth_bps": "1e9", "gpu_scale": "0.5", "optimizer": "sgd(...)",
