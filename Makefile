@@ -80,7 +80,7 @@ demo-full: bench-setup
 	$(PY) -m benchmarks.report
 
 # Every sweep of the paper's evaluation with the reviewed settings (optimizer on, 3 shuffled repeats of 2 warm-up +
-# 20 timed iterations, all four systems), then docs/benchmarks.md's tables: an estimated 19.7 hours on an idle 2-core
+# 20 timed iterations, all four systems), then docs/benchmarks.md's tables: an estimated 19.8 hours on an idle 2-core
 # machine in full (`make sweeps-estimate` gives each sweep's time, in full and for what is not measured yet). Each sweep is also its own command (python -m benchmarks.suites.sweeps NAME);
 # SWEEP_FLAGS passes options to every one (e.g. --force, --repeats 5). With --resume (the default here) a sweep
 # runs only what its CSV in benchmarks/results/sweeps/ lacks, so an interrupted `make sweeps` continues where it

@@ -347,7 +347,8 @@ def _args(**overrides):
     args = argparse.Namespace(
         models=sweeps.MODELS, kvstores=list(sweeps.SYSTEMS), hosts=4, batch_size=32, gpu_scale=None,
         link_max=sweeps.LINK_MAX_GBPS, optimizer="sgd", warmup=2, iters=20, timeout=1800.0,
-        equivalents=sweeps.EQUIVALENTS, host_cpus=cluster_bench.DEFAULT_HOST_CPUS, no_cpu_limit=False)
+        equivalents=sweeps.EQUIVALENTS, host_cpus=cluster_bench.DEFAULT_HOST_CPUS, no_cpu_limit=False,
+        link_rx="softirq")
     for k, v in overrides.items():
         setattr(args, k, v)
     return args

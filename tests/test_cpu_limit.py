@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from benchmarks.emulation import cpu_limit
+from benchmarks.emulation import cpu_limit, cpu_sampler
 from benchmarks.emulation.cpu_limit import CpuUsage
 from benchmarks.suites import cluster_bench, sweeps
 
@@ -74,11 +74,11 @@ def test_counters_parse_from_v1_and_v2_text():
 
 def test_window_takes_the_samples_that_cover_it():
     samples = [(float(t), [CpuUsage(cpu_s=t, throttled_s=t / 10)]) for t in range(11)]
-    [usage] = cpu_limit.window(samples, 2.5, 6.2)  # from the sample at 2 to the one at 7
+    [usage] = cpu_sampler.window(samples, 2.5, 6.2)  # from the sample at 2 to the one at 7
     assert usage.cpu_s == pytest.approx(5.0) and usage.throttled_s == pytest.approx(0.5)
-    [whole] = cpu_limit.window(samples, -5, 50)
+    [whole] = cpu_sampler.window(samples, -5, 50)
     assert whole.cpu_s == pytest.approx(10.0)
-    assert cpu_limit.window([], 0, 1) == []
+    assert cpu_sampler.window([], 0, 1) == []
 
 
 def _fake_v1(root):
@@ -111,10 +111,15 @@ def test_groups_write_the_quota_and_read_their_counters(tmp_path):
     limits = cpu_limit.HostCpuLimits(["p3c1x0h0", "p3c1x0h1"], cpu_limit.find_hierarchy(root))
     limits.start()
     group = root / "cpu" / "p3c1x0h0"
-    assert (group / "cpu.cfs_period_us").read_text() == "100000"
+    assert (group / "cpu.cfs_period_us").read_text() == str(cpu_limit.PERIOD_US) == "10000"
     assert (group / "cpu.cfs_quota_us").read_text() == "-1"  # accounting only until a quota is set
     limits.set_quota(0.25)
-    assert (group / "cpu.cfs_quota_us").read_text() == "25000" and limits.quota == 0.25
+    assert (group / "cpu.cfs_quota_us").read_text() == "2500" and limits.quota == 0.25  # 0.25 cores of 10 ms
+    # Under 0.1 cores the quota would fall below the kernel's 1 ms: the period grows instead, the share stays.
+    limits.set_quota(0.04)
+    assert (group / "cpu.cfs_period_us").read_text() == "25000" and (group / "cpu.cfs_quota_us").read_text() == "1000"
+    assert limits.period_us == 25000
+    limits.set_quota(0.25)
     (group / "cpu.stat").write_text(V1_STAT)
     (root / "cpuacct" / "p3c1x0h0" / "cpuacct.usage").write_text("3000000000\n")
     assert limits.groups[0].usage().cpu_s == 3.0
@@ -154,3 +159,32 @@ def test_stale_groups_of_dead_runners_are_removed(tmp_path):
     removed = cpu_limit.cleanup_stale(root)
     assert sorted(removed) == sorted(str(root / c / f"p3c{dead.pid}x0h0") for c in ("cpu", "cpuacct"))
     assert (root / "cpu" / f"p3c{os.getpid()}x0h0").exists()
+
+
+def test_the_machines_bandwidth_slice_is_set_while_the_groups_exist_and_restored(tmp_path):
+    root = _fake_v1(tmp_path)
+    slice_file = tmp_path / "sched_cfs_bandwidth_slice_us"
+    slice_file.write_text("5000\n")
+    limits = cpu_limit.HostCpuLimits(["p3c1x0h0"], cpu_limit.find_hierarchy(root), slice_file=slice_file).start()
+    assert slice_file.read_text() == str(cpu_limit.BANDWIDTH_SLICE_US) and limits.bandwidth_slice_us == 1000
+    limits.close()
+    assert slice_file.read_text() == "5000"
+    # Without a slice file (a fake hierarchy, another kernel) nothing is touched and nothing is claimed.
+    alone = cpu_limit.HostCpuLimits(["p3c1x0h1"], cpu_limit.find_hierarchy(root)).start()
+    assert alone.bandwidth_slice_us is None
+    alone.close()
+
+
+def test_adopted_threads_go_to_the_hosts_tasks_and_back_to_the_root(tmp_path):
+    root = _fake_v1(tmp_path)
+    limits = cpu_limit.HostCpuLimits(["p3c1x0h0", "p3c1x0h1"], cpu_limit.find_hierarchy(root)).start()
+    limits.adopt(1, [4242])
+    for controller in ("cpu", "cpuacct"):
+        assert (root / controller / "p3c1x0h1" / "tasks").read_text() == "4242"
+        assert not (root / controller / "p3c1x0h0" / "tasks").exists()
+    limits.release([4242])
+    for controller in ("cpu", "cpuacct"):
+        assert (root / controller / "tasks").read_text() == "4242"
+    for d in (root / "cpu" / "p3c1x0h1", root / "cpuacct" / "p3c1x0h1"):
+        (d / "tasks").unlink()  # a real group's files go with it
+    limits.close()

@@ -2,6 +2,7 @@
 held to its quota and accounted, the other host's group sees none of it, and the groups go with the cluster,
 also when the process that made them was killed."""
 
+import os
 import pathlib
 import subprocess
 import sys
@@ -43,7 +44,7 @@ def test_a_host_is_held_to_its_quota_and_accounted_and_its_groups_go_with_the_cl
     with emulated_cluster.EmulatedCluster(2, "1gbit", cpu_groups=True) as cluster:
         dirs = [d for g in cluster.cpu.groups for d in g.dirs]
         assert all(d.is_dir() for d in dirs)
-        cluster.set_cpu_quota(0.2)  # 20 ms of CPU per 100 ms period, for the parent and its child together
+        cluster.set_cpu_quota(0.2)  # 2 ms of CPU per 10 ms period, for the parent and its child together
         before = cluster.cpu.usage()
         start = time.monotonic()
         done = cluster.run(0, [sys.executable, "-c", BURNER, "1.5"], capture_output=True, text=True, timeout=60,
@@ -53,8 +54,8 @@ def test_a_host_is_held_to_its_quota_and_accounted_and_its_groups_go_with_the_cl
         name = cluster.cpu.groups[0].name
         assert sorted(done.stdout.split()) == sorted(["parent", f"/{name}", "child", f"/{name}"]), done.stdout
         # Two busy processes would use 2 x 1.5 s of CPU unlimited; the quota allows 0.2 cores over the wall time,
-        # plus the quota of the period under way at each end (20 ms each) and the kernel's per-CPU runtime slices
-        # (5 ms per CPU) handed out ahead.
+        # plus the quota of the period under way at each end and the kernel's per-CPU runtime slices handed out
+        # ahead (a few ms each).
         assert 0.1 < used[0].cpu_s <= 0.2 * wall + 0.06, (used[0], wall)
         assert used[0].throttled_s > 0.5 and used[0].throttled_periods >= 5, used[0]
         assert used[1].cpu_s < 0.05 and used[1].throttled_periods == 0, used[1]
@@ -98,3 +99,66 @@ def test_a_thread_of_a_limited_host_may_run_real_time_as_the_virtual_gpu_timer_d
         probe = "import os; os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1)); print(os.sched_getscheduler(0))"
         done = cluster.run(0, [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
         assert done.returncode == 0 and done.stdout.split() == [str(1)], done.stderr  # SCHED_FIFO is 1
+
+
+RECEIVER = r"""
+import socket, sys
+srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("0.0.0.0", 5999)); srv.listen(1)
+print("ready", flush=True)
+conn, _ = srv.accept()
+total = 0
+while True:
+    chunk = conn.recv(1 << 20)
+    if not chunk:
+        break
+    total += len(chunk)
+print(total, flush=True)
+"""
+SENDER = r"""
+import socket, sys, time
+s = socket.create_connection((sys.argv[1], 5999), timeout=30)
+block = b"x" * (1 << 20)
+for _ in range(int(sys.argv[2])):
+    s.sendall(block)
+s.close()
+"""
+
+
+def _thread_cpu_s(tid: int) -> float:
+    fields = pathlib.Path(f"/proc/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def _cpu_cgroup(tid: int) -> str:
+    for line in pathlib.Path(f"/proc/{tid}/cgroup").read_text().splitlines():
+        if "cpu" in line.split(":")[1].split(","):
+            return line.split(":", 2)[2].strip()
+    return ""
+
+
+def test_a_hosts_tcp_receive_work_runs_on_its_own_thread_in_its_own_group():
+    """With threaded_rx the hosts receive on NAPI threads (link_napi.py): host 1's receive thread is in host 1's
+    CPU group and does the work of a transfer host 0 sends it (without the switch ports' TSO off it would do none:
+    this test caught that); the machine's CFS bandwidth slice is 1 ms while the groups exist."""
+    _require()
+    slice_before = cpu_limit.SLICE_FILE.read_text().strip()
+    with emulated_cluster.EmulatedCluster(2, "1gbit", cpu_groups=True) as plain:
+        assert plain.link_rx == "softirq" and plain.rx_threads == [[], []]  # the default: the kernel's way
+    with emulated_cluster.EmulatedCluster(2, "1gbit", cpu_groups=True, threaded_rx=True) as cluster:
+        if cluster.rx_problem:
+            pytest.skip(f"this kernel keeps veth receive work in softirq: {cluster.rx_problem}")
+        assert cluster.link_rx == "napi-threads"
+        assert cpu_limit.SLICE_FILE.read_text().strip() == str(cpu_limit.BANDWIDTH_SLICE_US)
+        tids = cluster.rx_threads
+        assert all(len(t) == 1 for t in tids), tids
+        for i, (tid,) in enumerate(tids):
+            assert _cpu_cgroup(tid) == f"/{cluster.cpu.groups[i].name}"
+        receiver = cluster.popen(1, [sys.executable, "-c", RECEIVER], stdout=subprocess.PIPE, text=True)
+        assert receiver.stdout.readline().strip() == "ready"
+        before = _thread_cpu_s(tids[1][0])
+        cluster.run(0, [sys.executable, "-c", SENDER, cluster.address(1), "100"], check=True, timeout=60)
+        assert receiver.stdout.readline().strip() == str(100 << 20)
+        assert receiver.wait(timeout=10) == 0
+        assert _thread_cpu_s(tids[1][0]) - before > 0.0, "host 1's receive thread did none of the receive work"
+    assert cpu_limit.SLICE_FILE.read_text().strip() == slice_before

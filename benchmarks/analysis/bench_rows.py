@@ -38,6 +38,10 @@ RUN_COLUMNS = (
     "tcp_out_segs_total", "sampling_cpu_s", "faithful", "fidelity_notes",
     "rank_iter_s",  # every rank's timed iterations, [[rank 0's], [rank 1's], ...] (iter_s: rank 0's alone)
     "update_placement",  # where the optimizer ran: servers (CPU), workers (virtual GPU at its bandwidth), none
+    # The kernel's side of the emulation: the CFS period and per-CPU slice of the host quotas (cpu_limit.py), and
+    # whether the links received on NAPI threads charged to the hosts or in softirq (link_napi.py).
+    "cfs_period_us", "cfs_slice_us", "link_rx",
+    "torch",  # the torch version of the PyTorch systems' workers (suites/torch_systems.py)
     "link_queue_ms",  # each link direction's queue beyond its burst (emulated_cluster.tbf_args); "": uncapped
     # The link monitor (benchmarks/emulation/link_monitor.py), per host the worse direction: the share of sampling
     # intervals with data queued to the link, and of those the share in which it sent under 90% of what it owed;

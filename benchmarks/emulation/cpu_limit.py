@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import pathlib
 import re
 import signal
-import threading
 import time
 from collections.abc import Sequence
 
@@ -37,7 +37,25 @@ from benchmarks.emulation import proc_monitor
 
 LOG = logging.getLogger("cpu_limit")
 ROOT = pathlib.Path("/sys/fs/cgroup")
-PERIOD_US = 100_000  # the kernel's default CFS period: quotas are enforced per 100 ms
+# The CFS period over which a quota is enforced. The kernel's default, 100 ms, lets a host run its whole quota in a
+# burst and then stops it for the rest of the period: at a 0.4-core quota, 60 ms with nothing running, where the
+# host it stands for (2 CPUs at a fifth of their speed) would only run slower. 10 ms bounds such a stop to a few ms.
+PERIOD_US = 10_000
+MIN_QUOTA_US = 1000  # the kernel's smallest quota per period
+
+
+def period_us(cores: float | None) -> int:
+    """The CFS period for a quota of `cores`: PERIOD_US, or longer where the quota would fall under the kernel's
+    1 ms minimum (below 0.1 cores), so that the quota is never rounded up."""
+    if cores is None:
+        return PERIOD_US
+    return max(PERIOD_US, math.ceil(MIN_QUOTA_US / cores))
+# The runtime each CPU takes from its group's quota at a time (kernel.sched_cfs_bandwidth_slice_us, 5 ms by
+# default). A 10 ms period holds a 4 ms quota: with 5 ms slices the first CPU would take all of it and the host's
+# other threads would wait on the other CPU. 1 ms slices let a host use both CPUs within a period. The setting is
+# the machine's (it acts only on groups with a quota); HostCpuLimits sets it while it has groups and restores it.
+BANDWIDTH_SLICE_US = 1000
+SLICE_FILE = pathlib.Path("/proc/sys/kernel/sched_cfs_bandwidth_slice_us")
 # The quotas of a point may add up to at most this share of the machine's cores: the rest is the runner's own (the
 # link sampler, the CPU monitors, the relay of host 0's output) and the kernel's (softirq work of the links), so
 # that every host can get its whole quota when it asks.
@@ -203,13 +221,19 @@ class CpuGroup:
                 except OSError as e:  # the siblings' budgets fill the parent's: the timer stays ordinary (recorded)
                     LOG.warning("%s: no real-time budget for the virtual GPU's timer (%s)", self.name, e)
 
-    def set_quota(self, cores: float | None) -> None:
-        """`cores` of CPU bandwidth per period; None: unlimited (the group still accounts)."""
-        quota = -1 if cores is None else max(1000, round(cores * PERIOD_US))  # the kernel's minimum is 1 ms
+    def set_quota(self, cores: float | None) -> int:
+        """`cores` of CPU bandwidth per period; None: unlimited (the group still accounts). Returns the period."""
+        period = period_us(cores)
+        quota = -1 if cores is None else max(MIN_QUOTA_US, round(cores * period))
         if self.hierarchy.version == 1:
-            (self.dirs[0] / "cpu.cfs_quota_us").write_text(str(quota))
+            # Unlimited while the period changes: the kernel checks every intermediate quota/period pair.
+            (self.dirs[0] / "cpu.cfs_quota_us").write_text("-1")
+            (self.dirs[0] / "cpu.cfs_period_us").write_text(str(period))
+            if quota >= 0:
+                (self.dirs[0] / "cpu.cfs_quota_us").write_text(str(quota))
         else:
-            (self.dirs[0] / "cpu.max").write_text(f"{'max' if quota < 0 else quota} {PERIOD_US}")
+            (self.dirs[0] / "cpu.max").write_text(f"{'max' if quota < 0 else quota} {period}")
+        return period
 
     def procs_files(self) -> list[str]:
         return [str(d / "cgroup.procs") for d in self.dirs]
@@ -279,13 +303,19 @@ def cleanup_stale(root: pathlib.Path = ROOT) -> list[str]:
 
 class HostCpuLimits:
     """One group per emulated host, named after the cluster's namespaces (`names`). Owned by the cluster: it
-    creates them at start and removes them at close."""
+    creates them at start and removes them at close. `slice_file`: the machine's CFS bandwidth slice
+    (SLICE_FILE), set to BANDWIDTH_SLICE_US while the groups exist; None leaves it alone."""
 
-    def __init__(self, names: Sequence[str], hierarchy: Hierarchy | None = None):
+    def __init__(self, names: Sequence[str], hierarchy: Hierarchy | None = None,
+                 slice_file: pathlib.Path | None = None):
         self.hierarchy = hierarchy or find_hierarchy()
         self.groups = [CpuGroup(self.hierarchy, name) for name in names]
         self.quota: float | None = None
         self._up = False
+        self._slice_file = slice_file
+        self._slice_before: str | None = None
+        self.bandwidth_slice_us: int | None = None  # what the machine's slice was while the groups ran
+        self.period_us = PERIOD_US  # the CFS period of the quota set last
 
     def start(self) -> HostCpuLimits:
         self._up = True
@@ -293,15 +323,54 @@ class HostCpuLimits:
             for g in self.groups:
                 g.create()
                 g.set_quota(None)
+            self._set_slice()
         except BaseException:
             self.close()
             raise
         return self
 
+    def _set_slice(self) -> None:
+        if self._slice_file is None or not self._slice_file.exists():
+            return
+        try:
+            self._slice_before = self._slice_file.read_text().strip()
+            self._slice_file.write_text(str(BANDWIDTH_SLICE_US))
+            self.bandwidth_slice_us = BANDWIDTH_SLICE_US
+        except OSError as e:  # the quotas still hold; the host may run on one CPU at a time (recorded)
+            LOG.warning("cannot set %s to %d us (%s): a host's CPUs take %s us of its quota at a time",
+                        self._slice_file, BANDWIDTH_SLICE_US, e, self._slice_before)
+            self.bandwidth_slice_us = int(self._slice_before) if self._slice_before else None
+
+    def adopt(self, i: int, tids: Sequence[int]) -> None:
+        """Puts threads that do host i's work outside its processes (its link's receive threads, link_napi.py)
+        into host i's group: v1 takes threads in `tasks`, v2 in `cgroup.threads` of a threaded group, so there a
+        kernel thread joins through cgroup.procs."""
+        for d in self.groups[i].dirs:
+            target = d / ("tasks" if self.hierarchy.version == 1 else "cgroup.procs")
+            for tid in tids:
+                target.write_text(str(tid))
+
+    def release(self, tids: Sequence[int]) -> None:
+        """Threads adopted earlier back to the root group (kernel threads ignore the SIGKILL with which a
+        group is emptied; they end with their device, which may outlive the group's removal by a moment)."""
+        for root in {d.parent for g in self.groups for d in g.dirs}:
+            target = root / ("tasks" if self.hierarchy.version == 1 else "cgroup.procs")
+            for tid in tids:
+                try:
+                    target.write_text(str(tid))
+                except OSError:
+                    pass  # gone already
+
     def close(self) -> None:
         if not self._up:
             return
         self._up = False
+        if self._slice_before is not None and self._slice_file is not None:
+            try:
+                self._slice_file.write_text(self._slice_before)
+            except OSError as e:
+                LOG.warning("cannot restore %s to %s: %s", self._slice_file, self._slice_before, e)
+            self._slice_before = None
         for g in self.groups:
             try:
                 g.remove()
@@ -317,7 +386,7 @@ class HostCpuLimits:
     def set_quota(self, cores: float | None) -> None:
         """Every host's quota in cores (None: unlimited, accounting only)."""
         for g in self.groups:
-            g.set_quota(cores)
+            self.period_us = g.set_quota(cores)
         self.quota = cores
 
     def wrap(self, i: int, argv: Sequence[str]) -> list[str]:
@@ -326,49 +395,3 @@ class HostCpuLimits:
 
     def usage(self) -> list[CpuUsage]:
         return [g.usage() for g in self.groups]
-
-
-class UsageSampler:
-    """Every host group's counters every `interval` seconds on a thread, so that a window (the timed iterations)
-    can be cut out afterwards (`window`). Samples are stamped with time.time(), the clock of file modification
-    times (a rank's result file marks the end of its timed iterations)."""
-
-    def __init__(self, limits: HostCpuLimits, interval: float = 0.25):
-        self._limits, self._interval = limits, interval
-        self.samples: list[tuple[float, list[CpuUsage]]] = []
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="cpu-groups", daemon=True)
-
-    def start(self) -> UsageSampler:
-        self.samples.append((time.time(), self._limits.usage()))
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        try:
-            while not self._stopped.wait(self._interval):
-                self.samples.append((time.time(), self._limits.usage()))
-        except Exception:  # a monitor failure must not abort the run it watches
-            LOG.exception("reading the CPU groups failed; the window's usage will be coarser")
-
-    def stop(self) -> list[tuple[float, list[CpuUsage]]]:
-        self._stopped.set()
-        self._thread.join(timeout=10)
-        try:
-            self.samples.append((time.time(), self._limits.usage()))
-        except OSError:
-            LOG.exception("reading the CPU groups failed at the end of the run")
-        return self.samples
-
-
-def window(samples: Sequence[tuple[float, Sequence[CpuUsage]]], start: float, end: float) -> list[CpuUsage]:
-    """Each host's usage over [start, end], from the last sample at or before `start` to the first at or after
-    `end` (so the window is covered, a sampling interval wider at most). Whole samples range when the window
-    lies outside them."""
-    if not samples:
-        return []
-    before = [s for s in samples if s[0] <= start]
-    after = [s for s in samples if s[0] >= end]
-    first = before[-1] if before else samples[0]
-    last = after[0] if after else samples[-1]
-    return [b - a for a, b in zip(first[1], last[1])]

@@ -7,8 +7,7 @@
 Layout: host i is namespace ``<name>h<i>`` with interface ``eth0`` at 10.77.0.<i+1>/24; its veth peer ``h<i>``
 sits in the namespace ``<name>br`` on the bridge ``br0``. The 10.77 addresses exist only inside these
 namespaces. A bandwidth cap is a tbf qdisc on both ends of each host's link (host egress on eth0, host ingress on
-the bridge side), i.e. a full-duplex NIC of that rate, whose queue holds `queue_ms` (default 50 ms) of traffic
-at that rate beyond the bucket's burst (tbf_args). The kernel has no netem, so there is no added latency.
+the bridge side), i.e. a full-duplex NIC of that rate with `queue_ms` of queue (tbf_args). No netem: no latency.
 
 Needs root (CI runs as root) and iproute2. Teardown is guaranteed by the context manager, by SIGTERM/SIGHUP
 (turned into SystemExit while a cluster is up) and by atexit; `cleanup_stale()` removes namespaces left behind
@@ -38,7 +37,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from benchmarks import paths
-from benchmarks.emulation import cpu_limit, host_cpu, proc_monitor
+from benchmarks.emulation import cpu_limit, host_cpu, link_napi, proc_monitor
 
 LOG = logging.getLogger("emulated_cluster")
 PREFIX = "p3c"  # namespace names: p3c<pid>x<n>h<i> and p3c<pid>x<n>br
@@ -115,10 +114,8 @@ DEFAULT_QUEUE_MS = 50.0  # how long a packet may wait in a link's queue beyond i
 
 def tbf_args(rate_bps: float, queue_ms: float = DEFAULT_QUEUE_MS) -> list[str]:
     """tbf parameters for `rate_bps`: a burst of 10 ms of traffic (at least 128 KiB: veth hands tbf 64 KiB GSO
-    packets, and a packet larger than the burst would be dropped) and `queue_ms` of queue. tc turns the latency
-    into the queue's byte limit, rate x latency + burst: under a sustained load (an empty bucket) a packet
-    arriving to a full queue waits queue_ms plus the burst's 10 ms; the limit never falls under the burst, so a
-    GSO packet always fits."""
+    packets, and a packet larger than the burst would be dropped) and `queue_ms` of queue (tc's byte limit is
+    rate x latency + burst: a full queue under sustained load holds queue_ms plus the burst's 10 ms)."""
     if queue_ms <= 0:
         raise ValueError(f"link queue {queue_ms:g} ms: must be positive")
     burst = max(128 * 1024, int(rate_bps / 8 / 100))
@@ -126,11 +123,11 @@ def tbf_args(rate_bps: float, queue_ms: float = DEFAULT_QUEUE_MS) -> list[str]:
 
 
 class EmulatedCluster:
-    """`hosts` namespaces on one bridge; `bandwidth` (e.g. "1gbit", None: uncapped) caps every host's link, whose
-    queue holds `queue_ms` of traffic at that rate; `cpu_groups`: a CPU cgroup per host (raises
-    cpu_limit.CpuLimitError at start where none can be made)."""
+    """`hosts` namespaces on a bridge; `bandwidth` ("1gbit", None: uncapped) caps every host's link, `queue_ms` its
+    queue; `cpu_groups`: a CPU cgroup per host (cpu_limit.CpuLimitError at start where none can be made);
+    `threaded_rx`: hosts receive on NAPI threads of their own (link_napi.py), not in softirq."""
 
-    def __init__(self, hosts: int, bandwidth: str | None = None, cpu_groups: bool = False,
+    def __init__(self, hosts: int, bandwidth: str | None = None, cpu_groups: bool = False, threaded_rx: bool = False,
                  queue_ms: float = DEFAULT_QUEUE_MS):
         if not 1 <= hosts <= 200:
             raise ValueError(f"hosts must be 1..200 (got {hosts})")
@@ -146,8 +143,12 @@ class EmulatedCluster:
         self._up = False
         self._sampler: subprocess.Popen | None = None
         self._want_cpu_groups = cpu_groups
+        self.threaded_rx = threaded_rx
         self.cpu: cpu_limit.HostCpuLimits | None = None
         self._old_handlers: dict[int, object] = {}
+        # Each host's link receive threads (link_napi.py), or why the links receive in softirq instead.
+        self.rx_threads: list[list[int]] = [[] for _ in range(hosts)]
+        self.rx_problem: str | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------------------
     def start(self) -> EmulatedCluster:
@@ -173,8 +174,12 @@ class EmulatedCluster:
                 self._in(self.bridge_ns, "ip", "link", "set", f"h{i}", "master", "br0")
                 self._in(self.bridge_ns, "ip", "link", "set", f"h{i}", "up")
             self.set_bandwidth(self.bandwidth, self.queue_ms)
+            if self.threaded_rx:
+                self._thread_receive()
             if self._want_cpu_groups:
-                self.cpu = cpu_limit.HostCpuLimits(self.namespaces).start()
+                self.cpu = cpu_limit.HostCpuLimits(self.namespaces, slice_file=cpu_limit.SLICE_FILE).start()
+                for i, tids in enumerate(self.rx_threads):
+                    self.cpu.adopt(i, tids)
         except BaseException:
             self.close()
             raise
@@ -188,6 +193,8 @@ class EmulatedCluster:
             return
         self._up = False
         self.stop_sampler()
+        if self.cpu is not None:
+            self.cpu.release([t for tids in self.rx_threads for t in tids])
         for ns in [*self.namespaces, self.bridge_ns]:
             _kill_namespace_processes(ns)
             _run(["ip", "netns", "delete", ns], check=False)
@@ -217,6 +224,39 @@ class EmulatedCluster:
         for sig in (signal.SIGTERM, signal.SIGHUP):
             if signal.getsignal(sig) in (signal.SIG_DFL, None):
                 self._old_handlers[sig] = signal.signal(sig, on_signal)
+
+    def _thread_receive(self) -> None:
+        """Every host receives on a NAPI thread of its own (link_napi.py), remembered for its CPU group; the
+        switch's ports send without TSO, which a veth needs to hand TCP to that thread. Where the kernel refuses,
+        the links keep receiving in softirq and `rx_problem` says why (the rows record it)."""
+        def run(where: str, action: str, devs: Sequence[str]) -> bool:
+            done = _run(["ip", "netns", "exec", where, sys.executable, link_napi.__file__, action, *devs],
+                        check=False)
+            if done.returncode != 0:
+                self.rx_problem = (done.stderr or done.stdout).strip() or f"link_napi exited {done.returncode}"
+                LOG.warning("links receive in softirq: %s", self.rx_problem)
+            return done.returncode == 0
+
+        if not run(self.bridge_ns, "no-tso", [f"h{i}" for i in range(self.hosts)]):
+            return
+        for i, ns in enumerate(self.namespaces):  # one host at a time: its new thread is the one that appears
+            before = link_napi.napi_threads("eth0")
+            if not run(ns, "receive", ["eth0"]):
+                return
+            new = sorted(link_napi.napi_threads("eth0") - before)
+            if len(new) == 1:  # a veth has one receive queue
+                self.rx_threads[i] = new
+            else:  # another cluster started beside this one
+                self.rx_problem = f"host {i}: {len(new)} new receive threads for eth0, expected 1"
+                LOG.warning("%s: its receive work is not charged to its CPU group", self.rx_problem)
+
+    @property
+    def link_rx(self) -> str:
+        """How the links receive, for the rows: "softirq" (the kernel's default), "napi-threads" (each host's in
+        its CPU group when it has one) or "softirq (why napi was refused)"."""
+        if not self.threaded_rx:
+            return "softirq"
+        return f"softirq ({self.rx_problem})" if self.rx_problem else "napi-threads"
 
     # -- hosts ------------------------------------------------------------------------------------------------
     def address(self, i: int) -> str:
@@ -248,8 +288,7 @@ class EmulatedCluster:
 
     # -- links ------------------------------------------------------------------------------------------------
     def set_bandwidth(self, bandwidth: str | None, queue_ms: float | None = None) -> None:
-        """Caps (or, with None, uncaps) both directions of every host's link; `queue_ms` (None: as before) is
-        each direction's queue."""
+        """Caps (or, with None, uncaps) both directions of every host's link, with `queue_ms` (None: as before)."""
         rate = parse_rate(bandwidth) if bandwidth else None
         queue_ms = self.queue_ms if queue_ms is None else queue_ms
         args = tbf_args(rate, queue_ms) if rate is not None else []

@@ -20,7 +20,7 @@ import pathlib
 import resource
 from collections.abc import Sequence
 
-from benchmarks.emulation import cpu_limit, fidelity, link_monitor, net_counters, qdisc_stats
+from benchmarks.emulation import cpu_sampler, fidelity, link_monitor, net_counters, qdisc_stats
 
 LOG = logging.getLogger("run_monitors")
 
@@ -28,8 +28,8 @@ LOG = logging.getLogger("run_monitors")
 COLUMNS = ("host_cpus", "cpu_limit", "cpu_quota_cores", "host_cpu_s", "host_throttled_s", "host_throttled_pct",
            "throttled_max_pct", "throttled_periods_max_pct", "timed_window_s", "vgpu_late_max_us",
            "vgpu_forgiven_us_per_iter", "qdisc_drops", "qdisc_drops_total", "tcp_retrans", "tcp_retrans_total",
-           "tcp_out_segs_total", "sampling_cpu_s", "faithful", "fidelity_notes", "link_backlogged_pct",
-           "link_starved_pct", "link_starved_max_pct", "link_monitor_cpu_s")
+           "tcp_out_segs_total", "sampling_cpu_s", "faithful", "fidelity_notes", "cfs_period_us", "cfs_slice_us",
+           "link_rx", "link_backlogged_pct", "link_starved_pct", "link_starved_max_pct", "link_monitor_cpu_s")
 
 
 def joined(values: Sequence[float], digits: int = 3) -> str:
@@ -49,14 +49,14 @@ class RunMonitors:
     def __init__(self, cluster, host_cpus: float | None, quota: float | None):
         self._cluster = cluster
         self.host_cpus, self.quota = host_cpus, quota
-        self._sampler: cpu_limit.UsageSampler | None = None
+        self._sampler: cpu_sampler.UsageSampler | None = None
         self._net_before: list[net_counters.HostNet] | None = None
         self._links: link_monitor.LinkMonitor | None = None
 
     def start(self) -> RunMonitors:
         if self._cluster.cpu is not None:
             self._cluster.set_cpu_quota(self.quota if self.host_cpus is not None else None)
-            self._sampler = cpu_limit.UsageSampler(self._cluster.cpu).start()
+            self._sampler = cpu_sampler.UsageSampler(self._cluster.cpu).start()
         if self._cluster.rate_bps:  # uncapped links have no queue of their own to watch
             try:
                 self._links = link_monitor.LinkMonitor(self._cluster.namespaces, self._cluster.bridge_ns).start()
@@ -88,17 +88,20 @@ class RunMonitors:
         row: dict = {"host_cpus": self.host_cpus if self.host_cpus is not None else "",
                      "cpu_limit": f"cgroup-v{self._cluster.cpu.hierarchy.version}" if limited else "off",
                      "cpu_quota_cores": round(self.quota, 4) if limited and self.quota else "",
-                     "sampling_cpu_s": round(sampling, 3)}
+                     "sampling_cpu_s": round(sampling, 3),
+                     "cfs_period_us": self._cluster.cpu.period_us if limited else "",
+                     "cfs_slice_us": (self._cluster.cpu.bandwidth_slice_us or "") if limited else "",
+                     "link_rx": getattr(self._cluster, "link_rx", "")}
         window, window_s, end = None, 0.0, 0.0
         if results and result_files:  # the timed window (see the module's docstring)
             end = max(p.stat().st_mtime for p in result_files)
             window_s = max(sum(r.get("iter_s") or []) for r in results)
         if samples:
-            whole = cpu_limit.window(samples, samples[0][0], samples[-1][0])
+            whole = cpu_sampler.window(samples, samples[0][0], samples[-1][0])
             row.update(host_cpu_s=joined([u.cpu_s for u in whole]), host_throttled_s=joined([u.throttled_s
                                                                                              for u in whole]))
             if window_s:
-                window = cpu_limit.window(samples, end - window_s, end)
+                window = cpu_sampler.window(samples, end - window_s, end)
                 shares = [u.throttled_s / window_s if window_s else 0.0 for u in window]
                 row.update(host_throttled_pct=joined([100 * s for s in shares], 1),
                            throttled_max_pct=round(100 * max(shares), 1),

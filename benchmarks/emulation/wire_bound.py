@@ -16,6 +16,8 @@ Messages per iteration, per system (what a worker sends; it receives as many):
 * MXNet's P3: as dist_sync, but every array in slices of MXNET_KVSTORE_SLICE_THRESHOLD (40,000) elements.
 * Horovod: ring allreduce over fusion buffers (HOROVOD_FUSION_THRESHOLD, 64 MiB): per buffer each rank sends
   2 (N-1) chunks; Gloo's TCP pair prefixes each send with a 48-byte preamble (six 64-bit fields).
+* PyTorch DDP (gloo): as Horovod, over DDP's buckets (bucket_cap_mb, 25 MiB) instead of fusion buffers.
+  p3kv.torch (both placements) sends what p3kv sends: one key per parameter, in slices.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ P3KV_SLICE = 50_000
 MXNET_BIGARRAY_BOUND = 1_000_000
 MXNET_P3_SLICE = 40_000
 HOROVOD_FUSION_BYTES = 64 << 20
+DDP_BUCKET_BYTES = 25 << 20
+ALLREDUCE_BUFFER_BYTES = {"horovod": HOROVOD_FUSION_BYTES, "ddp": DDP_BUCKET_BYTES}
+SAME_WIRE = {"torch-p3kv": "p3", "torch-p3kv-server": "p3"}  # systems whose messages are another's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +80,7 @@ def messages_per_worker(system: str, sizes: Sequence[int], servers: int, slice_s
 
 
 def header_of(system: str) -> int:
-    if system == "horovod":
+    if system in ALLREDUCE_BUFFER_BYTES:
         return GLOO_PREAMBLE
     return PSLITE_META if system in ("dist_sync", "mxnet-p3") else P3KV_HEADER
 
@@ -88,11 +93,12 @@ def link_load(system: str, sizes: Sequence[int], model_bytes: int, hosts: int, l
     workers, W servers): the whole model each way. Horovod's ring allreduce: 2 (N-1)/N of the model each way
     too, in 2 (N-1) chunks per fusion buffer."""
     model = model_bytes
+    system = SAME_WIRE.get(system, system)
     if hosts < 2:
         return LinkLoad(0.0, 0.0, 0.0)
-    if system == "horovod":
+    if system in ALLREDUCE_BUFFER_BYTES:
         share = 2 * (hosts - 1) / hosts
-        buffers = max(1, math.ceil(model / HOROVOD_FUSION_BYTES))
+        buffers = max(1, math.ceil(model / ALLREDUCE_BUFFER_BYTES[system]))
         messages = 2 * (hosts - 1) * buffers
     else:
         share = 2 * (hosts - 1) / hosts if layout == "colocated" else 1.0

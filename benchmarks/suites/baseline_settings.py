@@ -12,6 +12,10 @@ The defaults, read in the source (not assumed):
   p3store_dist.h (MXNet's P3, `DMLC_PS_VAN_TYPE=p3`) reads MXNET_KVSTORE_SLICE_THRESHOLD with default 40 * 1000
   elements per slice. The installed libmxnet.so holds both variable names.
 - p3kv: p3kv/core/config.py (P3_SLICE_SIZE 50,000 elements, P3_SOCKET_BUFFER 131,072 bytes).
+- PyTorch DDP 2.13.0 (the installed torch/nn/parallel/distributed.py): bucket_cap_mb None means 25 MiB
+  (_DEFAULT_BUCKET_CAP_MB) with the first bucket capped at 1 MiB (_DEFAULT_FIRST_BUCKET_BYTES); torch has no
+  variable for it, so the benchmark's DDP worker reads DDP_BUCKET_CAP_MB (benchmarks/workloads/torch_worker.py:
+  25 stands for DDP's default, first bucket included).
 
 A setting reaches every process of a job through the environment: cluster_job.py adds it to the job's
 environment, the launcher hands its environment on (Horovod's ranks lose only P3_* and DMLC_* variables,
@@ -42,6 +46,7 @@ DEFAULTS: dict[str, dict[str, str]] = {
     "mxnet-p3": {"MXNET_KVSTORE_SLICE_THRESHOLD": str(40_000)},
     "p3": {"P3_SLICE_SIZE": str(config.get("P3_SLICE_SIZE", {})),
            "P3_SOCKET_BUFFER": str(config.get("P3_SOCKET_BUFFER", {}))},
+    "ddp": {"DDP_BUCKET_CAP_MB": "25"},
 }
 # Where a point fixes the slice size itself (the slice sweep), a tuned slice size must not override it.
 SLICE_VARIABLES = ("P3_SLICE_SIZE", "MXNET_KVSTORE_SLICE_THRESHOLD")

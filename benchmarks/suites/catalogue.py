@@ -37,6 +37,10 @@ SUITES = (
           root=True, module="benchmarks.suites.tune"),
     Suite("kvstore", "like-for-like kvstore pushpull with the same SGD, all systems, loopback",
           "make bench-kvstore", root=False),
+    Suite("torch_loopback", "p3kv core pushpull of a model's gradients vs torch all_reduce over gloo in DDP's "
+          "buckets, loopback, 95% CIs (writes build/torch_loopback/ unless --csv)",
+          "python -m benchmarks.suites.torch_loopback_bench --model resnet50_v1 --workers 2 --repeats 5", root=False,
+          module="benchmarks.suites.torch_loopback_bench"),
     Suite("accuracy", "the paper's accuracy claim in miniature (digits MLP, 4 hosts on 100 Mbit links)",
           "make bench-accuracy", root=True, stated_time="25 min"),
     Suite("server", "the server's CPU per slice against a memcpy floor (C++ only, one thread)",

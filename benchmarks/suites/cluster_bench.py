@@ -138,11 +138,12 @@ def run_points(points: Sequence[Point], csv_path: pathlib.Path, conditions: Cond
                 start = run_guard.wait_for_idle(conditions.max_busy, conditions.max_load, limit, conditions.force,
                                                 proceed=conditions.proceed)
                 waited += start.waited_s
-                if cluster is None or cluster.hosts != point.hosts:
+                if cluster is None or cluster.hosts != point.hosts or cluster.threaded_rx != (point.link_rx == "napi"):
                     if cluster is not None:
                         cluster.close()
                     cluster = emulated_cluster.EmulatedCluster(point.hosts, point.bandwidth,
                                                                cpu_groups=limited is not False,
+                                                               threaded_rx=point.link_rx == "napi",
                                                                queue_ms=point.link_queue_ms).start()
                 elif cluster.bandwidth != point.bandwidth or cluster.queue_ms != point.link_queue_ms:
                     cluster.set_bandwidth(point.bandwidth, point.link_queue_ms)
@@ -231,6 +232,10 @@ def add_cpu_arguments(p: argparse.ArgumentParser) -> None:
                    "machine: 4 x 2 x 0.225 = 1.8); a larger count forces a smaller --gpu-scale and longer runs")
     p.add_argument("--no-cpu-limit", action="store_true", help="run the hosts without CPU limits, for comparison "
                    "(rows say cpu_limit=off and are never faithful)")
+    p.add_argument("--link-rx", choices=("softirq", "napi"), default="softirq", help="how emulated hosts receive: "
+                   "softirq (the kernel's default: on whatever CPU sent, charged to no host) or napi (a kernel thread "
+                   "per host in its CPU group; the switch ports then send without TSO, about 3x the CPU per byte; "
+                   "benchmarks/emulation/link_napi.py). Rows record it (link_rx)")
 
 
 def add_queue_argument(p: argparse.ArgumentParser) -> None:
@@ -332,7 +337,7 @@ def points_from_args(args: argparse.Namespace) -> list[Point]:
                   efficiency_factor=args.efficiency_factor, optimizer=args.optimizer, warmup=args.warmup,
                   iters=args.iters, tag=args.tag, timeout=args.timeout, layout=args.layout,
                   log_interval=args.log_interval, host_cpus=host_cpus_from_args(args),
-                  link_queue_ms=args.link_queue_ms)
+                  link_rx=args.link_rx, link_queue_ms=args.link_queue_ms)
             for model in args.model for kv in args.kvstore]
     return baseline_settings.from_args(interleave(base, args.repeats, args.seed), args)
 

@@ -39,7 +39,7 @@ from benchmarks.emulation import (
     wire_bound,
 )
 from benchmarks.paths import ROOT
-from benchmarks.suites import baseline_settings
+from benchmarks.suites import baseline_settings, torch_systems
 from benchmarks.workloads import job_env, model_shapes
 
 LOG = logging.getLogger("cluster_job")
@@ -52,7 +52,9 @@ KVSTORES = {
     "p3-slicing-only": ("p3", {"P3_PRIORITY": "none"}, []),
     "p3-priority-split": ("p3", {"P3_SLICE_SIZE": str(1 << 30)}, ["--split-big-arrays", "SERVERS"]),
     "p3-priority-only": ("p3", {"P3_SLICE_SIZE": str(1 << 30)}, []),
+    **torch_systems.KVSTORES,  # PyTorch: p3kv.torch in both placements, DDP (gloo) under torchrun
 }
+NO_SERVERS = ("horovod", *torch_systems.NO_SERVERS)  # one rank per host, no parameter servers
 
 
 @dataclasses.dataclass
@@ -84,6 +86,7 @@ class Point:
     setting_env: tuple[tuple[str, str], ...] = ()
     baseline_setting: str = ""
     host_cpus: float | None = None  # CPUs of one emulated host, dilated by gpu_scale; None: no CPU limit
+    link_rx: str = "softirq"  # how hosts receive: "softirq" (the kernel's way) or "napi" (link_napi.py)
     link_queue_ms: float = emulated_cluster.DEFAULT_QUEUE_MS  # each link direction's queue (tbf_args)
 
     @property
@@ -95,15 +98,15 @@ class Point:
 
     @property
     def workers(self) -> int:
-        return self.hosts if self.layout == "colocated" or self.kvstore == "horovod" else self.hosts // 2
+        return self.hosts if self.layout == "colocated" or self.kvstore in NO_SERVERS else self.hosts // 2
 
     @property
     def servers(self) -> int:
-        return 0 if self.kvstore == "horovod" else self.workers
+        return 0 if self.kvstore in NO_SERVERS else self.workers
 
     def roles(self, host: int) -> tuple[int, int]:
         """(workers, servers) on `host`."""
-        if self.kvstore == "horovod":
+        if self.kvstore in NO_SERVERS:
             return 1, 0
         if self.layout == "colocated":
             return 1, 1
@@ -163,7 +166,9 @@ def calibrated_efficiency(model: str) -> float:
 
 def _worker_argv(point: Point, out: pathlib.Path) -> list[str]:
     extra = [point.servers and str(point.servers) if a == "SERVERS" else a for a in KVSTORES[point.kvstore][2]]
-    return [*paths.python_module("benchmarks.workloads.cluster_worker"), "--model", point.model,
+    module = (torch_systems.WORKER_MODULE if point.kvstore in torch_systems.SYSTEMS
+              else "benchmarks.workloads.cluster_worker")
+    return [*paths.python_module(module), "--model", point.model,
             "--compute", point.compute, "--batch-size", str(point.batch_size), "--warmup", str(point.warmup),
             "--iters", str(point.iters),
             "--gpu", point.gpu, "--gpu-scale", str(point.gpu_scale), "--efficiency-factor",
@@ -172,8 +177,9 @@ def _worker_argv(point: Point, out: pathlib.Path) -> list[str]:
 
 
 def _environment(point: Point, extra: dict) -> dict:
-    env = job_env.job_environment(point.kvstore, point.slice_size)
-    if point.kvstore != "horovod":
+    # Allreduce jobs get no parameter-server variables (job_env's "horovod" rule holds for DDP too).
+    env = job_env.job_environment("horovod" if point.kvstore in NO_SERVERS else point.kvstore, point.slice_size)
+    if point.kvstore not in NO_SERVERS:
         env["P3_SECRET"] = secrets.token_hex(32)  # one per job, the same on every host
     # Hosts share 2 cores: one compute thread per process (the real-compute mode's fairness).
     env.update(OMP_NUM_THREADS="1", MXNET_CPU_WORKER_NTHREADS="1", PYTHONUNBUFFERED="1")
@@ -219,7 +225,7 @@ def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: 
         argv = [sys.executable, "-m", "p3kv.launch", "-n", str(point.workers), "-s", str(point.servers),
                 "--kvstore", launcher_kvstore, "--host", cluster.address(i), "--port", str(port),
                 "--local-workers", str(local_workers), "--local-servers", str(local_servers),
-                "--timeout", str(point.timeout)]
+                "--timeout", str(point.timeout), *torch_systems.LAUNCHER_FLAGS.get(point.kvstore, [])]
         if i:
             argv += ["--no-scheduler", "--root", cluster.address(0)]
         if launcher_kvstore == "horovod":
@@ -227,6 +233,9 @@ def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: 
             # Gloo finds a rank's address from its hostname (not HOROVOD_GLOO_IFACE): a name of its own per host.
             argv = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', cluster.address(i), *argv]
         argv += ["--", *_worker_argv(point, out)]
+        if launcher_kvstore == "torchrun":  # DDP: torchrun instead of p3kv's launcher
+            argv = torch_systems.torchrun_argv(sys.executable, hosts, i, cluster.address(0), port,
+                                               _worker_argv(point, out), cluster.address(i))
         host_env = env
         log = open(scratch / f"{name}.host{i}.log", "w")
         logs.append(log)

@@ -35,7 +35,8 @@ def undilated(p: dict) -> float:
 
 # One colour per system in every panel and figure, so that a system reads the same across them.
 SYSTEM_COLORS = {"p3": "tab:orange", "dist_sync": "tab:green", "mxnet-p3": "tab:blue", "horovod": "tab:red",
-                 "p3-slicing-only": "tab:purple", "p3-priority-split": "tab:brown", "p3-priority-only": "tab:gray"}
+                 "p3-slicing-only": "tab:purple", "p3-priority-split": "tab:brown", "p3-priority-only": "tab:gray",
+                 "ddp": "tab:pink", "torch-p3kv": "tab:olive", "torch-p3kv-server": "tab:cyan"}
 
 
 def plot(name: str, rows: Sequence[dict], path: pathlib.Path, include_smoke: bool = False) -> None:
@@ -58,10 +59,11 @@ def plot(name: str, rows: Sequence[dict], path: pathlib.Path, include_smoke: boo
                           [(p["high"] - p["throughput"]) * undilated(p) for p in mine]],
                     marker="o", capsize=3, label=label, **style)
 
-    if name in ("bandwidth", "scale", "sensitivity", "dilation"):
-        x_of = {"bandwidth": lambda p: p["p100_equiv_gbps"], "scale": lambda p: p["hosts"],
+    if name in ("bandwidth", "scale", "sensitivity", "dilation", "torch"):  # torch: as bandwidth, its systems
+        x_of = {"bandwidth": lambda p: p["p100_equiv_gbps"], "torch": lambda p: p["p100_equiv_gbps"],
+                "scale": lambda p: p["hosts"],
                 "sensitivity": lambda p: float(p["efficiency_factor"]), "dilation": lambda p: p["gpu_scale"]}[name]
-        panel_of = {"bandwidth": lambda p: p["model"], "scale": lambda p: p["model"],
+        panel_of = {"bandwidth": lambda p: p["model"], "torch": lambda p: p["model"], "scale": lambda p: p["model"],
                     "sensitivity": lambda p: f"{p['model']}, {p['p100_equiv_gbps']:g} Gbps-equiv.",
                     "dilation": lambda p: f"{p['model']}, {p['p100_equiv_gbps']:g} Gbps-equiv."}[name]
         panels = list(dict.fromkeys(panel_of(p) for p in points))
@@ -76,11 +78,12 @@ def plot(name: str, rows: Sequence[dict], path: pathlib.Path, include_smoke: boo
             xs = sorted({x_of(p) for p in mine})
             ax.plot(xs, [statistics.median(p["bound_throughput"] * undilated(p) for p in mine if x_of(p) == x)
                          for x in xs], "k--", label="bound (headers incl.)")
-            if name in ("bandwidth", "sensitivity", "dilation"):
+            if name in ("bandwidth", "sensitivity", "dilation", "torch"):
                 ax.set_xscale("log")
                 ax.set_xticks(xs, [f"{x:g}" for x in xs])
                 ax.minorticks_off()
-            ax.set_xlabel({"bandwidth": "P100-equivalent Gbps", "scale": "hosts (1 worker + 1 server each)",
+            ax.set_xlabel({"bandwidth": "P100-equivalent Gbps", "torch": "P100-equivalent Gbps",
+                           "scale": "hosts (1 worker + 1 server each)",
                            "sensitivity": "efficiency x calibrated", "dilation": "--gpu-scale (1 = undilated)"}[name])
             ax.set_ylabel(f"P100-equivalent {mine[0]['unit']}/s\n(measured / --gpu-scale)", fontsize=8)
             extra = PAPER_BANDWIDTH.get(mine[0]["model"], "") if name == "bandwidth" else (

@@ -10,6 +10,8 @@
     python -m benchmarks.suites.sweeps utilisation   # tx/rx of every link over time, dist_sync vs p3kv vs Horovod
                                               # (also fig_utilisation_links.png, see link_utilisation.py)
     python -m benchmarks.suites.sweeps shallow       # the headline points with 1 ms link queues, not 50 ms
+    python -m benchmarks.suites.sweeps torch         # PyTorch: p3kv.torch (both placements) vs DDP (gloo),
+                                              # ResNet-50 and VGG-19 at 3 rates each, >= 5 repeats, CIs
     python -m benchmarks.suites.sweeps estimate      # how long each sweep takes (from the bound and older rows),
                                               # and into how many --slice parts of <= --window hours it splits
     python -m benchmarks.suites.sweeps bandwidth --resume --slice 2/5   # one 2-hour slice of a long sweep
@@ -47,10 +49,10 @@ import pathlib
 import sys
 from collections.abc import Sequence
 
-from benchmarks.analysis import bench_rows
+from benchmarks.analysis import bench_rows, torch_comparison
 from benchmarks.analysis.points import optimizer_label
 from benchmarks.emulation import cpu_limit, emulated_cluster, run_guard
-from benchmarks.suites import baseline_settings, cluster_bench, sweep_slices
+from benchmarks.suites import baseline_settings, cluster_bench, sweep_slices, torch_systems
 from benchmarks.suites.sweep_estimate import (  # noqa: F401  (the callers' names: sweeps.estimate_seconds, ...)
     GATE_S,
     SLICE_FACTORS,
@@ -128,7 +130,7 @@ def _point(name: str, args: argparse.Namespace, model: str, kvstore: str, equiva
     scale = (settings.pop("gpu_scale", None) or args.gpu_scale
              or min(least_dilation(equivalent, args.link_max), cpu_fit(hosts, host_cpus)))
     settings.setdefault("link_queue_ms", getattr(args, "link_queue_ms", emulated_cluster.DEFAULT_QUEUE_MS))
-    return cluster_bench.Point(model=model, kvstore=kvstore, hosts=hosts, host_cpus=host_cpus,
+    return cluster_bench.Point(model=model, kvstore=kvstore, hosts=hosts, host_cpus=host_cpus, link_rx=args.link_rx,
                                bandwidth=link(equivalent, scale), compute="emulated", batch_size=args.batch_size,
                                gpu="p100", gpu_scale=scale, optimizer=args.optimizer, warmup=args.warmup,
                                iters=args.iters, tag=name, timeout=args.timeout, **settings)
@@ -184,10 +186,12 @@ def sweep_utilisation(args):
 
 SWEEPS = {"bandwidth": sweep_bandwidth, "slice": sweep_slice, "ablation": sweep_ablation, "scale": sweep_scale,
           "sensitivity": sweep_sensitivity, "dilation": sweep_dilation, "demo": sweep_demo,
-          "utilisation": sweep_utilisation, "shallow": sweep_shallow}
+          "utilisation": sweep_utilisation, "shallow": sweep_shallow,
+          "torch": lambda args: torch_systems.sweep(args, _point)}
 
 
-ALL = ("demo", "bandwidth", "slice", "ablation", "scale", "sensitivity", "dilation", "utilisation", "shallow")
+ALL = ("demo", "bandwidth", "slice", "ablation", "scale", "sensitivity", "dilation", "utilisation", "shallow",
+       "torch")
 WINDOW_H = 2.0  # the idle window one slice of a long sweep should fit (estimate --window)
 
 
@@ -215,7 +219,8 @@ def not_yet_run(points: Sequence[cluster_bench.Point], csv_path: pathlib.Path) -
 
 def sweep_points(name: str, args: argparse.Namespace) -> list[cluster_bench.Point]:
     """Every run of sweep `name` in its interleaved order, each system at its tuned best where there is one."""
-    points = cluster_bench.interleave(SWEEPS[name](args), args.repeats, args.seed)
+    repeats = max(args.repeats, torch_systems.SWEEP_REPEATS if name == "torch" else 1)
+    points = cluster_bench.interleave(SWEEPS[name](args), repeats, args.seed)
     return baseline_settings.from_args(points, args)
 
 
@@ -261,7 +266,8 @@ def run_csvs(results_dir: pathlib.Path) -> list[pathlib.Path]:
 
 def write_summary(name: str, results_dir: pathlib.Path, skipped: dict[str, str] | None = None) -> str:
     """The sweep's summary table (results_dir/NAME.md) from its CSV; returns it."""
-    table = cluster_bench.summary([r for r in bench_rows.read_runs(results_dir / f"{name}.csv") if r["tag"] == name])
+    rows = [r for r in bench_rows.read_runs(results_dir / f"{name}.csv") if r["tag"] == name]
+    table = cluster_bench.summary(rows) + torch_comparison.table(rows, include_smoke=True)  # torch's: vs DDP, CIs
     table += "".join(f"\n- {kv} skipped: {why}\n" for kv, why in (skipped or {}).items())
     (results_dir / f"{name}.md").write_text(table)
     return table

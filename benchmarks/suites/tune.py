@@ -16,6 +16,8 @@ The grid per system (baseline_settings.py has the defaults and where in each pro
 - mxnet-p3: MXNET_KVSTORE_SLICE_THRESHOLD {40,000 (its default), 50,000 (p3kv's), 100,000} elements.
 - p3: P3_SLICE_SIZE {25k, 50k (default), 100k} at the default socket buffer, and P3_SOCKET_BUFFER {32 KiB,
   512 KiB} at 50k (one factor at a time: 5 cells).
+- ddp (PyTorch DDP, gloo; not in the default --systems): DDP_BUCKET_CAP_MB {5, 25 (DDP's default, first bucket 1
+  MiB), 100} MiB.
 --cell 'VAR=VALUE ...' (repeatable) replaces the grid of the system whose variables it names.
 
 Every cell is a job of cluster_job.py at the point, its setting in the job's environment and in the row's
@@ -46,6 +48,7 @@ from benchmarks.suites.cluster_job import Point
 
 LOG = logging.getLogger("tune")
 SYSTEMS = ("horovod", "dist_sync", "mxnet-p3", "p3")
+TORCH_SYSTEMS = ("ddp",)  # tuned when --systems names them (the PyTorch comparison, suites/torch_systems.py)
 HEADLINE = (("resnet50_v1", 4.0), ("resnet50_v1", 10.0), ("vgg19", 15.0))  # (model, P100-equivalent Gbit/s)
 AUTOTUNE_WARMUP = 150  # iterations before the autotuner cell's timed ones (see the module's docstring)
 AUTOTUNE_ENV = {"HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "1",
@@ -88,7 +91,9 @@ def grid(system: str) -> list[Cell]:
     if system == "p3":
         return ([cell(system, P3_SLICE_SIZE=n) for n in (25_000, 50_000, 100_000)]
                 + [cell(system, P3_SOCKET_BUFFER=n) for n in (32 << 10, 512 << 10)])
-    raise ValueError(f"no grid for {system!r}: one of {', '.join(SYSTEMS)}")
+    if system == "ddp":
+        return [cell(system, DDP_BUCKET_CAP_MB=mib) for mib in (5, 25, 100)]
+    raise ValueError(f"no grid for {system!r}: one of {', '.join(SYSTEMS + TORCH_SYSTEMS)}")
 
 
 def parse_cell(text: str) -> Cell:
@@ -186,7 +191,8 @@ def base_points(args: argparse.Namespace) -> list[Point]:
         points.append(Point(model=model, kvstore="", hosts=args.hosts, bandwidth=bandwidth, compute=args.compute,
                             batch_size=args.batch_size, gpu_scale=scale, optimizer=args.optimizer,
                             warmup=args.warmup, iters=args.iters, tag="tune", timeout=args.timeout,
-                            log_interval=max(1, args.iters), host_cpus=host_cpus))
+                            log_interval=max(1, args.iters), host_cpus=host_cpus,
+                            link_rx=getattr(args, "link_rx", "softirq")))
     return points
 
 
@@ -205,7 +211,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--compute", choices=("emulated", "real", "none"), default="emulated")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--optimizer", choices=("sgd", "none"), default="sgd")
-    p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
+    p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS + TORCH_SYSTEMS)
     p.add_argument("--cell", action="append", default=[], help="'VAR=VALUE ...': replaces its system's grid "
                    "(repeat for several cells)")
     p.add_argument("--warmup", type=int, default=2)
