@@ -25,7 +25,7 @@ CORE := $(shell find cpp -name '*.cc' -o -name '*.h') setup.py pyproject.toml
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo -E)
 
 .PHONY: setup system-deps test test-unit test-sanitizer demo demo-full bench bench-setup bench-kvstore bench-accuracy \
-	bench-transport bench-server bench-startup sweeps \
+	bench-transport bench-server bench-startup sweeps sweep-slice \
 	sweeps-estimate bench-report sim lint clean
 
 setup: system-deps $(STAMP)
@@ -80,15 +80,23 @@ demo-full: bench-setup
 	$(PY) -m benchmarks.report
 
 # Every sweep of the paper's evaluation with the reviewed settings (optimizer on, 3 shuffled repeats of 2 warm-up +
-# 20 timed iterations, all four systems), then docs/benchmarks.md's tables: an estimated 11.5 hours on an idle 2-core
+# 20 timed iterations, all four systems), then docs/benchmarks.md's tables: an estimated 19.8 hours on an idle 2-core
 # machine in full (`make sweeps-estimate` gives each sweep's time, in full and for what is not measured yet). Each sweep is also its own command (python -m benchmarks.suites.sweeps NAME);
 # SWEEP_FLAGS passes options to every one (e.g. --force, --repeats 5). With --resume (the default here) a sweep
 # runs only what its CSV in benchmarks/results/sweeps/ lacks, so an interrupted `make sweeps` continues where it
 # stopped; to measure everything again, move benchmarks/results/sweeps/ aside first.
-SWEEPS := demo bandwidth slice ablation scale sensitivity dilation utilisation
+SWEEPS := demo bandwidth slice ablation scale sensitivity dilation utilisation shallow
 SWEEP_FLAGS ?= --resume
 sweeps: bench-setup
 	for s in $(SWEEPS); do $(SUDO) $(PY) -m benchmarks.suites.sweeps $$s $(SWEEP_FLAGS) || exit 1; done
+	$(PY) -m benchmarks.report
+
+# One part of a long sweep, sized for one idle window: `make sweeps-estimate` prints each sweep's N parts of at
+# most 2 hours; e.g. make sweep-slice SWEEP=bandwidth SLICE=2/6 (--resume: a part interrupted continues).
+SWEEP ?= bandwidth
+SLICE ?= 1/1
+sweep-slice: bench-setup
+	$(SUDO) $(PY) -m benchmarks.suites.sweeps $(SWEEP) --resume --slice $(SLICE) $(filter-out --resume,$(SWEEP_FLAGS))
 	$(PY) -m benchmarks.report
 
 # The paper's accuracy claim in miniature (p3kv vs dist_sync vs dist_async on scikit-learn's digits, 4 emulated

@@ -1,21 +1,21 @@
 """`fab bench`: the comparison of the emulated-cluster benchmark, run on a real cluster with real compute.
 
-Every system (p3kv, MXNet dist_sync, MXNet's P3, Horovod) trains the same real model on every host's accelerator (GPU
-when the host has one, else CPU: benchmarks/workloads/device_worker.py, which is cluster_worker.py's real-compute
-loop), one
-job per system and repeat, launched with deploy.launch and collected with deploy.logs. The emulated runner's
-machinery, reused: the order is cluster_bench.interleave's (freshly shuffled every repeat, seeded, position
-recorded); the run guard (benchmarks/emulation/run_guard.py) refuses a dirty tree unless `allow_dirty` and, before every
-job, waits up to `load_wait` seconds for this machine (the one driving the hosts) to be idle (CPU busy over a
-5-second sample at most `max_busy` percent; the 1-minute load at most `max_load` if given), then refuses unless
-`force`, all recorded; each job's result becomes one row written by
-benchmarks/analysis/bench_rows.py (the emulated runner's columns: optimizer, conditions, versions; dest/cluster.csv)
-with
-every rank's timed iterations beside it (dest/cluster_iterations.csv), and dest/cluster.md and dest/cluster.png
-are that runner's table (median and IQR over every iteration of every repeat) and figure, so the emulated and the
-real cluster's results read the same way. The physical bound counts the link only when `bandwidth` (the hosts'
-link rate, e.g. the cap set with `fab bandwidth`) is given and every host runs one worker and one server (Horovod:
-one worker; its ring moves the same bytes per link as colocated servers do).
+Every system (p3kv, MXNet dist_sync, MXNet's P3, Horovod) trains the same real model on every host's accelerator
+(GPU when the host has one, else CPU: benchmarks/workloads/device_worker.py, which is cluster_worker.py's real-
+compute loop; a host running several workers gives each the GPU of its local rank, which p3kv.launch hands every
+system's workers), one job per system and repeat, launched with deploy.launch and collected with deploy.logs. The
+emulated runner's machinery, reused: the order is cluster_bench.interleave's (freshly shuffled every repeat, seeded,
+position recorded); the run guard (benchmarks/emulation/run_guard.py) refuses a dirty tree unless `allow_dirty` and,
+before every job, waits up to `load_wait` seconds for this machine (the one driving the hosts) to be idle (CPU busy
+over a 5-second sample at most `max_busy` percent; the 1-minute load at most `max_load` if given), then refuses
+unless `force`, all recorded; each job's result becomes one row written by benchmarks/analysis/bench_rows.py (the
+emulated runner's columns: optimizer and where it ran, the system's setting from `env`, conditions, versions, every
+rank's timed iterations, whose quartiles the row's median and IQR are; dest/cluster.csv) with every rank's timed
+iterations also beside it (dest/cluster_iterations.csv), and dest/cluster.md and dest/cluster.png are that runner's
+table (median and IQR over every iteration of every repeat) and figure, so the emulated and the real cluster's
+results read the same way. The physical bound counts the link only when `bandwidth` (the hosts' link rate, e.g. the
+cap set with `fab bandwidth`) is given and every host runs one worker and one server (Horovod: one worker; its ring
+moves the same bytes per link as colocated servers do).
 Horovod runs through the same launcher (`p3kv.launch --kvstore horovod`: its rendezvous on the first host with
 workers, one rank per worker, no servers), summing gradients with allreduce and running the same SGD on every
 worker. Gloo connects ranks by the address each host's hostname resolves to, so the hosts' names must resolve to
@@ -75,9 +75,14 @@ def _benchmarks() -> types.SimpleNamespace:
         sys.path.insert(0, ROOT)
     from benchmarks.analysis import bench_rows, bench_stats
     from benchmarks.emulation import emulated_cluster, run_guard
-    from benchmarks.suites import cluster_bench
+    from benchmarks.suites import baseline_settings, cluster_bench
 
-    return types.SimpleNamespace(COLUMNS=bench_rows.RUN_COLUMNS, model_bytes=cluster_bench.model_bytes,
+    def setting(system: str, env: dict | None) -> str:
+        """The row's baseline_setting: the system's own tuned variables among those every process got."""
+        mine = {k: v for k, v in (env or {}).items() if k in baseline_settings.DEFAULTS.get(system, {})}
+        return baseline_settings.env_text(mine) or baseline_settings.DEFAULT_UNTUNED
+
+    return types.SimpleNamespace(setting=setting, COLUMNS=bench_rows.RUN_COLUMNS, model_bytes=cluster_bench.model_bytes,
                                  comm_bound_seconds=cluster_bench.comm_bound_seconds, Point=cluster_bench.Point,
                                  Conditions=cluster_bench.Conditions, interleave=cluster_bench.interleave,
                                  common_columns=cluster_bench.common_columns, summary=cluster_bench.summary,
@@ -116,9 +121,11 @@ def _row(cb: types.SimpleNamespace, results: list[dict], *, point, workers: int,
     bound = max(compute, comm)
     throughput = sum(r["samples_per_batch"] / r["median_s"] for r in results)
     bound_throughput = workers * first["samples_per_batch"] / bound
-    q1, _, q3 = cb.quartiles(first["iter_s"])
+    ranks = [r["iter_s"] for r in sorted(results, key=lambda r: r["rank"])]
+    q1, median, q3 = cb.quartiles([t for times in ranks for t in times])  # every rank's, as the emulated rows
     row.update(status="ok", unit=first["unit"], samples_per_batch=first["samples_per_batch"],
-               median_s=round(first["median_s"], 4), q1_s=round(q1, 4), q3_s=round(q3, 4), iter_s=first["iter_s"],
+               median_s=round(median, 4), q1_s=round(q1, 4), q3_s=round(q3, 4), iter_s=first["iter_s"],
+               rank_iter_s=ranks, update_placement=first.get("update_placement", ""),
                throughput=round(throughput, 2), compute_s=round(compute, 4), payload_bound_s=round(bound, 4),
                comm_bound_s=round(comm, 4), bound_s=round(bound, 4), bound_throughput=round(bound_throughput, 2),
                optimizer=first["optimizer"], update_on=first["update_on"],
@@ -189,6 +196,7 @@ def compare(hosts: Sequence[Host], connect: ConnectionFactory, dest: str, *, sys
         row = {**cb.common_columns(conditions, commit, dirty), "forced": start_state.forced,
                "busy_pct_before": round(start_state.busy_pct, 1), "load_1m_before": round(start_state.load_1m, 2),
                "load_1m_after": round(os.getloadavg()[0], 2),
+               "baseline_setting": cb.setting(point.kvstore, launch_options.get("env")),
                **_row(cb, results, point=point, workers=sum(s[1] for s in shares[point.kvstore]),
                       servers=sum(s[2] for s in shares[point.kvstore]), colocated=colocated,
                       exit_code=result.exit_code, wall=time.perf_counter() - start, devices=devices,

@@ -347,7 +347,8 @@ def _args(**overrides):
     args = argparse.Namespace(
         models=sweeps.MODELS, kvstores=list(sweeps.SYSTEMS), hosts=4, batch_size=32, gpu_scale=None,
         link_max=sweeps.LINK_MAX_GBPS, optimizer="sgd", warmup=2, iters=20, timeout=1800.0,
-        equivalents=sweeps.EQUIVALENTS, host_cpus=cluster_bench.DEFAULT_HOST_CPUS, no_cpu_limit=False)
+        equivalents=sweeps.EQUIVALENTS, host_cpus=cluster_bench.DEFAULT_HOST_CPUS, no_cpu_limit=False,
+        link_rx="softirq")
     for k, v in overrides.items():
         setattr(args, k, v)
     return args
@@ -410,6 +411,13 @@ def test_link_utilisation_measures_the_timed_window_per_host_and_direction(tmp_p
     assert sentence == ["- Links during the timed iterations (mean rate over the link rate, both directions, every "
                         "host; idle: 10-ms samples below 10% of it; median of 1 runs): p3kv 38% busy, idle in 50% "
                         "of the samples."]
+
+
+def test_link_utilisation_times_the_window_by_every_rank():
+    # The window is as long as the slowest rank's timed iterations; older rows give rank 0's.
+    assert link_utilisation.timed_seconds({"iter_s": "[0.5, 0.5]", "rank_iter_s": "[[0.5, 0.5], [0.6, 0.7]]"}) == \
+        pytest.approx(1.3)
+    assert link_utilisation.timed_seconds({"iter_s": "[0.5, 0.5]"}) == pytest.approx(1.0)
 
 
 def _sweep_row(kv, repeat, hosts="2", cpu="120"):

@@ -105,5 +105,6 @@ def test_every_new_column_is_a_run_column_and_the_old_ones_keep_their_place():
     # Existing CSVs (header = the older columns) accept rows with the new ones appended at the end.
     assert bench_rows.RUN_COLUMNS.index("idle_warning") < bench_rows.RUN_COLUMNS.index("host_cpus")
     # Columns added since only ever go after the ones before them.
-    order = ("fidelity_notes", "rank_iter_s", "update_placement", "cfs_period_us", "link_rx", "torch")
+    order = ("fidelity_notes", "rank_iter_s", "update_placement", "cfs_period_us", "link_rx", "torch",
+             "link_queue_ms", "link_monitor_cpu_s")
     assert [bench_rows.RUN_COLUMNS.index(c) for c in order] == sorted(bench_rows.RUN_COLUMNS.index(c) for c in order)

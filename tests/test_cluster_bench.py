@@ -218,7 +218,8 @@ def test_runner_smoke_every_system_with_the_optimizer_on_two_hosts(tmp_path):
            "--hosts", "2", "--bandwidth", "400mbit", "--gpu-scale", "0.2", "--kvstore", *systems, "--warmup", "1",
            "--iters", "2",
            "--repeats", "1", "--seed", "3", "--log-interval", "1", "--batch-size", "4", "--csv", str(out),
-           "--plot", str(plot), "--timeout", "240", "--smoke", "--force", "--allow-dirty", "--untuned"]
+           "--plot", str(plot), "--timeout", "240", "--smoke", "--force", "--allow-dirty", "--untuned",
+           "--link-queue-ms", "20"]
     runner = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     output, _ = runner.communicate(timeout=600)
     assert runner.returncode == 0, output[-5000:]
@@ -259,6 +260,10 @@ def test_runner_smoke_every_system_with_the_optimizer_on_two_hosts(tmp_path):
         assert len(r["host_throttled_pct"].split(";")) == 2 and float(r["timed_window_s"]) > 0
         assert len(r["qdisc_drops"].split(";")) == 2 and int(r["tcp_out_segs_total"]) > 0
         assert r["faithful"] in ("True", "False") and (r["faithful"] == "True" or r["fidelity_notes"]), r
+        # The link monitor watched both directions of both links, and the links had the queue asked for.
+        assert r["link_queue_ms"] == "20.0" and float(r["link_monitor_cpu_s"]) > 0
+        assert len(r["link_starved_pct"].split(";")) == 2 and len(r["link_backlogged_pct"].split(";")) == 2
+        assert "link: not measured" not in r["fidelity_notes"], r["fidelity_notes"]
         assert [len(times) for times in json.loads(r["rank_iter_s"])] == [2, 2]
         mine = [i for i in iterations if i["run_id"] == r["run_id"]]
         assert sorted((i["rank"], i["iteration"]) for i in mine) == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")]

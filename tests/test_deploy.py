@@ -365,6 +365,7 @@ def test_compare_runs_every_system_with_real_compute(site, installed):
         assert row["optimizer"].startswith("sgd(")
         assert row["update_on"] == ("workers" if row["kvstore"] in ("mxnet-p3", "horovod") else "servers")
         assert len(row["iter_s"]) == 2 and row["q1_s"] <= row["median_s"] <= row["q3_s"]
+        assert [len(times) for times in row["rank_iter_s"]] == [2, 2] and row["iter_s"] == row["rank_iter_s"][0]
         assert (row["allow_dirty"], row["seed"], row["repeats"]) == (True, 5, 1) and row["forced"] in (True, False)
     expected = cluster_bench.interleave([cluster_bench.Point(model="tiny-mlp", kvstore=kv) for kv in KVSTORES], 1, 5)
     assert [(r["kvstore"], r["order"]) for r in result.rows] == [(p.kvstore, p.order) for p in expected]
@@ -378,6 +379,33 @@ def test_compare_runs_every_system_with_real_compute(site, installed):
     labels = ("p3kv", "dist_sync", "MXNet P3", "Horovod")
     assert all(f"| tiny-mlp | 3 | 1gbit | sgd | {label} |" in table for label in labels), table
     assert os.path.getsize(os.path.join(folder, "cluster.png")) > 0
+    assert_no_job_left(site)
+
+
+def test_compare_with_two_workers_on_a_host_numbers_them_and_pools_every_rank(site, installed):
+    """A host running two workers (10.77.0.1) and one running one: every system, Horovod's three ranks and its
+    rendezvous included, gives each of the first host's workers its own local rank (the device, and so the GPU
+    where there are any, is chosen by it: result files PREFIX.<device>.local<k>.rank<r>.json), and the row pools
+    all three ranks' iterations."""
+    import statistics
+
+    hosts = parse_hosts("root@10.77.0.1 interface=eth0 workers=2 servers=1\n"
+                        "root@10.77.0.2 interface=eth0 workers=1 servers=1", "test hosts")
+    folder = os.path.join(site["folder"], "compare-local")
+    result = compare(hosts, site["connect"], folder, model="tiny-mlp", batch_size=16, warmup=1, iters=2,
+                     repeats=1, path=site["path"], state_dir=site["state"], timeout=120, out=io.StringIO(), seed=1,
+                     allow_dirty=True, force=True, env={"MXNET_KVSTORE_BIGARRAY_BOUND": "100000"})
+    assert result.exit_code == 0, result.rows
+    assert sorted(r["kvstore"] for r in result.rows) == ["dist_sync", "horovod", "mxnet-p3", "p3"]
+    for row in result.rows:
+        assert row["status"] == "ok" and row["workers"] == 3, row
+        ranks = row["rank_iter_s"]
+        assert [len(times) for times in ranks] == [2, 2, 2]
+        assert row["median_s"] == round(statistics.median(t for times in ranks for t in times), 4)
+        expected = "MXNET_KVSTORE_BIGARRAY_BOUND=100000" if row["kvstore"] == "dist_sync" else "default (untuned)"
+        assert row["baseline_setting"] == expected
+        results = os.listdir(os.path.join(folder, f"0-{row['kvstore']}", "10.77.0.1"))
+        assert sorted(n.split(".")[2] for n in results if n.startswith("result.")) == ["local0", "local1"], results
     assert_no_job_left(site)
 
 

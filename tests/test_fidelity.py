@@ -5,6 +5,7 @@ import pytest
 
 from benchmarks.emulation import fidelity, net_counters
 from benchmarks.emulation.cpu_limit import CpuUsage
+from benchmarks.emulation.link_monitor import DirectionStats, HostLink
 from benchmarks.emulation.net_counters import HostNet
 
 pytestmark = pytest.mark.unit
@@ -63,7 +64,9 @@ def test_a_run_counts_the_difference_and_a_reset_qdisc_from_zero():
 def _judge(**overrides):
     settings = dict(cpu_window=[CpuUsage(5.0, 0.1, 100, 2), CpuUsage(5.0, 0.2, 100, 4)], window_s=10.0, limited=True,
                     ranks=[{"vgpu_late_max_us": 120.0, "vgpu_forgiven_us_per_iter": 900.0}], median_iter_s=0.5,
-                    net=[HostNet(0, 0, 5, 10000)], sampling_cpu_s=0.5, wall_s=20.0, headroom_cores=0.2)
+                    net=[HostNet(0, 0, 5, 10000)], sampling_cpu_s=0.5, wall_s=20.0, headroom_cores=0.2,
+                    links=[HostLink(DirectionStats(500, 300, 2, 10**9, 10.0),
+                                    DirectionStats(500, 200, 0, 10**9, 10.0))])
     settings.update(overrides)
     return fidelity.judge(**settings)
 

@@ -104,7 +104,8 @@ def test_busiest_processes_from_proc_stat(tmp_path):
 
 
 class FakeCluster:
-    hosts, bandwidth = 2, "2gbit"
+    hosts, bandwidth, queue_ms = 2, "2gbit", cluster_bench.emulated_cluster.DEFAULT_QUEUE_MS
+    threaded_rx = False
 
     def __init__(self, *args, **kwargs):
         pass

@@ -42,6 +42,11 @@ RUN_COLUMNS = (
     # whether the links received on NAPI threads charged to the hosts or in softirq (link_napi.py).
     "cfs_period_us", "cfs_slice_us", "link_rx",
     "torch",  # the torch version of the PyTorch systems' workers (suites/torch_systems.py)
+    "link_queue_ms",  # each link direction's queue beyond its burst (emulated_cluster.tbf_args); "": uncapped
+    # The link monitor (benchmarks/emulation/link_monitor.py), per host the worse direction: the share of sampling
+    # intervals with data queued to the link, and of those the share in which it sent under 90% of what it owed;
+    # the sampling thread's CPU.
+    "link_backlogged_pct", "link_starved_pct", "link_starved_max_pct", "link_monitor_cpu_s",
 )
 ITERATION_COLUMNS = ("run_id", "tag", "model", "kvstore", "hosts", "bandwidth", "gpu_scale", "repeat", "rank",
                      "iteration", "time_s")

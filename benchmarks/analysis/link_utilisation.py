@@ -3,8 +3,9 @@
 Sockeye), from the link counters the utilisation sweep samples every 10 ms (emulated_cluster's sampler, one CSV
 per run in results/sweeps/utilisation/).
 
-The timed window of a run is the last sum(iter_s) seconds before its last busy sample (any host moving over 10%
-of the link rate): its 20 timed iterations, without start-up and the initial broadcast. Within it, per host and
+The timed window of a run is the last seconds before its last busy sample (any host moving over 10% of the link
+rate) that its slowest rank's timed iterations took (every rank's are in the row): its 20 timed iterations,
+without start-up and the initial broadcast. Within it, per host and
 direction, `busy` is the mean rate over the link rate and `idle` the share of 10-ms samples below 10% of it.
 
     python -m benchmarks.analysis.link_utilisation    # the table for results/sweeps/utilisation.csv, and its figure
@@ -12,7 +13,6 @@ direction, `busy` is the mean rate over the link rate and `idle` the share of 10
 
 from __future__ import annotations
 
-import json
 import pathlib
 import statistics
 import sys
@@ -41,6 +41,11 @@ def rates(series: list[tuple[float, int, int]]) -> list[tuple[float, float, floa
     return out
 
 
+def timed_seconds(row: dict) -> float:
+    """How long the run's timed iterations lasted: the slowest rank's (rank 0's in rows from before rank_iter_s)."""
+    return max((sum(times) for times in bench_rows.rank_iterations(row)), default=0.0)
+
+
 def run_utilisation(row: dict, folder: pathlib.Path) -> dict | None:
     """{"busy": mean share of the link rate, both directions, all hosts; "idle": share of idle samples} over the
     run's timed window, or None without its sample file."""
@@ -52,9 +57,8 @@ def run_utilisation(row: dict, folder: pathlib.Path) -> dict | None:
     busy_times = [t for r in per_host.values() for t, tx, rx in r if max(tx, rx) > IDLE * capacity]
     if not busy_times:
         return None
-    iters = row["iter_s"] if isinstance(row["iter_s"], list) else json.loads(row["iter_s"])
     end = max(busy_times)
-    start = end - sum(iters)
+    start = end - timed_seconds(row)
     shares, idle = [], []
     for r in per_host.values():
         window = [(tx, rx) for t, tx, rx in r if start < t <= end]

@@ -9,6 +9,7 @@ import statistics
 from collections.abc import Sequence
 
 from benchmarks.analysis import bench_rows, bench_stats
+from benchmarks.emulation.emulated_cluster import DEFAULT_QUEUE_MS
 
 LABEL = {"p3": "p3kv", "dist_sync": "dist_sync", "mxnet-p3": "MXNet P3", "horovod": "Horovod",
          "p3-slicing-only": "p3kv slicing only", "p3-priority-split": "p3kv priority only (big arrays split)",
@@ -18,7 +19,15 @@ LABEL = {"p3": "p3kv", "dist_sync": "dist_sync", "mxnet-p3": "MXNet P3", "horovo
 # What makes two rows the same point (the system is part of it; comparisons group by everything else).
 POINT_KEY = ("tag", "model", "hosts", "layout", "bandwidth", "compute", "batch_size", "gpu_scale",
              "efficiency_factor", "optimizer", "slice_size", "legacy",
-             "host_cpus")  # CPU-limited runs never pool with unlimited ones (rows from before the limits: "")
+             "host_cpus",  # CPU-limited runs never pool with unlimited ones (rows from before the limits: "")
+             "link_queue_ms")  # nor shallow link queues with deep ones (rows from before the column: 50 ms)
+
+
+def key_value(row: dict, column: str) -> str:
+    """A POINT_KEY column of a row as the key compares it."""
+    if column == "link_queue_ms":
+        return f"{number(row.get(column), DEFAULT_QUEUE_MS) or DEFAULT_QUEUE_MS:g}"
+    return str(row.get(column, ""))
 
 
 def number(value, default: float = 0.0) -> float:
@@ -81,7 +90,7 @@ def aggregate(rows: Sequence[dict], include_smoke: bool = False, include_unfaith
     for r in rows:
         if (r.get("status") == "ok" and (include_unfaithful or shown(r))
                 and (include_smoke or str(r.get("smoke")) != "True")):
-            groups.setdefault((tuple(str(r.get(k, "")) for k in POINT_KEY), r["kvstore"]), []).append(r)
+            groups.setdefault((tuple(key_value(r, k) for k in POINT_KEY), r["kvstore"]), []).append(r)
     points = []
     for (key, kvstore), runs in groups.items():
         first = runs[0]

@@ -7,7 +7,7 @@
 Layout: host i is namespace ``<name>h<i>`` with interface ``eth0`` at 10.77.0.<i+1>/24; its veth peer ``h<i>``
 sits in the namespace ``<name>br`` on the bridge ``br0``. The 10.77 addresses exist only inside these
 namespaces. A bandwidth cap is a tbf qdisc on both ends of each host's link (host egress on eth0, host ingress on
-the bridge side), i.e. a full-duplex NIC of that rate. The kernel has no netem, so there is no added latency.
+the bridge side), i.e. a full-duplex NIC of that rate with `queue_ms` of queue (tbf_args). No netem: no latency.
 
 Needs root (CI runs as root) and iproute2. Teardown is guaranteed by the context manager, by SIGTERM/SIGHUP
 (turned into SystemExit while a cluster is up) and by atexit; `cleanup_stale()` removes namespaces left behind
@@ -109,19 +109,26 @@ def _kill_namespace_processes(namespace: str) -> None:
             pass
 
 
-def tbf_args(rate_bps: float) -> list[str]:
+DEFAULT_QUEUE_MS = 50.0  # how long a packet may wait in a link's queue beyond its burst (tbf's latency)
+
+
+def tbf_args(rate_bps: float, queue_ms: float = DEFAULT_QUEUE_MS) -> list[str]:
     """tbf parameters for `rate_bps`: a burst of 10 ms of traffic (at least 128 KiB: veth hands tbf 64 KiB GSO
-    packets, and a packet larger than the burst would be dropped) and 50 ms of queue."""
+    packets, and a packet larger than the burst would be dropped) and `queue_ms` of queue (tc's byte limit is
+    rate x latency + burst: a full queue under sustained load holds queue_ms plus the burst's 10 ms)."""
+    if queue_ms <= 0:
+        raise ValueError(f"link queue {queue_ms:g} ms: must be positive")
     burst = max(128 * 1024, int(rate_bps / 8 / 100))
-    return ["tbf", "rate", f"{int(rate_bps)}bit", "burst", str(burst), "latency", "50ms"]
+    return ["tbf", "rate", f"{int(rate_bps)}bit", "burst", str(burst), "latency", f"{queue_ms:g}ms"]
 
 
 class EmulatedCluster:
-    """`hosts` namespaces on one bridge; `bandwidth` (e.g. "1gbit", None: uncapped) caps every host's link;
-    `cpu_groups`: a CPU cgroup per host (raises cpu_limit.CpuLimitError at start where none can be made);
+    """`hosts` namespaces on a bridge; `bandwidth` ("1gbit", None: uncapped) caps every host's link, `queue_ms` its
+    queue; `cpu_groups`: a CPU cgroup per host (cpu_limit.CpuLimitError at start where none can be made);
     `threaded_rx`: hosts receive on NAPI threads of their own (link_napi.py), not in softirq."""
 
-    def __init__(self, hosts: int, bandwidth: str | None = None, cpu_groups: bool = False, threaded_rx: bool = False):
+    def __init__(self, hosts: int, bandwidth: str | None = None, cpu_groups: bool = False, threaded_rx: bool = False,
+                 queue_ms: float = DEFAULT_QUEUE_MS):
         if not 1 <= hosts <= 200:
             raise ValueError(f"hosts must be 1..200 (got {hosts})")
         self.hosts = hosts
@@ -130,6 +137,9 @@ class EmulatedCluster:
         self.namespaces = [f"{self.name}h{i}" for i in range(hosts)]
         self.bandwidth = bandwidth
         self._rate = parse_rate(bandwidth) if bandwidth else None
+        self.queue_ms = queue_ms
+        if self._rate:
+            tbf_args(self._rate, queue_ms)  # a bad queue is refused before anything is built
         self._up = False
         self._sampler: subprocess.Popen | None = None
         self._want_cpu_groups = cpu_groups
@@ -163,7 +173,7 @@ class EmulatedCluster:
                 self._in(ns, "ip", "link", "set", "eth0", "up")
                 self._in(self.bridge_ns, "ip", "link", "set", f"h{i}", "master", "br0")
                 self._in(self.bridge_ns, "ip", "link", "set", f"h{i}", "up")
-            self.set_bandwidth(self.bandwidth)
+            self.set_bandwidth(self.bandwidth, self.queue_ms)
             if self.threaded_rx:
                 self._thread_receive()
             if self._want_cpu_groups:
@@ -277,16 +287,18 @@ class EmulatedCluster:
         return _run(["ip", "netns", "exec", ns, *argv], check=check)
 
     # -- links ------------------------------------------------------------------------------------------------
-    def set_bandwidth(self, bandwidth: str | None) -> None:
-        """Caps (or, with None, uncaps) both directions of every host's link."""
+    def set_bandwidth(self, bandwidth: str | None, queue_ms: float | None = None) -> None:
+        """Caps (or, with None, uncaps) both directions of every host's link, with `queue_ms` (None: as before)."""
         rate = parse_rate(bandwidth) if bandwidth else None
+        queue_ms = self.queue_ms if queue_ms is None else queue_ms
+        args = tbf_args(rate, queue_ms) if rate is not None else []
         for i, ns in enumerate(self.namespaces):
             for where, dev in ((ns, "eth0"), (self.bridge_ns, f"h{i}")):
                 if rate is None:
                     self._in(where, "tc", "qdisc", "del", "dev", dev, "root", check=False)
                 else:
-                    self._in(where, "tc", "qdisc", "replace", "dev", dev, "root", *tbf_args(rate))
-        self.bandwidth, self._rate = bandwidth, rate
+                    self._in(where, "tc", "qdisc", "replace", "dev", dev, "root", *args)
+        self.bandwidth, self._rate, self.queue_ms = bandwidth, rate, queue_ms
 
     @property
     def rate_bps(self) -> float | None:

@@ -13,8 +13,12 @@ An emulated run is a measurement of P3 only while the emulated hosts behave like
 3. The network: qdisc drops and TCP retransmissions are how TCP meets a full 50 ms queue, as on a real switch;
    they are recorded and flagged above RETRANS_FLAG_SHARE of the segments sent, never a failure by themselves
    (the throughput they cost is what the row measures).
-4. Sampling: the runner's monitors (CPU sampling, the 10 ms link sampler) run beside the hosts; a run whose
-   monitors used more CPU than the headroom the quotas leave is flagged as perturbed by sampling.
+4. Sampling: the runner's monitors (CPU sampling, the link monitor, the 10 ms link sampler) run beside the hosts;
+   a run whose monitors used more CPU than the headroom the quotas leave is flagged as perturbed by sampling.
+5. The links: a link with data queued to it sends at its rate (link_monitor.py). A run in which some direction of
+   some host's link sent under 90% of what it owed in more than MAX_LINK_STARVED_SHARE of the intervals it had
+   data queued fails: there the emulated NIC, not the system, set the pace. Uncapped links, or a monitor that
+   could not read the queues, are "not measured".
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from benchmarks.emulation.cpu_limit import CpuUsage
+from benchmarks.emulation.link_monitor import SENT_SHARE, HostLink
 from benchmarks.emulation.net_counters import HostNet
 
 # Throttled time over the timed window, per host. The issue's goal is that results move by at most 5% across
@@ -38,6 +43,10 @@ MAX_VGPU_LATE_US = 1000.0
 MAX_VGPU_FORGIVEN_SHARE = 0.01
 # Retransmitted segments over segments sent, per host, above which a run is flagged (not failed).
 RETRANS_FLAG_SHARE = 0.01
+# Intervals with data queued in which a link sent under 90% of what it owed (link_monitor.py), per direction of a
+# host's link. 5%, the issue's bound on how much any monitor may move a result: a link starved in 5% of its
+# backlogged intervals, each by at most its length, costs at most 5% of the time it had work.
+MAX_LINK_STARVED_SHARE = 0.05
 # Without CPU limits there is no computed headroom: flag the monitors above this many cores.
 SAMPLING_FLAG_CORES = 0.05
 
@@ -112,12 +121,26 @@ def sampling_notes(sampling_cpu_s: float | None, wall_s: float, headroom_cores: 
     return []
 
 
+def link_notes(links: Sequence[HostLink] | None) -> tuple[bool, list[str]]:
+    """(passed, notes) of monitor 5 from each host's link over the timed window."""
+    if links is None or not any(h.egress.intervals or h.ingress.intervals for h in links):
+        return True, ["link: not measured"]
+    worst = max(range(len(links)), key=lambda i: links[i].starved_share)
+    direction, stats = links[worst].worst()
+    if stats.starved_share > MAX_LINK_STARVED_SHARE:
+        return False, [f"link: host {worst}'s {direction} sent under {100 * SENT_SHARE:.0f}% of its rate with data "
+                       f"queued in {100 * stats.starved_share:.1f}% of its backlogged intervals ({stats.starved} of "
+                       f"{stats.backlogged}, limit {100 * MAX_LINK_STARVED_SHARE:g}%)"]
+    return True, []
+
+
 def judge(*, cpu_window: Sequence[CpuUsage] | None, window_s: float, limited: bool, ranks: Sequence[dict],
           median_iter_s: float | None, net: Sequence[HostNet] | None, sampling_cpu_s: float | None, wall_s: float,
-          headroom_cores: float | None) -> Verdict:
-    """The run's verdict: faithful when the CPU and virtual-GPU monitors pass; flags and what was not measured
-    go to the notes."""
+          headroom_cores: float | None, links: Sequence[HostLink] | None = None) -> Verdict:
+    """The run's verdict: faithful when the CPU, virtual-GPU and link monitors pass; flags and what was not
+    measured go to the notes."""
     cpu_ok, notes = cpu_notes(cpu_window, window_s, limited)
     vgpu_ok, more = vgpu_notes(ranks, median_iter_s)
-    notes += more + network_notes(net) + sampling_notes(sampling_cpu_s, wall_s, headroom_cores)
-    return Verdict(cpu_ok and vgpu_ok, tuple(notes))
+    link_ok, link_more = link_notes(links)
+    notes += more + link_more + network_notes(net) + sampling_notes(sampling_cpu_s, wall_s, headroom_cores)
+    return Verdict(cpu_ok and vgpu_ok and link_ok, tuple(notes))

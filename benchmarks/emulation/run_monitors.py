@@ -2,8 +2,10 @@
 
 Started just before a job's processes and finished after they exit: each host's CPU group (cpu_limit.py:
 whole-run CPU and throttled time, and the timed window's share throttled), the link queues' drops and TCP
-retransmissions (net_counters.py), the virtual GPU's lateness and forgiven gaps from the workers' JSON, and what the
-monitors themselves cost (the runner's own CPU and the link sampler's while the job ran).
+retransmissions (net_counters.py), whether every link sent at its rate while data was queued to it
+(link_monitor.py), the virtual GPU's lateness and forgiven gaps from the workers' JSON, and what the monitors
+themselves cost (the runner's own CPU, the link monitor's thread included, and the link sampler's while the job
+ran).
 
 The timed window is cut from the CPU groups' samples: it ends when the last rank wrote its result (the file's
 modification time: ranks write it right after their last timed iteration) and lasts as long as the slowest rank's
@@ -18,7 +20,7 @@ import pathlib
 import resource
 from collections.abc import Sequence
 
-from benchmarks.emulation import cpu_sampler, fidelity, net_counters
+from benchmarks.emulation import cpu_sampler, fidelity, link_monitor, net_counters, qdisc_stats
 
 LOG = logging.getLogger("run_monitors")
 
@@ -27,7 +29,7 @@ COLUMNS = ("host_cpus", "cpu_limit", "cpu_quota_cores", "host_cpu_s", "host_thro
            "throttled_max_pct", "throttled_periods_max_pct", "timed_window_s", "vgpu_late_max_us",
            "vgpu_forgiven_us_per_iter", "qdisc_drops", "qdisc_drops_total", "tcp_retrans", "tcp_retrans_total",
            "tcp_out_segs_total", "sampling_cpu_s", "faithful", "fidelity_notes", "cfs_period_us", "cfs_slice_us",
-           "link_rx")
+           "link_rx", "link_backlogged_pct", "link_starved_pct", "link_starved_max_pct", "link_monitor_cpu_s")
 
 
 def joined(values: Sequence[float], digits: int = 3) -> str:
@@ -49,11 +51,17 @@ class RunMonitors:
         self.host_cpus, self.quota = host_cpus, quota
         self._sampler: cpu_sampler.UsageSampler | None = None
         self._net_before: list[net_counters.HostNet] | None = None
+        self._links: link_monitor.LinkMonitor | None = None
 
     def start(self) -> RunMonitors:
         if self._cluster.cpu is not None:
             self._cluster.set_cpu_quota(self.quota if self.host_cpus is not None else None)
             self._sampler = cpu_sampler.UsageSampler(self._cluster.cpu).start()
+        if self._cluster.rate_bps:  # uncapped links have no queue of their own to watch
+            try:
+                self._links = link_monitor.LinkMonitor(self._cluster.namespaces, self._cluster.bridge_ns).start()
+            except (qdisc_stats.QdiscError, OSError) as e:  # a monitor failure must not abort the run it watches
+                LOG.warning("the link monitor cannot read the link queues: %s", e)
         self._net_before = self._net()
         self._self_before = _self_cpu_s()
         self._link_sampler_before = self._cluster.sampler_cpu_s()
@@ -70,6 +78,7 @@ class RunMonitors:
                median_iter_s: float | None) -> dict:
         """The columns (COLUMNS) of the run whose workers reported `results` into `result_files`."""
         samples = self._sampler.stop() if self._sampler is not None else []
+        link_series = self._links.stop() if self._links is not None else None
         net_after = self._net()
         sampling = _self_cpu_s() - self._self_before
         link_now = self._cluster.sampler_cpu_s()
@@ -83,14 +92,15 @@ class RunMonitors:
                      "cfs_period_us": self._cluster.cpu.period_us if limited else "",
                      "cfs_slice_us": (self._cluster.cpu.bandwidth_slice_us or "") if limited else "",
                      "link_rx": getattr(self._cluster, "link_rx", "")}
-        window, window_s = None, 0.0
+        window, window_s, end = None, 0.0, 0.0
+        if results and result_files:  # the timed window (see the module's docstring)
+            end = max(p.stat().st_mtime for p in result_files)
+            window_s = max(sum(r.get("iter_s") or []) for r in results)
         if samples:
             whole = cpu_sampler.window(samples, samples[0][0], samples[-1][0])
             row.update(host_cpu_s=joined([u.cpu_s for u in whole]), host_throttled_s=joined([u.throttled_s
                                                                                              for u in whole]))
-            if results and result_files:
-                end = max(p.stat().st_mtime for p in result_files)
-                window_s = max(sum(r.get("iter_s") or []) for r in results)
+            if window_s:
                 window = cpu_sampler.window(samples, end - window_s, end)
                 shares = [u.throttled_s / window_s if window_s else 0.0 for u in window]
                 row.update(host_throttled_pct=joined([100 * s for s in shares], 1),
@@ -108,10 +118,18 @@ class RunMonitors:
                        tcp_retrans=joined([h.retrans_segs for h in net], 0),
                        tcp_retrans_total=sum(h.retrans_segs for h in net),
                        tcp_out_segs_total=sum(h.out_segs for h in net))
+        links = None
+        if link_series is not None and window_s:
+            links = link_monitor.analyse(link_series, self._cluster.rate_bps, end - window_s, end)
+            row.update(link_backlogged_pct=joined([100 * h.backlogged_share for h in links], 1),
+                       link_starved_pct=joined([100 * h.starved_share for h in links], 1),
+                       link_starved_max_pct=round(100 * max(h.starved_share for h in links), 1))
+        if self._links is not None:
+            row["link_monitor_cpu_s"] = round(self._links.cpu_s, 3)
         cpus = os.cpu_count() or 1
         headroom = cpus - self._cluster.hosts * self.quota if limited and self.quota else None
         verdict = fidelity.judge(cpu_window=window, window_s=window_s, limited=limited, ranks=results,
                                  median_iter_s=median_iter_s, net=net, sampling_cpu_s=sampling, wall_s=wall_s,
-                                 headroom_cores=headroom)
+                                 headroom_cores=headroom, links=links)
         row.update(faithful=verdict.faithful, fidelity_notes=verdict.text())
         return row

@@ -20,7 +20,7 @@ POINTS = (("resnet50_v1", "ResNet-50", 4.0, "+26% at 4 Gbps"),
 BASELINES = ("dist_sync", "mxnet-p3", "horovod")
 
 
-def _job(row: dict) -> np.ndarray:
+def job_iterations(row: dict) -> np.ndarray:
     """A job's timed iterations as (iterations, ranks), from the row itself: every rank's (rank_iter_s), or rank
     0's in rows from before it (whose _iterations files, from resumed sweeps, repeat some run_ids, so they cannot
     be joined to their rows); ranks cut to the fewest iterations any rank has."""
@@ -31,11 +31,11 @@ def _job(row: dict) -> np.ndarray:
 
 def _runs(rows: Sequence[dict], model: str, gbps: float, kvstore: str) -> list[np.ndarray]:
     """Each shown (not unfaithful, not smoke) job's timed iterations as (iterations, ranks)."""
-    return [_job(r) for r in rows if r["model"] == model and r["kvstore"] == kvstore and equivalent_gbps(r) == gbps
-            and str(r.get("smoke")) != "True" and shown(r)]
+    return [job_iterations(r) for r in rows if r["model"] == model and r["kvstore"] == kvstore
+            and equivalent_gbps(r) == gbps and str(r.get("smoke")) != "True" and shown(r)]
 
 
-def _ratio(a: list[np.ndarray], b: list[np.ndarray], resamples: int = bootstrap.RESAMPLES) -> bootstrap.Estimate:
+def ratio(a: list[np.ndarray], b: list[np.ndarray], resamples: int = bootstrap.RESAMPLES) -> bootstrap.Estimate:
     return bootstrap.ratio(a, b, 1.0, 1.0, resamples=resamples)
 
 
@@ -61,7 +61,7 @@ def headline_block(results: pathlib.Path) -> str:
             continue
         rates = sorted({equivalent_gbps(r) for r in mine})
         if gbps is None:  # the point where p3kv gains most on dist_sync, by the ratio of the medians
-            gbps = max(rates, key=lambda g: _ratio(_runs(rows, model, g, "p3"), _runs(rows, model, g, "dist_sync"),
+            gbps = max(rates, key=lambda g: ratio(_runs(rows, model, g, "p3"), _runs(rows, model, g, "dist_sync"),
                                                     resamples=1).value)
             where = f"{gbps:g} Gbps (our largest gain)"
         else:
@@ -79,7 +79,7 @@ def headline_block(results: pathlib.Path) -> str:
                 cells.append("-")
                 continue
             repeats += [len(p3), len(other)]
-            r = _ratio(p3, other)
+            r = ratio(p3, other)
             cells.append(f"{r.value:.2f}× ({r.low:.2f}–{r.high:.2f})")
         lines.append(f"| {name} | {where} | {rate:,.0f} {first['unit']}/s | {' | '.join(cells)} | {paper} |")
     if not behind:

@@ -25,6 +25,7 @@ from benchmarks.analysis import bench_rows
 from benchmarks.paths import RESULTS, ROOT
 from benchmarks.report.headline import headline_block
 from benchmarks.report.loopback_blocks import server_slice_block, startup_sentences, summary_block
+from benchmarks.report.paper_table import paper_table_block
 from benchmarks.report.sim_blocks import sim_future_block, sim_paper_block, sim_slice_block, sim_validation_block
 from benchmarks.report.sweep_blocks import LEGACY, legacy_block, reviewed_block, status_block
 
@@ -58,6 +59,7 @@ def blocks(results: pathlib.Path = RESULTS) -> dict[str, Callable[[], str]]:
                                            "legacy": lambda: legacy_block(results)}
     named["estimate"] = lambda: _estimate_block(results)
     named["headline"] = lambda: headline_block(results)
+    named["paper-comparison"] = lambda: paper_table_block(results)
     named["sim-validation"] = lambda: sim_validation_block(results)
     named["sim-paper"] = lambda: sim_paper_block(results)
     named["sim-future"] = lambda: sim_future_block(results)
@@ -66,7 +68,8 @@ def blocks(results: pathlib.Path = RESULTS) -> dict[str, Callable[[], str]]:
     named["startup-effect"] = lambda: startup_sentences(results)
     for name, (file, command) in SUMMARIES.items():
         named[name] = (lambda f=file, c=command: summary_block(results / f, c))
-    for name in ("demo", "bandwidth", "sensitivity", "dilation", "ablation", "slice", "scale", "utilisation"):
+    for name in ("demo", "bandwidth", "sensitivity", "dilation", "ablation", "slice", "scale", "utilisation",
+                 "shallow"):
         named[name] = (lambda n=name: reviewed_block(n, results))
     return named
 

@@ -2,18 +2,19 @@
 SGD on, 3 repeats, calibrated compute) against the simulator, run on what was actually run there (the link rate
 tc enforced, not its P100-equivalent; compute dilated by --gpu-scale, at the point's efficiency; the optimizer
 where the system runs it; all hosts' processes sharing the machine's 2 cores) -> results/sim_validation.csv.
-The measured s/iter is the median over every timed iteration of every repeat (report.aggregate's statistic).
+The measured s/iter is the median over every rank's timed iterations of every repeat (rank 0's in rows from before
+rank_iter_s; points.aggregate's statistic).
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
-import json
 import multiprocessing
 import pathlib
 import statistics
 
+from benchmarks.analysis import bench_rows
 from benchmarks.sim import costs as costs_lib
 from benchmarks.sim import model as model_lib
 from benchmarks.sim import ring
@@ -62,7 +63,7 @@ def measured_points() -> list[dict]:
                     groups.setdefault((path.name, *(row.get(k, "") for k in POINT)), []).append(row)
     points = []
     for key, rows in groups.items():
-        iterations = [t for r in rows for t in json.loads(r["iter_s"])]
+        iterations = [t for r in rows for t in bench_rows.iteration_times(r)]  # every rank's
         points.append({**dict(zip(POINT, key[1:])), "source": key[0], "runs": len(rows),
                        "median_s": statistics.median(iterations)})
     return points

@@ -143,9 +143,10 @@ def run_points(points: Sequence[Point], csv_path: pathlib.Path, conditions: Cond
                         cluster.close()
                     cluster = emulated_cluster.EmulatedCluster(point.hosts, point.bandwidth,
                                                                cpu_groups=limited is not False,
-                                                               threaded_rx=point.link_rx == "napi").start()
-                elif cluster.bandwidth != point.bandwidth:
-                    cluster.set_bandwidth(point.bandwidth)
+                                                               threaded_rx=point.link_rx == "napi",
+                                                               queue_ms=point.link_queue_ms).start()
+                elif cluster.bandwidth != point.bandwidth or cluster.queue_ms != point.link_queue_ms:
+                    cluster.set_bandwidth(point.bandwidth, point.link_queue_ms)
                 if utilisation_dir is not None:
                     utilisation_dir.mkdir(parents=True, exist_ok=True)
                     cluster.start_sampler(str(utilisation_dir / f"{point.model}.{point.kvstore}.{point.hosts}h."
@@ -237,6 +238,14 @@ def add_cpu_arguments(p: argparse.ArgumentParser) -> None:
                    "benchmarks/emulation/link_napi.py). Rows record it (link_rx)")
 
 
+def add_queue_argument(p: argparse.ArgumentParser) -> None:
+    """--link-queue-ms (shared with sweeps.py)."""
+    p.add_argument("--link-queue-ms", type=float, default=emulated_cluster.DEFAULT_QUEUE_MS, help="each link "
+                   "direction's queue: how long a packet may wait beyond the bucket's 10 ms burst, in emulated "
+                   f"(dilated) time (tc tbf's latency; default {emulated_cluster.DEFAULT_QUEUE_MS:g}; rows record it "
+                   "as link_queue_ms)")
+
+
 def host_cpus_from_args(args: argparse.Namespace) -> float | None:
     """The points' host_cpus: None with --no-cpu-limit."""
     return None if args.no_cpu_limit else args.host_cpus
@@ -273,6 +282,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--hosts", type=int, default=4)
     p.add_argument("--bandwidth", default="1gbit", help="link rate of every host (tc syntax, e.g. 300mbit, "
                    "10gbit) or 'none' for uncapped links")
+    add_queue_argument(p)
     p.add_argument("--compute", choices=("emulated", "real", "none"), default="emulated",
                    help="emulated: profiled layer times; real: the model on CPU; none: push+pull only")
     p.add_argument("--layout", choices=("colocated", "separate"), default="colocated", help="colocated: one "
@@ -316,6 +326,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--iters and --repeats must be >= 1, --warmup >= 0")
     if args.host_cpus <= 0:
         p.error("--host-cpus must be positive")
+    if args.link_queue_ms <= 0:
+        p.error("--link-queue-ms must be positive")
     return args
 
 
@@ -325,7 +337,7 @@ def points_from_args(args: argparse.Namespace) -> list[Point]:
                   efficiency_factor=args.efficiency_factor, optimizer=args.optimizer, warmup=args.warmup,
                   iters=args.iters, tag=args.tag, timeout=args.timeout, layout=args.layout,
                   log_interval=args.log_interval, host_cpus=host_cpus_from_args(args),
-                  link_rx=args.link_rx)
+                  link_rx=args.link_rx, link_queue_ms=args.link_queue_ms)
             for model in args.model for kv in args.kvstore]
     return baseline_settings.from_args(interleave(base, args.repeats, args.seed), args)
 

@@ -87,6 +87,7 @@ class Point:
     baseline_setting: str = ""
     host_cpus: float | None = None  # CPUs of one emulated host, dilated by gpu_scale; None: no CPU limit
     link_rx: str = "softirq"  # how hosts receive: "softirq" (the kernel's way) or "napi" (link_napi.py)
+    link_queue_ms: float = emulated_cluster.DEFAULT_QUEUE_MS  # each link direction's queue (tbf_args)
 
     @property
     def cpu_quota(self) -> float | None:
@@ -273,7 +274,8 @@ def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: 
            "load_1m_before": round(load_before, 2), "load_1m_after": round(os.getloadavg()[0], 2),
            "cpu_host_pct": ";".join(f"{c:g}" for c in cpu_pct), "cpu_total_pct": round(sum(cpu_pct), 1),
            "model_bytes": nbytes, "run_id": name,
-           "baseline_setting": point.baseline_setting or baseline_settings.DEFAULT_UNTUNED}
+           "baseline_setting": point.baseline_setting or baseline_settings.DEFAULT_UNTUNED,
+           "link_queue_ms": cluster.queue_ms if cluster.rate_bps else ""}
     files = sorted(scratch.glob(f"{name}.rank*.json"))
     results = [json.loads(p.read_text()) for p in files]
     every = [t for r in results for t in r.get("iter_s") or []]

@@ -90,13 +90,16 @@ def plot(name: str, rows: Sequence[dict], path: pathlib.Path, include_smoke: boo
                 PAPER_SCALE.get(mine[0]["model"], "") if name == "scale" else "")
             ax.set_title(f"{panel}\n{extra}", fontsize=9)
             ax.legend(fontsize=7)
-    else:  # one bar per system (ablation, demo, utilisation) or per slice size
+    else:  # one bar per system (ablation, demo, utilisation, shallow) or per slice size
         key = "slice_size" if name == "slice" else "kvstore"
         fig, ax = plt.subplots(figsize=(7, 3.8))
         if name == "slice":
             points = sorted(points, key=lambda p: int(p["slice_size"]))
         labels = [str(p[key]) if key == "slice_size" else LABEL.get(p[key], p[key])
                   for p in points]
+        several = len({p["model"] for p in points}) > 1  # the shallow sweep's two headline points side by side
+        if several:
+            labels = [f"{p['model']}, {link_label(p)}\n{label}" for p, label in zip(points, labels)]
         errors = [[p["throughput"] - p["low"] for p in points], [p["high"] - p["throughput"] for p in points]]
         bars = ax.bar(range(len(points)), [p["throughput"] for p in points], yerr=errors, capsize=4,
                       color="tab:blue")
@@ -106,9 +109,12 @@ def plot(name: str, rows: Sequence[dict], path: pathlib.Path, include_smoke: boo
                    label="bound (headers incl.)")
         first = points[0]
         note = {"ablation": PAPER_ABLATION, "slice": PAPER_SLICE}.get(name, "")
-        ax.set_title(f"{first['model']}, {first['hosts']} hosts, {link_label(first)}\n{note}", fontsize=9)
-        ax.set_ylabel(f"{first['unit']}/s (emulated time, --gpu-scale {first['gpu_scale']:g})" if first["gpu_scale"]
-                      else f"{first['unit']}/s")
+        where = (f"{first['hosts']} hosts" if several
+                 else f"{first['model']}, {first['hosts']} hosts, {link_label(first)}")
+        ax.set_title(f"{where}\n{note}", fontsize=9)
+        scales = sorted({p["gpu_scale"] for p in points if p["gpu_scale"]})
+        ax.set_ylabel(f"{first['unit']}/s (emulated time, --gpu-scale {'/'.join(f'{g:g}' for g in scales)})"
+                      if scales else f"{first['unit']}/s")
         ax.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

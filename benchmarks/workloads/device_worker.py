@@ -3,13 +3,13 @@
     python -m benchmarks.workloads.device_worker --model resnet50_v1 --compute real --out PREFIX ...
     (cluster_worker's options)
 
-The same training loop, timing and result file as benchmarks/workloads/cluster_worker.py (imported, not copied), with
-two
-differences: the model and its batch live on the first GPU the worker sees when the host has one (the launcher gives
-parameter-server workers no local rank: run one worker per GPU host, or pick the GPU with the hosts file's gpus=,
-which sets CUDA_VISIBLE_DEVICES; Horovod ranks take the GPU of their local rank), else on the CPU; and --model
-also takes `tiny-mlp` (a 3-layer perceptron on synthetic data, for smoke tests of the deployment). The result
-file's prefix gains the device (PREFIX.<device>.rank<r>.json), which the collector reads back.
+The same training loop, timing and result file as benchmarks/workloads/cluster_worker.py (imported, not copied),
+with two differences: the model and its batch live on the visible GPU of the worker's local rank when the host has
+GPUs (p3kv.launch numbers every host's workers: LOCAL_RANK for p3kv's and MXNet's, HOROVOD_LOCAL_RANK for
+Horovod's; a host running several workers gives each its own GPU; the hosts file's gpus= sets
+CUDA_VISIBLE_DEVICES, which GPUs are visible), else on the CPU; and --model also takes `tiny-mlp` (a 3-layer
+perceptron on synthetic data, for smoke tests of the deployment). The result file's prefix gains the device and
+the local rank (PREFIX.<device>.local<k>.rank<r>.json), which the collector reads back.
 
 cluster_worker builds its real models on mx.cpu(); this wrapper substitutes its own `real_models.build` for the
 one cluster_worker calls, so a --device option there would make this file unnecessary.
@@ -17,23 +17,47 @@ one cluster_worker calls, so a --device option there would make this file unnece
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+from collections.abc import Mapping
 
 import mxnet as mx
 import numpy as np
 
 from benchmarks.workloads import cluster_worker, real_models
 
+LOG = logging.getLogger("device_worker")
 TINY = "tiny-mlp"
 
 
-def device() -> mx.Context:
-    """A visible GPU when the host has any (Horovod ranks: the one of their local rank), else the CPU."""
-    gpus = mx.context.num_gpus()
+def local_rank(environ: Mapping[str, str]) -> tuple[int, int]:
+    """(this worker's index among its host's workers, how many the host runs): Horovod's (HOROVOD_LOCAL_RANK,
+    _SIZE), else the launcher's (LOCAL_RANK, LOCAL_WORLD_SIZE: p3kv.launch gives them to every worker of p3kv and
+    of MXNet's baselines), else (0, 1)."""
+    for rank, size in (("HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE"), ("LOCAL_RANK", "LOCAL_WORLD_SIZE")):
+        if environ.get(rank, "").isdigit():
+            return int(environ[rank]), int(environ.get(size, "1")) if environ.get(size, "").isdigit() else 1
+    return 0, 1
+
+
+def gpu_index(environ: Mapping[str, str], gpus: int) -> int | None:
+    """The visible GPU this worker trains on, by its local rank (several workers on a host each get their own
+    while there are enough; a warning names the sharing where there are not), or None: no GPU, the CPU."""
     if not gpus:
-        return mx.cpu()
-    return mx.gpu(int(os.environ.get("HOROVOD_LOCAL_RANK", "0")) % gpus)
+        return None
+    rank, size = local_rank(environ)
+    if size > gpus:
+        LOG.warning("%d workers on this host share %d visible GPUs: worker %d uses GPU %d (set gpus= in the hosts "
+                    "file, or fewer workers per host, for one GPU each)", size, gpus, rank, rank % gpus)
+    return rank % gpus
+
+
+def device() -> mx.Context:
+    """The GPU of this worker's local rank when the host has any visible (CUDA_VISIBLE_DEVICES, which the hosts
+    file's gpus= sets, chooses which), else the CPU."""
+    index = gpu_index(os.environ, mx.context.num_gpus())
+    return mx.cpu() if index is None else mx.gpu(index)
 
 
 def tiny_mlp(batch_size: int, ctx: mx.Context) -> real_models.RealModel:
@@ -65,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     real_models.build = build_on_device
     if "--out" in argv:
         i = argv.index("--out") + 1
-        argv[i] = f"{argv[i]}.{ctx.device_type}{ctx.device_id if ctx.device_type == 'gpu' else ''}"
+        device_name = f"{ctx.device_type}{ctx.device_id if ctx.device_type == 'gpu' else ''}"
+        argv[i] = f"{argv[i]}.{device_name}.local{local_rank(os.environ)[0]}"
     return cluster_worker.main(argv)
 
 

@@ -165,6 +165,8 @@ def plan(job: Job, host: str, port: int, environ: Mapping[str, str], joined_dir:
         if job.kvstore is KVStore.P3:
             env = {**env, **torchrun.worker_environment(i, workers, job.num_workers, job.root or host, master_port,
                                                         not job.spans_hosts)}
+        else:  # MXNet's baselines have no local rank of their own: a script picks its GPU by this one
+            env = {**env, "LOCAL_RANK": str(i), "LOCAL_WORLD_SIZE": str(workers)}
         specs.append(ProcessSpec(f"worker {i}", job.command, env, f"worker{i}", primary=True, joined_file=joined,
                                  join_hint=JOIN_HINT))
     if not specs:

@@ -1,0 +1,111 @@
+"""Older rows a faithful rerun replaces, moved out of the reviewed sweeps into results/legacy/ (issue 26 item 8).
+
+A row of results/sweeps/<name>.csv is superseded when it has no fidelity verdict (it predates the monitors) or was
+judged unfaithful, and a row of the same point and system that the monitors judged faithful exists in the same
+file. Only those move, to results/legacy/superseded_<name>.csv (their iterations to its _iterations file): a row
+that nothing faithful replaces stays where the tables read it, however old. A run's iterations are copied with it
+and left in place while a kept row shares its run_id (older sweeps repeated run_ids after --resume).
+
+    python -m benchmarks.analysis.superseded            # what would move, per sweep
+    python -m benchmarks.analysis.superseded --move     # move it; then python -m benchmarks.report
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import logging
+import pathlib
+import sys
+from collections.abc import Sequence
+
+from benchmarks.analysis import bench_rows
+from benchmarks.analysis.points import equivalent_gbps, key_value, optimizer_label
+from benchmarks.paths import RESULTS
+
+LOG = logging.getLogger("superseded")
+# A point and system, whatever its dilation, CPU limit or run: what a faithful rerun replaces.
+SAME = ("tag", "model", "kvstore", "hosts", "layout", "compute", "batch_size", "efficiency_factor", "slice_size",
+        "link_queue_ms")
+
+
+def point_of(row: dict) -> tuple:
+    gbps = equivalent_gbps(row)
+    return (*(key_value(row, k) for k in SAME), optimizer_label(row.get("optimizer")),
+            round(gbps, 3) if gbps else row.get("bandwidth"))
+
+
+def superseded(rows: Sequence[dict]) -> list[int]:
+    """The positions of the rows (ok or not) that a faithful row of the same point and system replaces."""
+    replaced = {point_of(r) for r in rows if r.get("status") == "ok" and bench_rows.verdict(r) is True
+                and str(r.get("smoke")) != "True"}
+    return [i for i, r in enumerate(rows) if bench_rows.verdict(r) is not True and point_of(r) in replaced]
+
+
+def _read(path: pathlib.Path) -> tuple[list[str], list[dict]]:
+    if not path.exists():
+        return [], []
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        return list(reader.fieldnames or []), list(reader)
+
+
+def _write(path: pathlib.Path, fields: Sequence[str], rows: Sequence[dict]) -> None:
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(fields), extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    tmp.replace(path)
+
+
+def _append(path: pathlib.Path, fields: Sequence[str], rows: Sequence[dict]) -> None:
+    old_fields, old = _read(path)
+    if old and old_fields != list(fields):
+        raise SystemExit(f"{path} has other columns than the rows moved there; move it aside and run again")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write(path, fields, [*old, *rows])
+
+
+def move(sweep_csv: pathlib.Path, legacy_dir: pathlib.Path, dry_run: bool = False) -> int:
+    """Moves the superseded rows of one sweep's CSV (and their iterations); returns how many."""
+    fields, rows = _read(sweep_csv)
+    if "faithful" not in fields:
+        return 0  # nothing in it was judged: nothing can have been replaced
+    gone = set(superseded(rows))
+    if not gone or dry_run:
+        return len(gone)
+    moved = [r for i, r in enumerate(rows) if i in gone]
+    by_position = [r for i, r in enumerate(rows) if i not in gone]
+    _append(legacy_dir / f"superseded_{sweep_csv.name}", fields, moved)
+    _write(sweep_csv, fields, by_position)
+    iterations = bench_rows.iterations_path(sweep_csv)
+    iteration_fields, iteration_rows = _read(iterations)
+    if iteration_rows:
+        kept_ids = {r.get("run_id") for r in by_position}
+        moved_ids = {r.get("run_id") for r in moved}
+        _append(bench_rows.iterations_path(legacy_dir / f"superseded_{sweep_csv.name}"), iteration_fields,
+                [r for r in iteration_rows if r.get("run_id") in moved_ids])
+        _write(iterations, iteration_fields, [r for r in iteration_rows
+                                              if r.get("run_id") not in moved_ids or r.get("run_id") in kept_ids])
+    LOG.info("%s: moved %d rows a faithful rerun replaces to %s", sweep_csv.name, len(moved), legacy_dir)
+    return len(moved)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results-dir", type=pathlib.Path, default=RESULTS)
+    parser.add_argument("--move", action="store_true", help="move them (default: only say what would move)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    legacy = args.results_dir / "legacy"
+    for path in sorted((args.results_dir / "sweeps").glob("*.csv")):
+        if path.stem.endswith("_iterations"):
+            continue
+        count = move(path, legacy, dry_run=not args.move)
+        LOG.info("%s: %d rows %s", path.name, count, "moved" if args.move else "a faithful rerun replaces")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""The links' queue depth as a setting (issue 26 item 5): tbf's parameters, the runner's flag, the shallow-queue
+sweep at the headline points, and rows of different queues kept apart (resume, tables). The queue on real links
+is tests/test_link_monitor_system.py's."""
+
+import dataclasses
+
+import pytest
+
+from benchmarks.analysis import points as point_stats
+from benchmarks.emulation import emulated_cluster
+from benchmarks.suites import cluster_bench, sweeps
+
+pytestmark = pytest.mark.unit
+
+
+def test_tbf_holds_the_queue_asked_for_beyond_its_burst():
+    assert emulated_cluster.tbf_args(8e8) == ["tbf", "rate", "800000000bit", "burst", "1000000", "latency", "50ms"]
+    assert emulated_cluster.tbf_args(8e8, 1.0)[-2:] == ["latency", "1ms"]
+    assert emulated_cluster.tbf_args(1e8, 2.5)[-4:] == ["burst", str(128 * 1024), "latency", "2.5ms"]
+    with pytest.raises(ValueError, match="link queue 0 ms: must be positive"):
+        emulated_cluster.tbf_args(8e8, 0)
+    with pytest.raises(ValueError, match="must be positive"):
+        emulated_cluster.EmulatedCluster(2, "1gbit", queue_ms=-1)  # refused before anything is built
+
+
+def test_the_runner_takes_the_queue_and_refuses_a_bad_one(capsys):
+    args = cluster_bench.parse_args(["--link-queue-ms", "5", "--kvstore", "p3", "dist_sync"])
+    assert {p.link_queue_ms for p in cluster_bench.points_from_args(args)} == {5.0}
+    assert cluster_bench.parse_args([]).link_queue_ms == emulated_cluster.DEFAULT_QUEUE_MS
+    with pytest.raises(SystemExit):
+        cluster_bench.parse_args(["--link-queue-ms", "0"])
+    assert "--link-queue-ms must be positive" in capsys.readouterr().err
+
+
+def test_the_shallow_sweep_runs_the_headline_points_with_a_shallow_queue():
+    args = sweeps.parse_args(["shallow"])
+    points = sweeps.sweep_shallow(args)
+    equivalents = {(p.model, round(emulated_cluster.parse_rate(p.bandwidth) / p.gpu_scale / 1e9, 3)) for p in points}
+    assert equivalents == {("resnet50_v1", 4.0), ("vgg19", 15.0)}
+    assert {p.kvstore for p in points} == set(sweeps.SYSTEMS)
+    assert {p.link_queue_ms for p in points} == {sweeps.SHALLOW[1]} and sweeps.SHALLOW[1] < 50
+    assert {p.tag for p in points} == {"shallow"}
+    # The same points of the bandwidth sweep, the deep queue's: everything else equal.
+    deep = {(p.model, p.kvstore, p.bandwidth, p.gpu_scale, p.host_cpus) for p in sweeps.sweep_bandwidth(args)}
+    assert {(p.model, p.kvstore, p.bandwidth, p.gpu_scale, p.host_cpus) for p in points} <= deep
+    assert {p.link_queue_ms for p in sweeps.sweep_bandwidth(args)} == {emulated_cluster.DEFAULT_QUEUE_MS}
+    assert "shallow" in sweeps.ALL
+
+
+def test_rows_of_another_queue_are_another_point_and_older_rows_had_the_default():
+    args = sweeps.parse_args(["shallow"])
+    point = next(p for p in sweeps.sweep_shallow(args) if p.model == "vgg19" and p.kvstore == "p3")
+    row = {k: ("" if v is None else str(v)) for k, v in dataclasses.asdict(point).items()}
+    assert sweeps._signature(row) == sweeps._signature(dataclasses.asdict(point))
+    deep = {**row, "link_queue_ms": ""}  # a row from before the column ran the 50 ms queue
+    assert sweeps._signature(deep) == sweeps._signature({**dataclasses.asdict(point), "link_queue_ms": 50.0})
+    assert sweeps._signature(deep) != sweeps._signature(row)
+    assert point_stats.key_value(deep, "link_queue_ms") == "50" == point_stats.key_value({}, "link_queue_ms")
+    assert point_stats.key_value(row, "link_queue_ms") == "1"

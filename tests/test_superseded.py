@@ -1,0 +1,42 @@
+"""Older rows move to results/legacy/ only where a faithful rerun of the same point and system replaces them
+(benchmarks/analysis/superseded.py); the rest stay where the tables read them."""
+
+import pytest
+
+from benchmarks.analysis import bench_rows, superseded
+
+pytestmark = pytest.mark.unit
+
+
+def _row(kvstore, gbps, run_id, faithful="", scale=0.5):
+    return {"status": "ok", "smoke": "False", "tag": "bandwidth", "model": "vgg19", "kvstore": kvstore, "hosts": 4,
+            "layout": "colocated", "compute": "emulated", "batch_size": 32, "efficiency_factor": 1.0,
+            "optimizer": "sgd(momentum=0.9)", "p100_equiv_gbps": gbps, "gpu_scale": scale, "run_id": run_id,
+            "faithful": faithful, "iter_s": [1.0]}
+
+
+def test_only_rows_a_faithful_rerun_replaces_move_with_their_iterations(tmp_path):
+    sweep = tmp_path / "sweeps" / "bandwidth.csv"
+    rows = [_row("p3", 15.0, "old-p3"), _row("dist_sync", 15.0, "old-ds"), _row("p3", 5.0, "old-p3-5"),
+            _row("p3", 15.0, "bad-p3", faithful="False", scale=0.2), _row("p3", 15.0, "new-p3", faithful="True",
+                                                                          scale=0.2)]
+    for r in rows:
+        bench_rows.write_run(sweep, r, {0: [1.0, 1.0]})
+    bench_rows.write_run(sweep, _row("p3", 5.0, "old-p3"), {0: [2.0]})  # a run_id repeated by an older --resume
+    legacy = tmp_path / "legacy"
+    assert superseded.move(sweep, legacy, dry_run=True) == 2 and not legacy.exists()
+    assert superseded.move(sweep, legacy) == 2
+    assert [r["run_id"] for r in bench_rows.read_runs(sweep)] == ["old-ds", "old-p3-5", "new-p3", "old-p3"]
+    assert [r["run_id"] for r in bench_rows.read_runs(legacy / "superseded_bandwidth.csv")] == ["old-p3", "bad-p3"]
+    moved_iterations = bench_rows.iterations_path(legacy / "superseded_bandwidth.csv").read_text()
+    assert moved_iterations.count("bad-p3,") == 2 and moved_iterations.count("old-p3,") == 3
+    kept = bench_rows.iterations_path(sweep).read_text()
+    assert "bad-p3," not in kept and kept.count("old-p3,") == 3  # the kept row with that run_id keeps them all
+    assert superseded.move(sweep, legacy) == 0  # nothing left to replace
+
+
+def test_files_without_verdicts_never_move(tmp_path):
+    sweep = tmp_path / "bandwidth.csv"
+    sweep.write_text("run_id,status,model\nx,ok,vgg19\n")
+    assert superseded.move(sweep, tmp_path / "legacy") == 0
+    assert sweep.read_text() == "run_id,status,model\nx,ok,vgg19\n"
