@@ -279,8 +279,8 @@ def constants(points: Sequence[dict], refit: bool = False, path: pathlib.Path = 
 # --- the rows ----------------------------------------------------------------------------------------------------
 def note(point: dict, rel_error: float, simulated_cpu_pct: float) -> str:
     """Why a point misses by more than 10% (empty when it does not), from what its own runs measured: the
-    repeats' spread, CPU the model does not charge, TCP loss, quota throttling, a late virtual GPU. A miss with
-    none of these says so."""
+    repeats' spread, CPU the model does not charge or charges beyond what was used, TCP loss, quota throttling, a
+    late virtual GPU. A miss with none of these says so."""
     if abs(rel_error) <= MISS:
         return ""
     reasons = []
@@ -290,6 +290,9 @@ def note(point: dict, rel_error: float, simulated_cpu_pct: float) -> str:
     if cpu and cpu - simulated_cpu_pct > 20:
         reasons.append(f"measured: the hosts used {cpu:.0f}% CPU, the model {simulated_cpu_pct:.0f}% (CPU it does "
                        "not charge)")
+    if cpu and simulated_cpu_pct - cpu > 20:
+        reasons.append(f"measured: the hosts used {cpu:.0f}% CPU, the model charges {simulated_cpu_pct:.0f}% (more "
+                       "CPU than was used)")
     if point["tcp_retrans"] > 0:
         reasons.append(f"measured: {point['tcp_retrans']:.0f} TCP retransmits per job (loss not modelled)")
     if point["throttled_pct"] > 5:
