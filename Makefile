@@ -155,8 +155,8 @@ bench-startup: setup
 clean:
 	rm -rf build *.egg-info p3kv/_p3*.so $(VENV)
 
-# The simulator (benchmarks/sim): fit CPU costs on the loopback benchmarks (kvstore_bench.csv, transport.csv),
-# validate against every reviewed emulated-cluster point, then the paper's evaluation at paper scale and past it
-# (pure Python, no root).
+# The simulator (benchmarks/sim): fit CPU costs on the loopback benchmarks and the emulated links' CPU on the fit
+# split (kept in results/sim_fit.json until their inputs change), validate on the held-out points, then the
+# paper's evaluation at paper scale and past it (pure Python, no root).
 sim: setup
 	$(PY) -m benchmarks.sim.run all

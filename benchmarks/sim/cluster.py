@@ -1,15 +1,9 @@
-"""The cluster: hosts with full-duplex NICs, the processes on them, and what the CPU costs.
+"""The cluster: hosts with full-duplex NICs, the CPU each host's processes get, and what the CPU costs.
 
-Network model (why this one): message-level cut-through. A message holds its sender's egress for
-wire_bytes / rate and its receiver's ingress for the same time; the ingress may start no earlier than the egress
-started and ends no earlier than the egress ended (+ latency), and an ingress serves messages whole in the order
-they started. This is exact for one flow, conserves every NIC's capacity in both directions, and costs one event
-per message and hop, where a fluid max-min model would recompute every rate on every flow start and end
-(the paper-scale sweep has ~10^5 messages per iteration) and still need a rule for P3's non-preemptive sender
-priority. What it gets wrong: flows converging on one ingress are served one after another instead of sharing
-it, and a sender blocked by a busy receiver is not slowed down. With P3's 200 KB slices the first is invisible;
-for whole arrays (dist_sync) the server needs every worker's copy before it can answer, so the last byte -
-the one that matters - arrives at the same time either way.
+CPU (engine.SharedCpu): `cores` per host is the emulation's CPU quota (host_cpus x gpu_scale cores, each host in a
+cgroup of its own, benchmarks/emulation/cpu_limit.py) or a real host's cores; `shared_cores` is a machine whose
+cores every host's processes share (the emulation without CPU limits, and the loopback benchmarks). Neither:
+CPU is free. The network (engine.FairNetwork) and the virtual GPU's rules (engine.Device) are in engine.py.
 """
 
 from __future__ import annotations
@@ -38,9 +32,10 @@ class Cluster:
     rate_bps: float | None  # per host, each direction; None: unlimited
     latency_s: float = 0.0  # one way; the emulated cluster has no netem, so 0 there
     layout: str = "colocated"  # one worker + one server per host, or "separate": workers, then servers
-    cores: int | None = None  # CPU cores per host for message handling; None: unlimited
-    shared_cores: int | None = None  # the emulated cluster: all hosts share one machine's cores
+    cores: float | None = None  # CPU bandwidth of each host, in cores (the emulation's quota); None: unlimited
+    shared_cores: float | None = None  # every host's processes share one machine's cores (no CPU limits)
     wire_overhead: float = WIRE_OVERHEAD
+    gpu_slack_s: float = 0.0  # a gap the virtual GPU forgave before an op that waited (1 ms before chaining)
 
     def __post_init__(self) -> None:
         if self.hosts < 1 or (self.layout == "separate" and self.hosts % 2):
@@ -59,6 +54,15 @@ class Cluster:
 
     def server_host(self, s: int) -> int:
         return s if self.layout == "colocated" else self.workers + s
+
+    def cpus(self, loop) -> list:
+        """One engine.SharedCpu per host (the same object for every host when they share a machine's cores)."""
+        from benchmarks.sim.engine import SharedCpu
+
+        if self.shared_cores:
+            shared = SharedCpu(loop, self.shared_cores)
+            return [shared] * self.hosts
+        return [SharedCpu(loop, self.cores) for _ in range(self.hosts)]
 
     def seconds_on_wire(self, nbytes: float) -> float:
         return 0.0 if self.rate_bps is None else nbytes * self.wire_overhead * 8 / self.rate_bps

@@ -1,25 +1,27 @@
-"""CPU constants, fitted on loopback measurements: benchmarks/results/kvstore_bench.csv and transport.csv.
+"""CPU constants, fitted on loopback measurements: benchmarks/results/kvstore_bench.csv, transport.csv,
+kvstore_bench_slice10000/ and server_slice.csv. No emulated-cluster point is used here (validate.py fits the
+emulated links' own CPU on its fit split only).
 
 Both benchmarks run 2 workers + 2 servers of each system (Horovod: 2 ranks) on loopback (no bandwidth limit, no
 compute) on this 2-core machine, pushing and receiving every parameter array of ResNet-50 and VGG-19 per
-iteration through MXNet's engine. Nothing but CPU limits them, so the simulator, run on the same setup (the
-processes' hosts sharing 2 cores, unlimited links), must reproduce their s/iter; the two models give two
-equations for two unknowns (core-seconds per message or part, per byte), fitted in three steps:
+iteration through MXNet's engine. Nothing but CPU limits them, so the simulator, run on the same setup (every
+process's threads time-sharing the 2 cores, unlimited links), must reproduce their s/iter; the two models give
+two equations for two unknowns (core-seconds per message or part, per byte), fitted in three steps:
 
 1. Transport, without an optimizer: p3kv on kvstore_bench's `p3-noopt` (its servers only sum) at its default
    50,000-element slices and at 10,000 (kvstore_bench --slice-size 10000): with one slice size messages and bytes
    grow together and the two unknowns cannot be told apart, so its four equations are solved by least squares.
-   MXNet's dist_sync and P3 on transport.csv (no optimizer there).
-2. The optimizer's update (SGD with momentum), the transport held: dist_sync on its servers and MXNet's P3 on
-   its workers, each on its kvstore_bench row with SGD. p3kv's update is not fitted end to end: on loopback its
-   SGD rows differ from p3-noopt by less than the noise (ResNet-50 with SGD is the faster), so a fit there
-   amplifies noise (it gave 2.1 ns/byte). It is measured directly instead: the C++ SGD kernel per slice on the
-   server's hot path (server_slice.csv, benchmarks/suites/server_bench.py), a line through its slice sizes.
-3. Horovod's allreduce CPU (per tensor, per byte), its workers' update taken from MXNet's P3 (the same MXNet
+   MXNet's P3 on transport.csv (no optimizer there); dist_sync on kvstore_bench's SGD rows, its update folded
+   in (TRANSPORT_SOURCE says why not transport.csv).
+2. The optimizer's update (SGD with momentum), the transport held: MXNet's P3 on its workers' CPU (loopback runs
+   update there), on its kvstore_bench rows with SGD. p3kv's update is not
+   fitted end to end: on loopback its SGD rows differ from p3-noopt by less than the noise, so a fit there
+   amplifies noise. It is measured directly instead: the C++ SGD kernel per slice on the server's hot path
+   (server_slice.csv, benchmarks/suites/server_bench.py), a line through its slice sizes.
+3. Horovod's allreduce CPU (per tensor, per byte), its workers' CPU update taken from MXNet's P3 (the same MXNet
    updater on the workers).
 
-They are then used unchanged on the emulated-cluster measurements, which therefore validate them. No constant
-here is a guess.
+No constant here is a guess.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from collections.abc import Callable, Hashable
 from benchmarks.sim import model as model_lib
 from benchmarks.sim import ring
 from benchmarks.sim.cluster import Cluster, CpuCosts
-from benchmarks.sim.ps import SYSTEMS, PSSystem, simulate
+from benchmarks.sim.ps import SGD_ACCESSES, SYSTEMS, PSSystem, simulate
 
 RESULTS = pathlib.Path(__file__).resolve().parents[1] / "results"
 TRANSPORT_CPUS = 2  # the cpus column of both benchmarks
@@ -48,7 +50,10 @@ MEASURED_AS = {"p3": "p3", "p3-slicing-only": "p3", "p3-priority-only": "p3", "p
 TRANSPORT_SOURCE = {
     "p3": [("kvstore_bench.csv", "p3-noopt", None),
            ("kvstore_bench_slice10000/kvstore_bench.csv", "p3-noopt", 10_000)],
-    "dist_sync": [("transport.csv", "dist_sync", None)],
+    # Not transport.csv: its dist_sync rows, without an optimizer, are slower than kvstore_bench's with SGD (VGG-19:
+    # 3.03 against 2.36 s/iter; it ran under a 1-minute load of 4-8). So dist_sync's transport is fitted on
+    # kvstore_bench's SGD rows, its servers' update folded in (update: none of its own).
+    "dist_sync": [("kvstore_bench.csv", "dist_sync", None)],
     "mxnet-p3": [("transport.csv", "mxnet-p3", None)],
 }
 
@@ -86,7 +91,7 @@ def server_update(path: pathlib.Path = RESULTS / "server_slice.csv", workers: in
 
 def no_compute(profile: model_lib.ModelProfile) -> model_lib.ModelProfile:
     layers = tuple(model_lib.Layer(0.0, 0.0, layer.arrays, layer.itemsize) for layer in profile.layers)
-    return model_lib.ModelProfile(profile.name, layers, profile.samples_per_batch, profile.unit)
+    return dataclasses.replace(profile, layers=layers)
 
 
 TRANSPORT_CLUSTER = Cluster(hosts=4, rate_bps=None, layout="separate", shared_cores=TRANSPORT_CPUS)
@@ -94,6 +99,8 @@ RING_CLUSTER = Cluster(hosts=2, rate_bps=None, shared_cores=TRANSPORT_CPUS)  # k
 
 
 def transport_seconds(system: PSSystem, model: str) -> float:
+    if system.update_on == "workers-gpu":  # loopback runs have no GPU: their workers update on the CPU
+        system = dataclasses.replace(system, update_on="workers-cpu", gpu_accesses=0)
     return simulate(no_compute(model_lib.load(model)), TRANSPORT_CLUSTER, system, iters=3).iteration_s
 
 
@@ -148,7 +155,8 @@ def _fit_transport(kv: str) -> CpuCosts:
 
     def seconds(costs: CpuCosts, case: Hashable) -> float:
         model, slice_size = case
-        system = SYSTEMS[kv].with_costs(costs)
+        system = dataclasses.replace(SYSTEMS[kv].with_costs(costs), update_on="workers-cpu" if kv == "mxnet-p3"
+                                     else SYSTEMS[kv].update_on, gpu_accesses=0)
         if slice_size:
             system = dataclasses.replace(system, slice_size=slice_size)
         return transport_seconds(system, model)
@@ -158,10 +166,28 @@ def _fit_transport(kv: str) -> CpuCosts:
 
 def _fit_update(kv_and_transport: tuple[str, CpuCosts]) -> CpuCosts:
     kv, transport = kv_and_transport
-    base = SYSTEMS[kv].with_costs(transport)
+    base = dataclasses.replace(SYSTEMS[kv].with_costs(transport), gpu_accesses=0,
+                               update_on="workers-cpu" if kv == "mxnet-p3" else "servers")
     found = medians("kvstore_bench.csv")
     return fit_pair(lambda costs, m: transport_seconds(dataclasses.replace(base, update=costs), m),
                     {m: found[(m, kv)] for m in FIT_MODELS})
+
+
+def as_dict(found: Fitted) -> dict:
+    """The fitted constants as JSON-friendly numbers (seconds per message or part, seconds per byte)."""
+    def pair(c: CpuCosts) -> list[float]:
+        return [c.per_message, c.per_byte]
+
+    return {"transport": {k: pair(v) for k, v in found.transport.items()},
+            "update": {k: pair(v) for k, v in found.update.items()},
+            "horovod": {"cpu": pair(found.horovod.cpu), "update": pair(found.horovod.update)}}
+
+
+def from_dict(data: dict) -> Fitted:
+    return Fitted({k: CpuCosts(*v) for k, v in data["transport"].items()},
+                  {k: CpuCosts(*v) for k, v in data["update"].items()},
+                  ring.Horovod(CpuCosts(*data["horovod"]["cpu"]), CpuCosts(*data["horovod"]["update"]),
+                               update_on="workers-cpu"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,34 +201,51 @@ class Fitted:
 def fitted(processes: int = 2) -> Fitted:
     """Every fitted constant (the module doc's steps 1-3); the fits of one step run in parallel."""
     kvs = sorted(TRANSPORT_SOURCE)
-    fitted_update = [kv for kv in kvs if kv != "p3"]  # p3kv's update is measured (the module doc's step 2)
+    # p3kv's update is measured (the module doc's step 2); dist_sync's is folded into its transport (above).
+    fitted_update = [kv for kv in kvs if kv not in ("p3", "dist_sync")]
     with multiprocessing.Pool(processes) as pool:
         transport = dict(zip(kvs, pool.map(_fit_transport, kvs, chunksize=1)))
         update = dict(zip(fitted_update, pool.map(_fit_update, [(kv, transport[kv]) for kv in fitted_update],
                                                    chunksize=1)))
     update["p3"] = server_update()
+    update["dist_sync"] = CpuCosts()
     found = medians("kvstore_bench.csv")
     worker_update = update["mxnet-p3"]
-    cpu = fit_pair(lambda costs, m: ring_seconds(ring.Horovod(costs, worker_update), m),
+    cpu = fit_pair(lambda costs, m: ring_seconds(ring.Horovod(costs, worker_update, update_on="workers-cpu"), m),
                    {m: found[(m, "horovod")] for m in FIT_MODELS})
-    return Fitted(transport, update, ring.Horovod(cpu, worker_update))
+    return Fitted(transport, update, ring.Horovod(cpu, worker_update, update_on="workers-cpu"))
 
 
-def measured_costs() -> dict[str, CpuCosts]:
-    """The transport's fitted CpuCosts per measured kvstore (p3, dist_sync, mxnet-p3)."""
-    return fitted().transport
-
-
-def system(name: str, costs: dict[str, CpuCosts] | None = None, optimizer: str = "none") -> PSSystem:
-    """The named system with its measured CPU costs (or the given table's); with an optimizer (not "none") also
-    the fitted cost of its update, on its servers or its workers as the system runs it."""
-    table = measured_costs() if costs is None else costs
+def system(name: str, found: Fitted | None = None, optimizer: str = "none", update_on: str | None = None,
+           link_costs: CpuCosts | None = None) -> PSSystem:
+    """The named system with its fitted CPU costs (`found`, else fitted()); with an optimizer (not "none") also
+    its update where the system runs it (`update_on` overrides: "workers-cpu" for runs before GPU-side updates;
+    "workers-gpu" costs the virtual GPU's memory traffic, not CPU)."""
+    found = fitted() if found is None else found
     measured = MEASURED_AS[name]
-    update = fitted().update[measured] if optimizer != "none" else CpuCosts()
-    return SYSTEMS[name].with_costs(table[measured], update)
+    base = SYSTEMS[name]
+    place = update_on or base.update_on
+    sgd = optimizer != "none"
+    if place == "servers" and base.update_on != "servers":
+        if sgd:
+            raise ValueError(f"{name} runs its optimizer on the workers, not on the servers")
+        place = base.update_on  # nothing to update anyway
+    update = found.update[measured] if sgd and place != "workers-gpu" else CpuCosts()
+    return dataclasses.replace(base, costs=found.transport[measured], update=update, update_on=place,
+                               gpu_accesses=SGD_ACCESSES if sgd and place == "workers-gpu" else 0,
+                               link_costs=link_costs or CpuCosts())
 
 
-def horovod(optimizer: str = "none") -> ring.Horovod:
-    """Horovod's fitted allreduce CPU, with its workers' update unless `optimizer` is "none"."""
-    found = fitted().horovod
-    return found if optimizer != "none" else ring.Horovod(found.cpu)
+def horovod(optimizer: str = "none", found: Fitted | None = None, update_on: str = "workers-gpu",
+            link_costs: CpuCosts | None = None) -> ring.Horovod:
+    """Horovod's fitted allreduce CPU with its workers' update: SGD's memory traffic on the virtual GPU (or, with
+    no optimizer, the copy of the sum into the weight, as cluster_worker does), or the fitted CPU update
+    (update_on "workers-cpu"; nothing without an optimizer)."""
+    found = fitted() if found is None else found
+    sgd = optimizer != "none"
+    link_costs = link_costs or CpuCosts()
+    if update_on == "workers-gpu":
+        return ring.Horovod(found.horovod.cpu, update_on="workers-gpu", gpu_accesses=SGD_ACCESSES if sgd else 2,
+                            link_costs=link_costs)
+    return ring.Horovod(found.horovod.cpu, found.horovod.update if sgd else CpuCosts(), update_on="workers-cpu",
+                        link_costs=link_costs)

@@ -1,13 +1,28 @@
-"""The discrete-event core: an event loop, the NICs' queues and the CPU pools.
+"""The discrete-event core: an event loop, CPUs shared by processor sharing, serial threads on them, a serial
+device (the virtual GPU) and a network whose links are shared fairly by the messages on them.
 
-Queues are the only state the systems share; every one is lazily evaluated where that is exact (a FIFO server
-only needs its next-free time when requests reach it in time order) and a real heap where order matters
-(P3's priority queues).
+Why these models (each is the emulation's rule, benchmarks/emulation/ and cpp/src/virtual_stream.h):
+- CPU: an emulated host's processes run in a cgroup with a CPU bandwidth quota (cpu_limit.py) that the kernel's
+  scheduler time-slices among the host's runnable threads; without limits every host's threads time-slice the
+  machine's cores. Either way a pool of C cores serves n runnable threads at min(1, C / n) core each
+  (processor sharing; one thread never uses more than one core), not one after another.
+- Threads: a server's consumer thread or a worker's receive thread handles one message at a time, in its queue's
+  order (by priority where the system orders it), each message's CPU served by its host's pool.
+- Device: the virtual GPU runs one operation at a time in the order the engine dispatched them; an operation
+  starts where the work before it ended or when it became ready, whichever is later (chained), except that a
+  dispatch slack may forgive a short gap before an operation that waited for the network (the rule of the runs
+  before chaining, 1 ms).
+- Network: every host's NIC has `rate` each way (tc's token bucket on each direction of its veth), shared
+  equally by the messages crossing it (FairNetwork says why per direction and not end to end). Which messages
+  are active at once is the sender's business (Sender): a sender thread with one strict priority queue (p3kv)
+  puts one message on the wire at a time, in priority order; ZMQ sockets (MXNet) have one pipe per
+  destination, all active together.
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections import deque
 
 from benchmarks.sim.cluster import Cluster
@@ -33,174 +48,249 @@ class EventLoop:
             fn(*args)
 
 
-class CpuPool:
-    """`cores` identical cores, first come first served; acquire() must be called in time order."""
+class SharedCpu:
+    """`cores` of CPU bandwidth (None: unlimited) shared by the runnable jobs: n of them each run at
+    min(1, cores / n) core (processor sharing, a job being one thread's work). All jobs advance at the same rate,
+    so the pool keeps a virtual time (core-seconds each job has received) and a job admitted at virtual time v
+    with cost c ends when virtual time reaches v + c: one heap, no per-job bookkeeping on every change."""
 
-    def __init__(self, cores: int | None) -> None:
-        self._free = [0.0] * cores if cores else None
+    def __init__(self, loop: EventLoop, cores: float | None) -> None:
+        if cores is not None and cores <= 0:
+            raise ValueError(f"a CPU pool needs a positive number of cores, not {cores}")
+        self.loop, self.cores = loop, cores
+        self._heap: list = []  # (virtual finish time, seq, done, args)
+        self._seq = itertools.count()
+        self._virtual = 0.0
+        self._t = 0.0
+        self._token = 0
+        self.busy_core_s = 0.0  # core-seconds served so far (the pool's CPU use)
 
-    def acquire(self, t: float, cost: float) -> float:
-        """Returns when a job of `cost` core-seconds asked for at `t` ends."""
-        if self._free is None or cost <= 0:
-            return t + max(cost, 0.0)
-        start = max(t, self._free[0])
-        end = start + cost
-        heapq.heapreplace(self._free, end)
-        return end
+    def _rate(self, n: int) -> float:
+        return 1.0 if self.cores is None else min(1.0, self.cores / n)
+
+    def _advance(self) -> None:
+        now = self.loop.now
+        n = len(self._heap)
+        if n and now > self._t:
+            rate = self._rate(n)
+            self._virtual += (now - self._t) * rate
+            self.busy_core_s += (now - self._t) * rate * n
+        self._t = now
+
+    def run(self, cost: float, done, *args) -> None:
+        """done(*args) once `cost` core-seconds have been served (at once for a cost of 0)."""
+        if cost <= 0:
+            done(*args)
+            return
+        if self.cores is None:  # no sharing: every job has a core of its own
+            self.busy_core_s += cost
+            self.loop.at(self.loop.now + cost, done, *args)
+            return
+        self._advance()
+        heapq.heappush(self._heap, (self._virtual + cost, next(self._seq), done, args))
+        self._schedule()
+
+    def _schedule(self) -> None:
+        self._token += 1
+        if self._heap:
+            ahead = self._heap[0][0] - self._virtual
+            self.loop.at(self._t + max(ahead, 0.0) / self._rate(len(self._heap)), self._wake, self._token)
+
+    def _wake(self, token: int) -> None:
+        if token != self._token:  # the set of jobs changed since: a later event stands for this one
+            return
+        self._advance()
+        finished = [heapq.heappop(self._heap)]  # the job this event was scheduled for, whatever the rounding
+        self._virtual = max(self._virtual, finished[0][0])
+        while self._heap and self._heap[0][0] <= self._virtual + 1e-12 * (1.0 + self._virtual):
+            finished.append(heapq.heappop(self._heap))
+        self._schedule()
+        for _, _, done, args in finished:
+            done(*args)
 
 
-class Server:
-    """One thread serving jobs one at a time, by (priority, arrival) or by arrival; non-preemptive.
+class CpuThread:
+    """One thread serving its jobs one at a time on a SharedCpu, by (priority, arrival) or by arrival;
+    non-preemptive. cost(job) is asked when the job starts (it may depend on the jobs served before it),
+    done(job) is called when it ends."""
 
-    `window`: how many jobs are already committed in arrival order ahead of the priority queue, the one in
-    service included. 1 is P3's ideal (an urgent job waits for at most the one in service); MXNet's P3 van hands
-    messages to a ZMQ socket whose send high-water mark holds DMLC_PS_WATER_MARK (10) of them, so an urgent
-    slice waits behind up to 10 less urgent ones. `serve(job, now)` returns the job's service time;
-    `done(job, now)` is called when it ends.
-    """
-
-    def __init__(self, loop: EventLoop, serve, done, prioritised: bool, window: int = 1) -> None:
-        self._loop, self._serve, self._done = loop, serve, done
+    def __init__(self, cpu: SharedCpu, cost, done, prioritised: bool) -> None:
+        self._cpu, self._cost, self._done = cpu, cost, done
         self._prioritised = prioritised
         self._queue: list | deque = [] if prioritised else deque()
-        self._window = window
-        self._committed: deque = deque()  # window > 1 only: jobs taken from the heap, in order
-        self._seq = 0
+        self._seq = itertools.count()
         self.busy = False
 
     def put(self, priority: int, job) -> None:
-        if not self.busy and self._window == 1 and not self._queue:  # idle: serve it now, no queue round trip
-            self.busy = True
-            now = self._loop.now
-            seconds = self._serve(job, now)
-            if seconds > 0:
-                self._loop.at(now + seconds, self._finish, job)
-                return
-            self._done(job, now)
-            self._next()
-            return
         if self._prioritised:
-            heapq.heappush(self._queue, (priority, self._seq, job))
-            self._seq += 1
+            heapq.heappush(self._queue, (priority, next(self._seq), job))
         else:
             self._queue.append(job)
-        if self._window > 1:
-            self._fill()
         if not self.busy:
             self._next()
 
-    def _fill(self) -> None:
-        # The committed jobs include the one in service, so a busy server holds window - 1 more.
-        room = self._window - len(self._committed) - (1 if self.busy else 0)
-        while room > 0 and self._queue:
-            self._committed.append(heapq.heappop(self._queue)[2] if self._prioritised else self._queue.popleft())
-            room -= 1
-
-    def _pick(self):
-        if self._window > 1:
-            if not self._committed:
-                self._fill()
-            return self._committed.popleft() if self._committed else None
-        if not self._queue:
-            return None
-        return heapq.heappop(self._queue)[2] if self._prioritised else self._queue.popleft()
-
     def _next(self) -> None:
-        # A job that takes no time (no CPU cost) is done at once, without an event: the same order, fewer events.
-        loop = self._loop
-        while True:
-            job = self._pick()
-            if job is None:
-                self.busy = False
+        self.busy = True  # a zero-cost job's done() may put() more: it is queued, not served inside this loop
+        queue = self._queue
+        while queue:
+            job = heapq.heappop(queue)[2] if self._prioritised else queue.popleft()
+            cost = self._cost(job)
+            if cost > 0:
+                self._cpu.run(cost, self._finish, job)
                 return
-            self.busy = True
-            now = loop.now
-            seconds = self._serve(job, now)
-            if seconds > 0:
-                loop.at(now + seconds, self._finish, job)
-                if self._window > 1:
-                    self._fill()
-                return
-            self._done(job, now)
+            self._done(job)
+        self.busy = False
 
     def _finish(self, job) -> None:
-        self._done(job, self._loop.now)
+        self._done(job)
         self._next()
 
 
-class Link:
-    """A sender's egress with window 1 and nothing to do when a message ends: like Server, but a message that
-    finds the link idle and nothing queued starts at once, and an event is scheduled only to start the next
-    queued message when the link frees (most messages at low load need no event of their own)."""
+class Device:
+    """A serial device (one GPU stream): operations run one at a time in submission order. An operation starts
+    when the device is free or when it was submitted (it became ready), whichever is later; with a `slack`, an
+    operation submitted as `waited` (it waited for the network) that comes less than `slack` after the device went
+    idle starts as if it had come at once (the gap forgiven, as the virtual GPU did before operations were
+    chained)."""
 
-    def __init__(self, loop: EventLoop, serve, prioritised: bool) -> None:
-        self._loop, self._serve = loop, serve
-        self._prioritised = prioritised
-        self._queue: list | deque = [] if prioritised else deque()
-        self._seq = 0
-        self._free_at = 0.0
-        self._wake = False
+    def __init__(self, loop: EventLoop, slack_s: float = 0.0) -> None:
+        self.loop, self.slack_s = loop, slack_s
+        self._queue: deque = deque()
+        self._busy = False
+        self._end = 0.0
 
-    def put(self, priority: int, job) -> None:
-        now = self._loop.now
-        if not self._wake and now >= self._free_at:
-            self._free_at = now + self._serve(job, now)
-            return
-        if self._prioritised:
-            heapq.heappush(self._queue, (priority, self._seq, job))
-            self._seq += 1
-        else:
-            self._queue.append(job)
-        if not self._wake:
-            self._wake = True
-            self._loop.at(self._free_at, self._start)
+    def submit(self, seconds: float, waited: bool, done, *args) -> None:
+        self._queue.append((seconds, waited, done, args))
+        if not self._busy:
+            self._start()
 
     def _start(self) -> None:
-        now = self._loop.now
-        job = heapq.heappop(self._queue)[2] if self._prioritised else self._queue.popleft()
-        self._free_at = now + self._serve(job, now)
+        seconds, waited, done, args = self._queue.popleft()
+        now = self.loop.now
+        start = self._end if waited and now - self._end < self.slack_s else now
+        self._busy = True
+        self.loop.at(max(start + seconds, now), self._finish, done, args)
+
+    def _finish(self, done, args) -> None:
+        self._end = self.loop.now
+        done(*args)  # still busy: what it submits queues behind what was already waiting
+        self._busy = False
         if self._queue:
-            self._loop.at(self._free_at, self._start)
-        else:
-            self._wake = False
+            self._start()
 
 
-class Network:
-    """Every host's egress (a Server, so its order is the sender's) and ingress (lazy FIFO, see cluster.py).
+class Sender:
+    """What one process puts on the network: a queue (by priority or arrival) in front of at most `window`
+    messages admitted to the sockets (None: no limit). Admitted messages to one destination go one after another
+    (one TCP connection); to different destinations at once. p3kv: window 1 (its sender thread writes one frame
+    at a time in priority order); MXNet's ZMQ: a socket per destination, MXNet's P3 van holding at most
+    DMLC_PS_WATER_MARK messages in them."""
 
-    send(src, dst, nbytes, priority, on_arrival) delivers on_arrival(now) at the receiver. Busy intervals of every
-    link are kept for utilisation plots when `record` is set.
-    """
+    def __init__(self, net: FairNetwork, host: int, prioritised: bool, window: int | None) -> None:
+        self.net, self.host = net, host
+        self._prioritised, self._window = prioritised, window
+        self._queue: list | deque = [] if prioritised else deque()
+        self._seq = itertools.count()
+        self._admitted = 0
+        self.id = next(net._ids)
 
-    def __init__(self, loop: EventLoop, cluster: Cluster, prioritised: bool, record: bool = False,
-                 window: int = 1) -> None:
-        self.loop, self.cluster = loop, cluster
-        self._ingress_free = [0.0] * cluster.hosts
-        self._egress = [Link(loop, self._transmit, prioritised) if window == 1 else
-                        Server(loop, self._transmit, self._sent, prioritised, window) for _ in range(cluster.hosts)]
-        self._seconds_per_byte = cluster.seconds_on_wire(1.0)
-        self._latency = cluster.latency_s
-        self.busy: dict[tuple[str, int], list[tuple[float, float, int]]] | None = {} if record else None
-
-    def send(self, src: int, dst: int, nbytes: int, priority: int, on_arrival, *args) -> None:
-        """on_arrival(now, *args) at the receiver (at once on the same host: no NIC)."""
-        if src == dst:
-            on_arrival(self.loop.now, *args)
+    def put(self, priority: int, dst: int, nbytes: float, on_arrival, *args) -> None:
+        """on_arrival(t, *args) at the receiver once the message is there (at once on the same host)."""
+        if dst == self.host:
+            on_arrival(self.net.loop.now, *args)
             return
-        self._egress[src].put(priority, (src, dst, nbytes, on_arrival, args))
+        message = (dst, nbytes, on_arrival, args)
+        if self._window is None or (self._admitted < self._window and not self._queue):
+            self._admit(message)
+        elif self._prioritised:
+            heapq.heappush(self._queue, (priority, next(self._seq), message))
+        else:
+            self._queue.append(message)
 
-    def _transmit(self, message, now: float) -> float:
-        src, dst, nbytes, on_arrival, args = message
-        wire = nbytes * self._seconds_per_byte
-        free = self._ingress_free[dst]
-        end = (free if free > now else now) + wire
-        self._ingress_free[dst] = end
-        end += self._latency
+    def _admit(self, message) -> None:
+        self._admitted += 1
+        self.net._enqueue(self, message)
+
+    def _sent(self) -> None:
+        self._admitted -= 1
+        while self._queue and (self._window is None or self._admitted < self._window):
+            self._admit(heapq.heappop(self._queue)[2] if self._prioritised else self._queue.popleft())
+
+
+class _Message:
+    __slots__ = ("pipe", "sender", "message", "start", "left")
+
+    def __init__(self, pipe, sender, message, start):
+        self.pipe, self.sender, self.message, self.start, self.left = pipe, sender, message, start, 2
+
+
+class FairNetwork:
+    """Every host's NIC, `cluster.rate_bps` each way (None: unlimited; Cluster.wire_overhead adds the
+    TCP/IP/Ethernet headers), each direction shared equally by the messages on it (processor sharing of the
+    link, what TCP flows through one token bucket converge to). A message holds its sender's egress and its
+    receiver's ingress from the moment it starts (cut-through), leaves the sender when its egress share has sent
+    it, and arrives `latency_s` after both its egress and its ingress are done.
+
+    Why two stages and not one end-to-end max-min allocation: in the emulation a sender is not slowed by a
+    receiver that other senders keep busy, as far as the 50 ms tbf queue in front of that receiver and the socket
+    buffers hold (12.5 MB at 2 Gbit/s: many slices). The end-to-end version made workers that push slice i to the
+    same server in lockstep wait for each other, and put p3kv 18-30% above its measured time at every fit point
+    where the emulation measured it near the link bound.
+    `record`: busy intervals per (direction, host) for utilisation plots."""
+
+    def __init__(self, loop: EventLoop, cluster: Cluster, record: bool = False) -> None:
+        self.loop = loop
+        self._seconds_per_byte = cluster.seconds_on_wire(1.0)  # 0: unlimited
+        self._latency = cluster.latency_s
+        self._ids = itertools.count()
+        self._pipes: dict[tuple[int, int], deque] = {}
+        self._egress = [SharedCpu(loop, 1.0) for _ in range(cluster.hosts)]  # link time, shared like a core
+        self._ingress = [SharedCpu(loop, 1.0) for _ in range(cluster.hosts)]
+        self.busy: dict[tuple[str, int], list[tuple[float, float, float]]] | None = {} if record else None
+
+    def sender(self, host: int, prioritised: bool, window: int | None) -> Sender:
+        return Sender(self, host, prioritised, window)
+
+    def _enqueue(self, sender: Sender, message) -> None:
+        dst, nbytes, on_arrival, args = message
+        if not self._seconds_per_byte:  # unlimited links: only the latency
+            self.loop.at(self.loop.now + self._latency, on_arrival, self.loop.now + self._latency, *args)
+            sender._sent()
+            return
+        key = (sender.id, dst)
+        pipe = self._pipes.get(key)
+        if pipe is None:
+            pipe = self._pipes[key] = deque()
+        pipe.append(message)
+        if len(pipe) == 1:
+            self._start(sender, pipe)
+
+    def _start(self, sender: Sender, pipe: deque) -> None:
+        dst, nbytes, _, _ = pipe[0]
+        m = _Message(pipe, sender, pipe[0], self.loop.now)
+        seconds = nbytes * self._seconds_per_byte
+        self._egress[sender.host].run(seconds, self._sent, m)
+        self._ingress[dst].run(seconds, self._half_done, m)
+
+    def _sent(self, m: _Message) -> None:
         if self.busy is not None:
-            self.busy.setdefault(("egress", src), []).append((now, now + wire, nbytes))
-            self.busy.setdefault(("ingress", dst), []).append((end - wire, end, nbytes))
-        self.loop.at(end, on_arrival, end, *args)
-        return wire
+            self.busy.setdefault(("egress", m.sender.host), []).append((m.start, self.loop.now, m.message[1]))
+        m.pipe.popleft()
+        if m.pipe:
+            self._start(m.sender, m.pipe)
+        m.sender._sent()
+        self._half_done(m)
 
-    def _sent(self, message, now: float) -> None:
-        pass
+    def _half_done(self, m: _Message) -> None:
+        """Its egress or its ingress is done; with both, the message is there."""
+        m.left -= 1
+        if m.left:
+            return
+        dst, nbytes, on_arrival, args = m.message
+        arrive = self.loop.now + self._latency
+        if self.busy is not None:
+            self.busy.setdefault(("ingress", dst), []).append((m.start + self._latency, arrive, nbytes))
+        if self._latency:
+            self.loop.at(arrive, on_arrival, arrive, *args)
+        else:
+            on_arrival(arrive, *args)

@@ -42,6 +42,12 @@ class ModelProfile:
     layers: tuple[Layer, ...]
     samples_per_batch: int
     unit: str
+    # The emulated GPU's memory bandwidth (dilated like its FLOP/s): a worker-side update's time on the virtual GPU.
+    memory_bytes_per_s: float = math.inf
+
+    def memory_seconds(self, elements: int, itemsize: int, accesses: int) -> float:
+        """An elementwise kernel making `accesses` passes over the array (emulated_compute.Profile's rule)."""
+        return accesses * itemsize * elements / self.memory_bytes_per_s
 
     @property
     def compute_s(self) -> float:
@@ -62,7 +68,7 @@ def load(model: str, batch_size: int = 32, gpu: str = "p100", scale: float = 1.0
     efficiency = emulated_compute.efficiency_of(description, efficiency_factor)
     if gpu == "p100" or (gpu not in GPU_SPEEDUP and gpu in emulated_compute.GPU_PEAK_FLOPS):
         profile = emulated_compute.Profile(gpu, scale, efficiency)
-    else:
+    else:  # memory bandwidth scaled with compute: the same position on the speed-up axis, not a datasheet value
         profile = emulated_compute.Profile("p100", scale * GPU_SPEEDUP[gpu], efficiency)
     params = description["params"]
     layers = []
@@ -71,10 +77,12 @@ def load(model: str, batch_size: int = 32, gpu: str = "p100", scale: float = 1.0
         itemsize = ITEMSIZE.get(params[entry.params[0]]["dtype"], 4) if entry.params else 4
         layers.append(Layer(entry.forward_s, entry.backward_s, arrays, itemsize))
     per_sample = description.get("tokens_per_sample", 1)
-    return ModelProfile(model, tuple(layers), batch_size * per_sample, description.get("sample_unit", "samples"))
+    return ModelProfile(model, tuple(layers), batch_size * per_sample, description.get("sample_unit", "samples"),
+                        profile.bytes_per_second)
 
 
-def synthetic(layers: list[tuple[float, float, int]], itemsize: int = 4) -> ModelProfile:
+def synthetic(layers: list[tuple[float, float, int]], itemsize: int = 4,
+              memory_bytes_per_s: float = math.inf) -> ModelProfile:
     """A hand-made profile for tests: (forward_s, backward_s, elements) per layer, one array each."""
     return ModelProfile("synthetic", tuple(Layer(f, b, (n,) if n else (), itemsize) for f, b, n in layers), 1,
-                        "samples")
+                        "samples", memory_bytes_per_s)

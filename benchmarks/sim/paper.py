@@ -3,22 +3,26 @@ V100/A100/H100-class compute) -> results/sim_paper_*.{csv,png}.
 
 Assumptions at paper scale (not measured, stated here and in the CSVs): batch 32 per GPU as the emulated runs;
 one worker and one server per machine; 20 us one-way latency (a datacenter top-of-rack hop); hosts' CPUs are
-not the bottleneck (`cpu=ideal`: no per-message, per-byte or optimizer CPU cost), except where a sweep says
-`measured` (this 2-core machine's fitted constants, SGD's update included, with 4 dedicated cores per host), which
-brackets the real answer. Compute is each model's calibrated P100 rate (benchmarks/workloads/shapes/*.json).
+not the bottleneck (`cpu=ideal`: no per-message, per-byte or server-side optimizer CPU cost), except where a
+sweep says `measured` (this 2-core machine's loopback-fitted constants, SGD's update included, with 4 cores per
+host), which brackets the real answer. Compute is each model's calibrated P100 rate
+(benchmarks/workloads/shapes/*.json); the workers' updates of MXNet's P3 and Horovod run on the GPU at its
+memory bandwidth (as in the emulation). Each system runs its tuned setting for the model where
+results/tuning/best.json has one, else its defaults (settings.py; the CSVs' `setting` column says which).
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import multiprocessing
 
 from benchmarks.sim import costs as costs_lib
 from benchmarks.sim import model as model_lib
-from benchmarks.sim import ring
-from benchmarks.sim.cluster import Cluster, CpuCosts
-from benchmarks.sim.ps import SYSTEMS, simulate
+from benchmarks.sim import ring, settings
+from benchmarks.sim.cluster import Cluster
+from benchmarks.sim.ps import SGD_ACCESSES, SYSTEMS, simulate
 
 RESULTS = costs_lib.RESULTS
 MODELS = ("resnet50_v1", "inceptionv3", "vgg19", "sockeye")
@@ -45,21 +49,25 @@ class Point:
     cpu: str = "ideal"
 
 
-def run_point(p: Point) -> dict:
+def run_point(p: Point, loopback: costs_lib.Fitted | None = None) -> dict:
+    """One point; `loopback`: the fitted CPU constants for `cpu=measured` points (None: costs.fitted())."""
     profile = model_lib.load(p.model, 32, p.gpu)
     cores = 4 if p.cpu == "measured" else None
     cluster = Cluster(p.hosts, p.gbps * 1e9, latency_s=LATENCY_S, cores=cores)
+    chosen, where = settings.tuned_for_model(p.system, p.model)
+    env = settings.setting(p.system, chosen)
     if p.system == "horovod":
-        result = ring.simulate(profile, cluster)
+        horovod = (costs_lib.horovod("sgd", loopback) if p.cpu == "measured"
+                   else ring.Horovod(update_on="workers-gpu", gpu_accesses=SGD_ACCESSES))
+        result = ring.simulate(profile, cluster, settings.apply_horovod(horovod, env), iters=3)
     else:
-        system = (costs_lib.system(p.system, optimizer="sgd") if p.cpu == "measured"
-                  else SYSTEMS[p.system].with_costs(CpuCosts()))
-        if p.slice_size:
-            system = dataclasses.replace(system, slice_size=p.slice_size)
-        result = simulate(profile, cluster, system, iters=3)
+        system = (costs_lib.system(p.system, loopback, optimizer="sgd") if p.cpu == "measured"
+                  else dataclasses.replace(SYSTEMS[p.system], gpu_accesses=SGD_ACCESSES
+                                           if SYSTEMS[p.system].update_on == "workers-gpu" else 0))
+        result = simulate(profile, cluster, settings.apply_ps(system, env, p.slice_size), iters=3)
     return {**dataclasses.asdict(p), "compute_s": round(profile.compute_s, 4),
             "iteration_s": round(result.iteration_s, 5), "throughput": round(result.throughput, 2),
-            "unit": result.unit}
+            "unit": result.unit, "setting": where}
 
 
 def points(which: str) -> list[Point]:
@@ -94,12 +102,14 @@ def estimated_cost(p: Point) -> float:
     return parts * p.hosts * (1 + p.hosts) * (2 if p.cpu == "measured" else 1)
 
 
-def run(which: str = "all", processes: int = 2) -> list[dict]:
+def run(which: str = "all", processes: int = 2, loopback: costs_lib.Fitted | None = None) -> list[dict]:
     pts = points(which)
+    if loopback is None and any(p.cpu == "measured" for p in pts):
+        loopback = costs_lib.fitted()  # once here, not in every process
     # Two processes: the machine has 2 cores shared with others. Slowest points first for load balance.
     order = sorted(pts, key=lambda p: -estimated_cost(p))
     with multiprocessing.Pool(processes) as pool:
-        rows = pool.map(run_point, order, chunksize=1)
+        rows = pool.map(functools.partial(run_point, loopback=loopback), order, chunksize=1)
     by_sweep: dict[str, list[dict]] = {}
     for r in rows:
         by_sweep.setdefault(r["sweep"], []).append(r)

@@ -20,14 +20,17 @@ def _plt():
 def validation(rows: list[dict], path: pathlib.Path) -> None:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5, 5))
-    for kv in sorted({r["kvstore"] for r in rows}):
-        pts = [r for r in rows if r["kvstore"] == kv]
-        ax.scatter([r["measured_s"] for r in pts], [r["simulated_s"] for r in pts], label=kv, s=14)
+    for i, kv in enumerate(sorted({r["kvstore"] for r in rows})):
+        for split, marker in (("fit", "o"), ("held-out", "x")):
+            pts = [r for r in rows if r["kvstore"] == kv and r.get("split", "held-out") == split]
+            if pts:
+                ax.scatter([r["measured_s"] for r in pts], [r["simulated_s"] for r in pts], marker=marker, s=14,
+                           color=f"C{i}", label=f"{kv} ({split})")
     top = max(max(r["measured_s"], r["simulated_s"]) for r in rows) * 1.1
     for f, style in ((1.0, "-"), (1.1, ":"), (0.9, ":")):
         ax.plot([0.1, top], [0.1 * f, top * f], "k" + style, lw=0.8)
     ax.set(xscale="log", yscale="log", xlabel="measured s/iter (emulated cluster)", ylabel="simulated s/iter",
-           title="simulator vs emulated cluster (dotted: ±10%)")
+           title="simulator vs emulated cluster (dotted: ±10%; o fit, x held out)")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

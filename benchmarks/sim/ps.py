@@ -1,17 +1,16 @@
-"""Parameter-server systems: p3kv, its two ablations, MXNet dist_sync and MXNet's built-in P3, as one model with
-five switches (how keys are cut and placed, send order, the sender's committed window, and whether the server
-answers with the aggregate at once or acks and waits for pull requests).
+"""Parameter-server systems: p3kv, its ablations, MXNet dist_sync and MXNet's built-in P3, as one model with a
+few switches (how keys are cut and placed, send order, the sender's sockets, where the optimizer runs).
 
-A worker runs forward layer 0..n-1 then backward n-1..0 on one serial device (a GPU stream). When layer k's
-backward ends its parts are pushed; layer k's next forward waits until every part of layer k is back. A server
-part is aggregated once all W pushes of it were processed by the server's one consumer thread, then sent to
-every worker (P3's broadcast, and MXNet's pushpull, which answers each worker's ZPushPull request), or, with
-broadcast=False, acknowledged, after which each worker sends a pull request and gets the part (MXNet's separate
-push and pull calls, which none of the benchmarks uses). CPU: a pushed part costs its CPU on the server thread,
-a part coming back costs it on the receiving host's cores, control messages (ack, pull request) cost one
-per-message charge each. The optimizer's update of a part costs `update` once on the server thread, with the
-last push of it (update_on "servers": p3kv, dist_sync), or on every worker's cores when the part comes back
-(update_on "workers": MXNet's P3, whose servers refuse the optimizer).
+A worker runs forward layer 0..n-1 then backward n-1..0 on its virtual GPU (engine.Device). When layer k's
+backward ends its parts are handed to the worker's sender. A part reaching its server is processed by the
+server's one consumer thread (by priority where the system orders it), its CPU served by the server host's
+pool; once all W pushes of a part were processed the server sends the aggregate to every worker (P3's
+broadcast, and MXNet's pushpull, which answers each worker's ZPushPull request). A part coming back is processed
+by the worker's receive thread (its CPU on the worker host's pool). An array whose parts are all back is ready,
+after its update where the workers run the optimizer: on the virtual GPU at its memory traffic (update_on
+"workers-gpu": MXNet's P3 in the runs with GPU-side updates) or on the worker's CPU engine thread (update_on
+"workers-cpu": those runs' predecessors). With update_on "servers" (p3kv, dist_sync) the update is CPU on the
+server thread, with the last push of a part. Layer k's next forward starts once all its arrays are ready.
 """
 
 from __future__ import annotations
@@ -20,11 +19,12 @@ import dataclasses
 import statistics
 
 from benchmarks.sim.cluster import Cluster, CpuCosts
-from benchmarks.sim.engine import CpuPool, EventLoop, Network, Server
+from benchmarks.sim.engine import CpuThread, Device, EventLoop, FairNetwork
 from benchmarks.sim.model import ModelProfile
 
-CONTROL_BYTES = 64  # an ack or pull request: a header and no payload (ps-lite meta, about this size)
 MXNET_BIGARRAY_BOUND = 1_000_000  # MXNET_KVSTORE_BIGARRAY_BOUND's default: larger arrays split over servers
+SGD_ACCESSES = 5  # emulated_compute.SGD_MOMENTUM_ACCESSES: read weight, gradient, momentum; write two
+UPDATE_PLACES = ("servers", "workers-gpu", "workers-cpu")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,12 +33,17 @@ class PSSystem:
     slice_size: int | None = None  # cut every array into slices of at most this many elements, round-robin
     big_array_bound: int | None = None  # MXNet: arrays above it split evenly over all servers, others on one
     priority: bool = False  # sender and server queues by (layer, arrival) instead of arrival
-    broadcast: bool = True  # the server sends the aggregated part at once; else ack + pull request + response
-    window: int = 1  # messages committed to the socket ahead of the sender's priority queue (see engine.Server)
+    window: int | None = 1  # messages a process has in its sockets at once (None: no limit; see engine.Sender)
     split_bound: int | None = None  # without slices: arrays above it cut into one part per server (round-robin)
-    update_on: str = "servers"  # where the optimizer runs: "servers" or "workers"
-    costs: CpuCosts = CpuCosts()
-    update: CpuCosts = CpuCosts()  # the optimizer's CPU per part (zero: the servers only sum)
+    update_on: str = "servers"  # where the optimizer runs: UPDATE_PLACES
+    costs: CpuCosts = CpuCosts()  # a message's CPU where it is received (per message, per payload byte)
+    update: CpuCosts = CpuCosts()  # the optimizer's CPU per part (servers) or array (workers-cpu); zero: none
+    gpu_accesses: int = 0  # workers-gpu: the update's passes over each array on the virtual GPU (0: none)
+    link_costs: CpuCosts = CpuCosts()  # extra receive CPU of the emulated links (veth, bridge, tc), fitted
+
+    def __post_init__(self) -> None:
+        if self.update_on not in UPDATE_PLACES:
+            raise ValueError(f"update_on {self.update_on!r}: one of {', '.join(UPDATE_PLACES)}")
 
     def with_costs(self, costs: CpuCosts, update: CpuCosts | None = None) -> PSSystem:
         return dataclasses.replace(self, costs=costs, update=self.update if update is None else update)
@@ -49,6 +54,7 @@ class Part:
     layer: int
     nbytes: int
     server: int
+    array: int = 0  # index of the array (forward order over the model) the part belongs to
 
 
 def parts_of(model: ModelProfile, system: PSSystem, servers: int) -> list[Part]:
@@ -59,21 +65,21 @@ def parts_of(model: ModelProfile, system: PSSystem, servers: int) -> list[Part]:
             if system.slice_size:
                 for start in range(0, n, system.slice_size):
                     size = min(system.slice_size, n - start)
-                    parts.append(Part(k, size * layer.itemsize, rr % servers))
+                    parts.append(Part(k, size * layer.itemsize, rr % servers, key))
                     rr += 1
             elif system.split_bound is not None and n > system.split_bound:
                 for s in range(servers):  # consecutive keys, so round-robin puts them on different servers
                     size = n // servers + (1 if s < n % servers else 0)
-                    parts.append(Part(k, size * layer.itemsize, rr % servers))
+                    parts.append(Part(k, size * layer.itemsize, rr % servers, key))
                     rr += 1
             elif system.big_array_bound is not None and n > system.big_array_bound:
                 for s in range(servers):  # even split, as MXNet's EncodeDefaultKey
                     size = n // servers + (1 if s < n % servers else 0)
-                    parts.append(Part(k, size * layer.itemsize, s))
+                    parts.append(Part(k, size * layer.itemsize, s, key))
             elif system.big_array_bound is not None:
-                parts.append(Part(k, n * layer.itemsize, (key * 9973) % servers))  # MXNet's small-key placement
+                parts.append(Part(k, n * layer.itemsize, (key * 9973) % servers, key))  # MXNet's small-key placement
             else:
-                parts.append(Part(k, n * layer.itemsize, rr % servers))  # p3kv with one slice per array
+                parts.append(Part(k, n * layer.itemsize, rr % servers, key))  # p3kv with one slice per array
                 rr += 1
             key += 1
     return parts
@@ -86,6 +92,7 @@ class Result:
     unit: str
     forward_done: list[list[float]]  # per worker, the time each iteration's forward completed
     busy: dict | None  # link -> [(start, end, bytes)] when recorded
+    cpu_pct: float = 0.0  # CPU the simulated hosts used, % of one core (all hosts together, the whole run)
 
 
 class PSRun:
@@ -94,67 +101,75 @@ class PSRun:
     def __init__(self, model: ModelProfile, cluster: Cluster, system: PSSystem, iters: int = 4,
                  record: bool = False) -> None:
         self.model, self.cluster, self.system, self.iters = model, cluster, system, iters
-        self.loop = EventLoop()
-        self.net = Network(self.loop, cluster, system.priority, record, system.window)
-        shared = CpuPool(cluster.shared_cores) if cluster.shared_cores else None
-        self.cpu = [shared or CpuPool(cluster.cores) for _ in range(cluster.hosts)]
+        self.loop = loop = EventLoop()
+        self.net = FairNetwork(loop, cluster, record)
+        self.cpus = cluster.cpus(loop)
         W, S = cluster.workers, cluster.servers
         self.parts = parts_of(model, system, S)
         n = len(model.layers)
-        self.layer_parts: list[list[int]] = [[] for _ in range(n)]
-        for i, p in enumerate(self.parts):
-            self.layer_parts[p.layer].append(i)
-        self.nparts = [len(ids) for ids in self.layer_parts]
-        self.threads = [Server(self.loop, self._serve, self._served, system.priority) for _ in range(S)]
-        # Per part, computed once (the hot paths run per message): priority, hosts, CPU of push and reply.
-        costs = system.costs
+        self.array_layer = [k for k, layer in enumerate(model.layers) for _ in layer.arrays]
+        self.array_size = [(e, layer.itemsize) for layer in model.layers for e in layer.arrays]
+        self.layer_arrays = [len(layer.arrays) for layer in model.layers]
+        self.array_parts = [0] * len(self.array_layer)
+        self.first_part = [0] * (n + 1)  # parts are in forward order: layer k's are first_part[k]..[k+1]-1
+        for p in self.parts:
+            self.first_part[p.layer + 1] += 1
+        for k in range(n):
+            self.first_part[k + 1] += self.first_part[k]
+        for p in self.parts:
+            self.array_parts[p.array] += 1
+        costs, link = system.costs, system.link_costs
         self.prio = [p.layer if system.priority else 0 for p in self.parts]
         self.part_host = [cluster.server_host(p.server) for p in self.parts]
-        self.part_thread = [self.threads[p.server] for p in self.parts]
-        self.push_cost = [costs.of(p.nbytes) for p in self.parts]
-        on_servers = system.update_on == "servers"
-        self.update_cost = [system.update.of(p.nbytes) if on_servers else 0.0 for p in self.parts]
-        reply_bytes = [p.nbytes if system.broadcast else CONTROL_BYTES for p in self.parts]
-        self.reply_bytes = reply_bytes
-        self.reply_cost = [costs.of(b) if b > CONTROL_BYTES else costs.per_message for b in reply_bytes]
-        if not on_servers:  # each worker updates the part it got back before its layer may run
-            self.reply_cost = [c + system.update.of(p.nbytes) for c, p in zip(self.reply_cost, self.parts)]
+        self.push_cost = [costs.of(p.nbytes) + link.of(p.nbytes) for p in self.parts]
+        self.reply_cost = list(self.push_cost)
+        self.update_cost = [system.update.of(p.nbytes) if system.update_on == "servers" else 0.0 for p in self.parts]
         self.worker_hosts = [cluster.worker_host(w) for w in range(W)]
+        self.server_threads = [CpuThread(self.cpus[cluster.server_host(s)], self._push_cost, self._pushed,
+                                         system.priority) for s in range(S)]
+        self.receive_threads = [CpuThread(self.cpus[h], self._reply_cost, self._received, False)
+                                for h in self.worker_hosts]
+        self.update_threads = [CpuThread(self.cpus[h], self._array_update_cost, self._updated, False)
+                               for h in self.worker_hosts]
+        self.worker_senders = [self.net.sender(h, system.priority, system.window) for h in self.worker_hosts]
+        self.server_senders = [self.net.sender(cluster.server_host(s), system.priority, system.window)
+                               for s in range(S)]
+        self.devices = [Device(loop, cluster.gpu_slack_s) for _ in range(W)]
         self.pushed = [0] * len(self.parts)
-        self.received = [[0] * n for _ in range(W)]
+        self.got = [[0] * len(self.array_layer) for _ in range(W)]
+        self.ready = [[0] * n for _ in range(W)]
         self.version = [[0] * n for _ in range(W)]
         self.op = [0] * W  # index into this iteration's 2n device ops
         self.iteration = [0] * W
-        self.device_busy = [False] * W
+        self.running = [False] * W  # the worker's own op (a layer) is on its device
         self.forward_done: list[list[float]] = [[] for _ in range(W)]
 
     # --- worker device ---
     def _advance(self, w: int) -> None:
         n = len(self.model.layers)
-        if self.device_busy[w] or self.iteration[w] >= self.iters:
+        if self.running[w] or self.iteration[w] >= self.iters:
             return
         j = self.op[w]
         if j < n:
             if self.version[w][j] < self.iteration[w]:
-                return  # _deliver resumes us when layer j's parameters are back
-            seconds = self.model.layers[j].forward_s
+                return  # _layer_ready resumes us when layer j's parameters are back
+            seconds, waited = self.model.layers[j].forward_s, True
         else:
-            seconds = self.model.layers[2 * n - 1 - j].backward_s
-        self.device_busy[w] = True
-        self.loop.at(self.loop.now + seconds, self._op_done, w)
+            seconds, waited = self.model.layers[2 * n - 1 - j].backward_s, False
+        self.running[w] = True
+        self.devices[w].submit(seconds, waited, self._op_done, w)
 
     def _op_done(self, w: int) -> None:
         n = len(self.model.layers)
         j = self.op[w]
-        self.device_busy[w] = False
+        self.running[w] = False
         if j == n - 1:
             self.forward_done[w].append(self.loop.now)
         if j >= n:
             k = 2 * n - 1 - j
-            src = self.worker_hosts[w]
-            send, prio, host, at_server = self.net.send, self.prio, self.part_host, self._at_server
-            for i in self.layer_parts[k]:
-                send(src, host[i], self.parts[i].nbytes, prio[i], at_server, ("push", i, w))
+            sender, prio, host, parts = self.worker_senders[w], self.prio, self.part_host, self.parts
+            for i in range(self.first_part[k], self.first_part[k + 1]):
+                sender.put(prio[i], host[i], parts[i].nbytes, self._at_server, i, w)
         self.op[w] = j + 1
         if self.op[w] == 2 * n:
             self.op[w] = 0
@@ -162,59 +177,56 @@ class PSRun:
         self._advance(w)
 
     # --- server ---
-    def _at_server(self, t: float, job) -> None:
-        i = job[1]
-        self.part_thread[i].put(self.prio[i], job)
+    def _at_server(self, t: float, i: int, w: int) -> None:
+        self.server_threads[self.parts[i].server].put(self.prio[i], i)
 
-    def _serve(self, job, now: float) -> float:
-        kind, i, _ = job
-        if kind == "push":  # the last push of a part completes its aggregate: the update runs with it
-            cost = self.push_cost[i] + (self.update_cost[i] if self.pushed[i] == self.cluster.workers - 1 else 0.0)
-        else:
-            cost = self.system.costs.per_message
-        if cost <= 0:
-            return 0.0
-        return self.cpu[self.part_host[i]].acquire(now, cost) - now
+    def _push_cost(self, i: int) -> float:
+        last = self.pushed[i] == self.cluster.workers - 1  # the last push completes the aggregate: update with it
+        return self.push_cost[i] + (self.update_cost[i] if last else 0.0)
 
-    def _served(self, job, now: float) -> None:
-        kind, i, w = job
-        src = self.part_host[i]
-        if kind == "pull":
-            self._reply(src, i, w, self.parts[i].nbytes, self._deliver)
-            return
+    def _pushed(self, i: int) -> None:
         self.pushed[i] += 1
         if self.pushed[i] < self.cluster.workers:
             return
         self.pushed[i] = 0
-        nbytes, then = self.reply_bytes[i], (self._deliver if self.system.broadcast else self._acked)
-        for v in range(self.cluster.workers):
-            self._reply(src, i, v, nbytes, then)
-
-    def _reply(self, src: int, i: int, w: int, nbytes: int, then) -> None:
-        if nbytes == self.reply_bytes[i]:
-            cost = self.reply_cost[i]
-        else:
-            cost = self.system.costs.of(nbytes) if nbytes > CONTROL_BYTES else self.system.costs.per_message
-        dst = self.worker_hosts[w]
-        self.net.send(src, dst, nbytes, self.prio[i], self._arrived, dst, cost, then, i, w)
-
-    def _arrived(self, t: float, dst: int, cost: float, then, i: int, w: int) -> None:
-        end = self.cpu[dst].acquire(t, cost) if cost > 0 else t
-        if end > t:
-            self.loop.at(end, then, i, w)
-        else:
-            then(i, w)
+        sender = self.server_senders[self.parts[i].server]
+        for v, host in enumerate(self.worker_hosts):
+            sender.put(self.prio[i], host, self.parts[i].nbytes, self._at_worker, i, v)
 
     # --- worker receive ---
-    def _acked(self, i: int, w: int) -> None:
-        self.net.send(self.worker_hosts[w], self.part_host[i], CONTROL_BYTES, self.prio[i], self._at_server,
-                      ("pull", i, w))
+    def _at_worker(self, t: float, i: int, w: int) -> None:
+        self.receive_threads[w].put(0, (i, w))
 
-    def _deliver(self, i: int, w: int) -> None:
-        k = self.parts[i].layer
-        self.received[w][k] += 1
-        if self.received[w][k] == self.nparts[k]:
-            self.received[w][k] = 0
+    def _reply_cost(self, job) -> float:
+        return self.reply_cost[job[0]]
+
+    def _received(self, job) -> None:
+        i, w = job
+        a = self.parts[i].array
+        self.got[w][a] += 1
+        if self.got[w][a] < self.array_parts[a]:
+            return
+        self.got[w][a] = 0
+        system = self.system
+        if system.update_on == "workers-gpu" and system.gpu_accesses:
+            elements, itemsize = self.array_size[a]
+            self.devices[w].submit(self.model.memory_seconds(elements, itemsize, system.gpu_accesses), True,
+                                   self._updated, (w, a))
+        elif system.update_on == "workers-cpu":
+            self.update_threads[w].put(0, (w, a))
+        else:
+            self._updated((w, a))
+
+    def _array_update_cost(self, job) -> float:
+        elements, itemsize = self.array_size[job[1]]
+        return self.system.update.of(elements * itemsize)
+
+    def _updated(self, job) -> None:
+        w, a = job
+        k = self.array_layer[a]
+        self.ready[w][k] += 1
+        if self.ready[w][k] == self.layer_arrays[k]:
+            self.ready[w][k] = 0
             self.version[w][k] += 1
             if self.op[w] == k:
                 self._advance(w)
@@ -223,10 +235,14 @@ class PSRun:
         for w in range(self.cluster.workers):
             self.loop.at(0.0, self._advance, w)
         self.loop.run()
-        return summarise(self.forward_done, self.model, self.cluster.workers, self.net.busy)
+        end = self.loop.now
+        used = sum(c.busy_core_s for c in {id(c): c for c in self.cpus}.values())
+        return summarise(self.forward_done, self.model, self.cluster.workers, self.net.busy,
+                         100 * used / end if end else 0.0)
 
 
-def summarise(forward_done: list[list[float]], model: ModelProfile, workers: int, busy) -> Result:
+def summarise(forward_done: list[list[float]], model: ModelProfile, workers: int, busy, cpu_pct: float = 0.0
+              ) -> Result:
     """Iteration time: the mean interval between forward completions after the first (warm-up) iteration,
     median over workers (cluster_bench's rule, with fewer iterations)."""
     per_worker = []
@@ -234,10 +250,10 @@ def summarise(forward_done: list[list[float]], model: ModelProfile, workers: int
         steady = times[1:] if len(times) > 2 else times
         per_worker.append((steady[-1] - steady[0]) / (len(steady) - 1) if len(steady) > 1 else steady[0])
     t = statistics.median(per_worker)
-    return Result(t, workers * model.samples_per_batch / t, model.unit, forward_done, busy)
+    return Result(t, workers * model.samples_per_batch / t, model.unit, forward_done, busy, cpu_pct)
 
 
-# The systems under test. Costs are attached by costs.py (measured constants).
+# The systems under test. Costs are attached by costs.py (measured constants), settings by settings.py.
 P3KV = PSSystem("p3", slice_size=50_000, priority=True)
 SLICING_ONLY = PSSystem("p3-slicing-only", slice_size=50_000, priority=False)
 PRIORITY_ONLY = PSSystem("p3-priority-only", slice_size=None, priority=True)
@@ -246,11 +262,11 @@ PRIORITY_ONLY = PSSystem("p3-priority-only", slice_size=None, priority=True)
 PRIORITY_SPLIT = PSSystem("p3-priority-split", slice_size=None, priority=True, split_bound=MXNET_BIGARRAY_BOUND)
 # MXNet 1.9's kv.pushpull is one ps-lite ZPushPull request per part (kvstore_dist.h PushPullDefault; P3StoreDist
 # one per slice): the server answers every worker's request with the aggregate as soon as it has all of them, so
-# no ack and no pull round trip: the same traffic as P3's broadcast. What the benchmarks run (cluster_worker.py,
-# kvstore_bench.py) is pushpull; with an optimizer, MXNet's servers update each part (update_on "servers").
-DIST_SYNC = PSSystem("dist_sync", big_array_bound=MXNET_BIGARRAY_BOUND, priority=False, broadcast=True)
-# MXNet's P3 van: a priority queue and a send thread in front of a ZMQ socket with DMLC_PS_WATER_MARK=10.
-MXNET_P3 = PSSystem("mxnet-p3", slice_size=40_000, priority=True, broadcast=True, window=10, update_on="workers")
+# no ack and no pull round trip: the same traffic as P3's broadcast. ZMQ: a socket per peer, no send limit.
+DIST_SYNC = PSSystem("dist_sync", big_array_bound=MXNET_BIGARRAY_BOUND, priority=False, window=None)
+# MXNet's P3 van: a priority queue and a send thread in front of ZMQ sockets with DMLC_PS_WATER_MARK=10.
+MXNET_P3 = PSSystem("mxnet-p3", slice_size=40_000, priority=True, window=10, update_on="workers-gpu",
+                    gpu_accesses=SGD_ACCESSES)
 SYSTEMS = {s.name: s for s in (P3KV, SLICING_ONLY, PRIORITY_ONLY, PRIORITY_SPLIT, DIST_SYNC, MXNET_P3)}
 
 

@@ -2,21 +2,25 @@
 
     python -m benchmarks.sim.run all          # fit, validate, paper-scale sweeps, past the paper
     python -m benchmarks.sim.run validate     # or: fit, bandwidth, scale, slice, future, utilisation
+    python -m benchmarks.sim.run fit --refit  # fit again even if results/sim_fit.json matches its inputs
 
-Writes benchmarks/results/sim_*.{csv,png} and prints a summary.
+Writes benchmarks/results/sim_*.{csv,png,json} and prints a summary. The fitted constants are kept in
+results/sim_fit.json with a hash of their inputs (the loopback CSVs, the fit points, the simulator's source) and
+refitted only when those change.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import logging
 import sys
 import time
 
 from benchmarks.sim import costs as costs_lib
 from benchmarks.sim import model as model_lib
 from benchmarks.sim import paper, plots, validate
-from benchmarks.sim.cluster import Cluster, CpuCosts
+from benchmarks.sim.cluster import Cluster
 from benchmarks.sim.ps import SYSTEMS, simulate
 
 RESULTS = costs_lib.RESULTS
@@ -43,7 +47,7 @@ def run_utilisation() -> None:
     cluster = Cluster(4, 10e9, latency_s=paper.LATENCY_S)
     series, rows = {}, []
     for name in ("dist_sync", "p3"):
-        result = simulate(profile, cluster, SYSTEMS[name].with_costs(CpuCosts()), iters=3, record=True)
+        result = simulate(profile, cluster, SYSTEMS[name], iters=3, record=True)
         end = max(max(t) for t in result.forward_done)
         pts = utilisation_series(result.busy, 0, 0.005, end)
         series[f"{name}: {result.iteration_s:.3f} s/iter"] = pts
@@ -60,18 +64,27 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", choices=("all", "fit", "validate", "bandwidth", "scale", "slice", "future",
                                     "utilisation"))
+    p.add_argument("--refit", action="store_true", help="fit the constants again even if results/sim_fit.json "
+                   "was fitted on the same inputs")
     args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     start = time.perf_counter()
+    loopback = None
     if args.what in ("all", "fit", "validate"):
-        found = costs_lib.fitted()
-        for kv, c in found.transport.items():
-            u = found.update[kv]
+        points, selection = validate.measured_points()
+        found = validate.constants(points, args.refit)
+        loopback = found.loopback
+        for kv, c in loopback.transport.items():
+            u = loopback.update[kv]
             print(f"fitted CPU costs {kv}: {c.per_message * 1e6:.1f} us/message, {c.per_byte * 1e9:.3f} ns/byte; "
                   f"update {u.per_message * 1e6:.1f} us/part, {u.per_byte * 1e9:.3f} ns/byte")
-        h = found.horovod
+        h = loopback.horovod
         print(f"fitted CPU costs horovod: {h.cpu.per_message * 1e6:.1f} us/tensor, {h.cpu.per_byte * 1e9:.3f} "
               f"ns/byte; update (MXNet P3's) {h.update.per_message * 1e6:.1f} us/tensor, "
               f"{h.update.per_byte * 1e9:.3f} ns/byte")
+        print("emulated links' extra CPU (fit split only): " + ", ".join(
+            f"{kv} {v * 1e9:.3f} ns/byte" for kv, v in found.links.items()))
+        print(f"validation rows: {selection}")
     if args.what in ("all", "validate"):
         rows = validate.run()
         plots.validation(rows, RESULTS / "sim_validation.png")
@@ -79,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     sweeps = {"bandwidth": ("gbps", "link Gbps (4 machines)"), "scale": ("hosts", "machines (10 Gbps)")}
     # One pool for all four sweeps (slowest points first), so neither core idles between sweeps.
     names = [n for n in ("bandwidth", "scale", "slice", "future") if args.what in ("all", n)]
-    all_rows = paper.run(args.what if len(names) == 1 else "all") if names else []
+    all_rows = paper.run(args.what if len(names) == 1 else "all", loopback=loopback) if names else []
     for name in names:
         rows = [r for r in all_rows if r["sweep"] == name]
         if name in sweeps:

@@ -1,0 +1,153 @@
+"""The simulator's resource models against hand-worked answers: processor sharing of a host's CPU quota, fair
+sharing of each link direction, the virtual GPU's chaining rule. Fast: no measurements are read."""
+
+import pytest
+
+from benchmarks.sim import model
+from benchmarks.sim.cluster import Cluster, CpuCosts
+from benchmarks.sim.engine import CpuThread, Device, EventLoop, FairNetwork, SharedCpu
+from benchmarks.sim.ps import P3KV, simulate
+
+pytestmark = pytest.mark.unit
+
+
+def finish_times(cores, jobs):
+    """jobs: [(arrival, cost)] on one SharedCpu -> each job's end."""
+    loop = EventLoop()
+    cpu = SharedCpu(loop, cores)
+    ends = [None] * len(jobs)
+
+    def done(i):
+        ends[i] = loop.now
+
+    for i, (arrival, cost) in enumerate(jobs):
+        loop.at(arrival, cpu.run, cost, done, i)
+    loop.run()
+    return ends
+
+
+def test_two_equal_jobs_on_one_core_share_it_and_end_together():
+    assert finish_times(1.0, [(0.0, 1.0), (0.0, 1.0)]) == pytest.approx([2.0, 2.0])  # not 1 and 2 (FCFS)
+
+
+def test_processor_sharing_with_a_late_arrival():
+    # A alone for 0.5 s (0.5 done), then both at half a core: A's last 0.5 takes 1 s (ends 1.5), B has 0.5 done
+    # by then and runs alone for its last 0.5 (ends 2.0).
+    assert finish_times(1.0, [(0.0, 1.0), (0.5, 1.0)]) == pytest.approx([1.5, 2.0])
+
+
+def test_short_and_long_jobs_leave_in_order_of_size():
+    # 1 s and 2 s at once on one core: both at 0.5 until the short one ends (t = 2), then the long one alone.
+    assert finish_times(1.0, [(0.0, 2.0), (0.0, 1.0)]) == pytest.approx([3.0, 2.0])
+
+
+def test_a_quota_above_one_core_serves_each_thread_at_most_one_core():
+    assert finish_times(2.0, [(0.0, 1.0)]) == pytest.approx([1.0])  # one thread: one core, not two
+    assert finish_times(2.0, [(0.0, 1.0)] * 3) == pytest.approx([1.5] * 3)  # three threads: 2/3 core each
+    assert finish_times(0.4, [(0.0, 1.0)]) == pytest.approx([2.5])  # a 0.4-core quota: 1 core-second in 2.5 s
+
+
+def test_a_thread_serves_its_jobs_one_at_a_time_and_shares_the_host_with_other_threads():
+    loop = EventLoop()
+    cpu = SharedCpu(loop, 1.0)
+    ends = {}
+    one = CpuThread(cpu, lambda job: job[1], lambda job: ends.__setitem__(job[0], loop.now), False)
+    other = CpuThread(cpu, lambda job: job[1], lambda job: ends.__setitem__(job[0], loop.now), False)
+    loop.at(0.0, one.put, 0, ("a", 1.0))
+    loop.at(0.0, one.put, 0, ("b", 1.0))
+    loop.at(0.0, other.put, 0, ("c", 1.0))
+    loop.run()
+    # a and c share the core (end at 2); then b runs alone (ends at 3).
+    assert ends == pytest.approx({"a": 2.0, "c": 2.0, "b": 3.0})
+
+
+def test_quotas_are_per_host_and_a_shared_machine_is_not():
+    # One server thread per host with 1 core-second of work each: a quota of 1 core per host serves both in 1 s;
+    # 1 core shared by both hosts takes 2 s.
+    m = model.synthetic([(0.0, 0.0, 1_000_000)])
+    system = P3KV.with_costs(CpuCosts(per_message=0.5))  # push 0.5 s on the server, reply 0.5 s on the worker
+    layout = dict(layout="colocated", wire_overhead=1.0)
+    per_host = simulate(m, Cluster(2, None, cores=1.0, **layout), system).iteration_s
+    shared = simulate(m, Cluster(2, None, shared_cores=1.0, **layout), system).iteration_s
+    assert shared > per_host * 1.3
+
+
+def arrivals(messages, rate_bps=8e9, hosts=3, window=1, prioritised=False):
+    """messages: [(sender host, dst, bytes, send time)], each from its own process -> arrival times."""
+    loop = EventLoop()
+    net = FairNetwork(loop, Cluster(hosts, rate_bps, wire_overhead=1.0))
+    got = [None] * len(messages)
+
+    def arrived(t, i):
+        got[i] = t
+
+    for i, (src, dst, nbytes, at) in enumerate(messages):
+        sender = net.sender(src, prioritised, window)
+        loop.at(at, sender.put, 0, dst, nbytes, arrived, i)
+    loop.run()
+    return got
+
+
+def test_two_flows_into_one_receiver_share_its_link():
+    # 1 GB/s links: two 1 MB messages into host 2 at once each get half: both arrive at 2 ms (not 1 and 2 ms).
+    assert arrivals([(0, 2, 1e6, 0.0), (1, 2, 1e6, 0.0)]) == pytest.approx([2e-3, 2e-3])
+    # 1 MB and 2 MB: half each until the first ends (2 ms), then the second alone (1 MB more: 3 ms).
+    assert arrivals([(0, 2, 1e6, 0.0), (1, 2, 2e6, 0.0)]) == pytest.approx([2e-3, 3e-3])
+
+
+def test_a_sender_is_not_held_back_by_a_receiver_others_keep_busy():
+    # Host 0 sends 1 MB to host 2, then 1 MB to host 3 (one message at a time); host 1 also sends 1 MB to host 2.
+    # Host 2's link is shared (both its messages arrive at 2 ms), but host 0's first message left at its own
+    # link's rate (the tbf queue in front of host 2 holds it), so its second one starts at 1 ms and is at host 3
+    # at 2 ms (end-to-end max-min would give 3 ms).
+    loop = EventLoop()
+    net = FairNetwork(loop, Cluster(4, 8e9, wire_overhead=1.0))
+    got = {}
+    record = lambda t, name: got.__setitem__(name, t)  # noqa: E731
+    p3 = net.sender(0, prioritised=True, window=1)
+    other = net.sender(1, prioritised=True, window=1)
+    loop.at(0.0, p3.put, 0, 2, 1e6, record, "0->2")
+    loop.at(0.0, p3.put, 1, 3, 1e6, record, "0->3")
+    loop.at(0.0, other.put, 0, 2, 1e6, record, "1->2")
+    loop.run()
+    assert got == pytest.approx({"0->2": 2e-3, "1->2": 2e-3, "0->3": 2e-3})
+
+
+def test_one_sender_with_sockets_to_two_receivers_shares_its_egress():
+    loop = EventLoop()
+    net = FairNetwork(loop, Cluster(3, 8e9, wire_overhead=1.0))
+    got = {}
+    zmq = net.sender(0, prioritised=False, window=None)  # a socket per destination, all sending at once
+    for dst in (1, 2):
+        loop.at(0.0, zmq.put, 0, dst, 1e6, lambda t, d: got.__setitem__(d, t), dst)
+    loop.run()
+    assert got == pytest.approx({1: 2e-3, 2: 2e-3})
+
+
+def test_a_priority_sender_puts_one_message_at_a_time_in_priority_order():
+    loop = EventLoop()
+    net = FairNetwork(loop, Cluster(3, 8e9, wire_overhead=1.0))
+    got = {}
+    p3 = net.sender(0, prioritised=True, window=1)
+    record = lambda t, name: got.__setitem__(name, t)  # noqa: E731
+    loop.at(0.0, p3.put, 5, 1, 1e6, record, "first")  # on the wire at once
+    loop.at(0.0, p3.put, 9, 2, 1e6, record, "late")
+    loop.at(0.0, p3.put, 1, 2, 1e6, record, "urgent")  # overtakes "late", not the one on the wire
+    loop.run()
+    assert got == pytest.approx({"first": 1e-3, "urgent": 2e-3, "late": 3e-3})
+
+
+def test_the_virtual_gpu_chains_operations_and_forgives_only_within_its_slack():
+    def run(slack, ready_at):
+        loop = EventLoop()
+        device = Device(loop, slack)
+        ends = []
+        loop.at(0.0, device.submit, 1.0, False, lambda: ends.append(loop.now))
+        loop.at(ready_at, device.submit, 1.0, True, lambda: ends.append(loop.now))
+        loop.run()
+        return ends
+
+    assert run(0.0, 0.5) == pytest.approx([1.0, 2.0])  # ready while busy: starts where the first ended
+    assert run(0.0, 1.0005) == pytest.approx([1.0, 2.0005])  # ready after: its wait is device time lost
+    assert run(1e-3, 1.0005) == pytest.approx([1.0, 2.0])  # the old 1 ms slack forgave that gap
+    assert run(1e-3, 1.5) == pytest.approx([1.0, 2.5])  # not a longer one

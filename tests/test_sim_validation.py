@@ -1,0 +1,125 @@
+"""The simulator's held-out validation: which rows it uses, the fit/held-out split (the fit never sees a held-out
+point), the CSV's columns and notes, and the report text generated from them. No simulation of real models."""
+
+import csv
+import json
+
+import pytest
+
+from benchmarks.report.sim_blocks import sim_validation_block
+from benchmarks.sim import validate
+
+pytestmark = pytest.mark.unit
+
+RUN_COLUMNS = ["status", "smoke", "compute", "iter_s", "model", "kvstore", "hosts", "layout", "bandwidth_bps",
+               "gpu", "gpu_scale", "efficiency_factor", "slice_size", "batch_size", "optimizer", "samples_per_batch",
+               "workers", "unit", "bandwidth", "p100_equiv_gbps", "cpus", "update_on", "cpu_total_pct"]
+
+
+def run_row(model="resnet50_v1", kvstore="p3", times=(1.0, 1.0), **extra):
+    row = {"status": "ok", "smoke": "False", "compute": "emulated", "iter_s": json.dumps(list(times)),
+           "model": model, "kvstore": kvstore, "hosts": "4", "layout": "colocated", "bandwidth_bps": "2e9",
+           "gpu": "p100", "gpu_scale": "0.2", "efficiency_factor": "1.0", "slice_size": "", "batch_size": "32",
+           "optimizer": "sgd", "samples_per_batch": "32", "workers": "4", "unit": "images", "bandwidth": "2gbit",
+           "p100_equiv_gbps": "10", "cpus": "2", "update_on": "servers", "cpu_total_pct": "150"}
+    row.update(extra)
+    return row
+
+
+def write(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, columns)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def test_the_split_fits_on_resnet50_and_vgg19_of_the_bandwidth_sweep_only():
+    assert validate.split_of({"source": "sweeps/bandwidth.csv", "model": "vgg19"}) == "fit"
+    assert validate.split_of({"source": "sweeps/bandwidth.csv", "model": "resnet50_v1"}) == "fit"
+    for source, model in (("sweeps/bandwidth.csv", "inceptionv3"), ("sweeps/bandwidth.csv", "sockeye"),
+                          ("sweeps/scale.csv", "vgg19"), ("sweeps/slice.csv", "resnet50_v1"),
+                          ("demo_cpu_limited/demo.csv", "resnet50_v1")):
+        assert validate.split_of({"source": source, "model": model}) == "held-out"
+
+
+def test_the_link_fit_never_simulates_a_held_out_point():
+    seen = []
+
+    def fake(points, constants):
+        seen.extend(points)
+        # A model whose bias is (link cost - 3 ns) for p3: the fit must find 3 ns from the fit points alone.
+        ns = constants.links.get("p3", 0.0) * 1e9
+        return [(p["median_s"] * (1 + 0.01 * (ns - 3.0)), 0.0) for p in points]
+
+    fit = {"split": "fit", "kvstore": "p3", "median_s": 1.0}
+    held = {"split": "held-out", "kvstore": "p3", "median_s": 1e9}  # absurd: would wreck a fit that used it
+    links = validate.fit_links([fit, held, dict(fit, kvstore="p3-slicing-only")], loopback=None, simulate_many=fake)
+    assert seen and all(p["split"] == "fit" for p in seen)
+    assert links["p3"] == pytest.approx(3e-9, abs=0.2e-9)
+    assert links["horovod"] == 0.0  # no fit point of its own: nothing fitted
+
+
+def test_faithful_rows_are_used_alone_when_there_are_any(tmp_path):
+    write(tmp_path / "sweeps" / "bandwidth.csv", [run_row(), run_row(model="vgg19")])
+    points, selection = validate.measured_points(tmp_path)
+    assert selection == validate.NO_FAITHFUL and len(points) == 2
+    assert {p["fidelity"] for p in points} == {validate.UNJUDGED}
+    write(tmp_path / "demo_cpu_limited" / "demo.csv",
+          [run_row(faithful="False", cpu_quota_cores="0.4"), run_row(faithful="True", cpu_quota_cores="0.4",
+                                                                      times=(2.0, 2.0))])
+    points, selection = validate.measured_points(tmp_path)
+    assert selection == validate.ONLY_FAITHFUL
+    assert [(p["fidelity"], p["median_s"], p["split"]) for p in points] == [(validate.FAITHFUL, 2.0, "held-out")]
+    assert validate.cluster_of(points[0]).cores == pytest.approx(0.4)  # each host's quota, not a shared machine
+    assert validate.cluster_of(points[0]).shared_cores is None
+
+
+def test_rows_pool_every_ranks_iterations_and_measure_their_spread(tmp_path):
+    write(tmp_path / "sweeps" / "scale.csv",
+          [run_row(times=(9.0,), rank_iter_s=json.dumps([[1.0, 1.0], [1.0, 1.0]])),
+           run_row(times=(9.0,), rank_iter_s=json.dumps([[1.5, 1.5], [1.5, 1.5]]))])
+    points, _ = validate.measured_points(tmp_path)
+    assert len(points) == 1 and points[0]["runs"] == 2
+    assert points[0]["median_s"] == pytest.approx(1.25) and points[0]["run_spread"] == pytest.approx(0.5)
+
+
+def test_the_csv_has_its_columns_and_a_measured_note_for_every_miss(tmp_path):
+    write(tmp_path / "sweeps" / "bandwidth.csv", [run_row(), run_row(model="inceptionv3", cpu_total_pct="190")])
+    points, _ = validate.measured_points(tmp_path)
+    rows = validate.rows_of(points, [(1.02, 140.0) if p["model"] == "resnet50_v1" else (0.7, 120.0) for p in points])
+    assert all(list(r) == list(validate.COLUMNS) for r in rows)
+    by_model = {r["model"]: r for r in rows}
+    assert by_model["resnet50_v1"]["split"] == "fit" and by_model["resnet50_v1"]["note"] == ""
+    miss = by_model["inceptionv3"]
+    assert miss["split"] == "held-out" and miss["rel_error"] == pytest.approx(-0.3)
+    assert "190% CPU" in miss["note"] and "120%" in miss["note"]
+    assert miss["fidelity"] == validate.UNJUDGED and "predating" in miss["selection"]
+    assert miss["cpu"] == "shared 2 cores" and miss["vgpu"] == "1 ms forgiven"
+
+
+def test_a_miss_without_a_measured_cause_says_so():
+    point = {"run_spread": 0.0, "cpu_total_pct": 100.0, "tcp_retrans": 0.0, "throttled_pct": 0.0,
+             "vgpu_late_us": 0.0}
+    assert validate.note(point, 0.2, 100.0) == "no measured cause found"
+    assert validate.note(point, 0.05, 100.0) == ""
+    loss = dict(point, tcp_retrans=1200.0, throttled_pct=30.0)
+    assert "1200 TCP retransmits" in validate.note(loss, -0.2, 100.0)
+    assert "throttled 30%" in validate.note(loss, -0.2, 100.0)
+
+
+def test_the_report_text_comes_from_the_csv(tmp_path):
+    rows = [{**{c: "" for c in validate.COLUMNS}, "source": "sweeps/bandwidth.csv", "split": split,
+             "fidelity": validate.UNJUDGED, "selection": validate.NO_FAITHFUL, "model": model, "kvstore": "p3",
+             "hosts": "4", "bandwidth": "2gbit", "rel_error": str(error), "note": note}
+            for split, model, error, note in (("fit", "vgg19", 0.01, ""), ("held-out", "sockeye", -0.2,
+                                                                          "no measured cause found"),
+                                              ("held-out", "inceptionv3", 0.02, ""))]
+    write(tmp_path / "sim_validation.csv", rows)
+    text = sim_validation_block(tmp_path)
+    assert "| fit | p3kv | 1 | 1 | +1.0% |" in text
+    assert "| held-out | p3kv | 2 | 1 | -9.0% |" in text
+    assert "1 of 2 points (50%) within 10%" in text and "is not met" in text
+    assert "predate the faithful emulation" in text
+    assert "none of these was measured at 1" in text
