@@ -55,14 +55,5 @@ class Cluster:
     def server_host(self, s: int) -> int:
         return s if self.layout == "colocated" else self.workers + s
 
-    def cpus(self, loop) -> list:
-        """One engine.SharedCpu per host (the same object for every host when they share a machine's cores)."""
-        from benchmarks.sim.engine import SharedCpu
-
-        if self.shared_cores:
-            shared = SharedCpu(loop, self.shared_cores)
-            return [shared] * self.hosts
-        return [SharedCpu(loop, self.cores) for _ in range(self.hosts)]
-
     def seconds_on_wire(self, nbytes: float) -> float:
         return 0.0 if self.rate_bps is None else nbytes * self.wire_overhead * 8 / self.rate_bps

@@ -109,6 +109,15 @@ class SharedCpu:
             done(*args)
 
 
+
+def host_cpus(cluster: Cluster, loop: EventLoop) -> list[SharedCpu]:
+    """One SharedCpu per host of `cluster` (the same object for every host when they share a machine's cores)."""
+    if cluster.shared_cores:
+        shared = SharedCpu(loop, cluster.shared_cores)
+        return [shared] * cluster.hosts
+    return [SharedCpu(loop, cluster.cores) for _ in range(cluster.hosts)]
+
+
 class CpuThread:
     """One thread serving its jobs one at a time on a SharedCpu, by (priority, arrival) or by arrival;
     non-preemptive. cost(job) is asked when the job starts (it may depend on the jobs served before it),

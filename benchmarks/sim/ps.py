@@ -19,7 +19,7 @@ import dataclasses
 import statistics
 
 from benchmarks.sim.cluster import Cluster, CpuCosts
-from benchmarks.sim.engine import CpuThread, Device, EventLoop, FairNetwork
+from benchmarks.sim.engine import CpuThread, Device, EventLoop, FairNetwork, host_cpus
 from benchmarks.sim.model import ModelProfile
 
 MXNET_BIGARRAY_BOUND = 1_000_000  # MXNET_KVSTORE_BIGARRAY_BOUND's default: larger arrays split over servers
@@ -103,7 +103,7 @@ class PSRun:
         self.model, self.cluster, self.system, self.iters = model, cluster, system, iters
         self.loop = loop = EventLoop()
         self.net = FairNetwork(loop, cluster, record)
-        self.cpus = cluster.cpus(loop)
+        self.cpus = host_cpus(cluster, loop)
         W, S = cluster.workers, cluster.servers
         self.parts = parts_of(model, system, S)
         n = len(model.layers)
