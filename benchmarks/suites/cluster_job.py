@@ -279,7 +279,8 @@ def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: 
     files = sorted(scratch.glob(f"{name}.rank*.json"))
     results = [json.loads(p.read_text()) for p in files]
     every = [t for r in results for t in r.get("iter_s") or []]
-    row.update(monitors.finish(results, files, wall, statistics.median(every) if every else None))
+    row.update(monitors.finish(results, files, wall, statistics.median(every) if every else None,
+                               point.gpu_scale if point.compute == "emulated" else 1.0))
     # MXNet's ps-lite servers sometimes hang at shutdown after every worker reported (more often under load):
     # the measurement is complete, so a baseline's row keeps it, with the exit code. p3kv gets no such pass.
     baseline_hang = exit_code != 0 and len(results) == point.workers and launcher_kvstore != "p3"
