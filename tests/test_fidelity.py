@@ -98,6 +98,16 @@ def test_the_virtual_gpu_late_or_forgiving_too_much_fails_and_absent_is_not_meas
     assert absent.faithful and absent.notes == ("vgpu: not measured",)
 
 
+def test_the_late_limit_is_in_the_gpus_own_time_so_it_grows_with_dilation():
+    # At gpu_scale 0.1 every emulated duration takes 10x as long in real time: 9 ms of real lateness is 0.9 ms
+    # of GPU time, the same share of an iteration as 0.9 ms undilated.
+    assert _judge(ranks=[{"vgpu_late_max_us": 9000.0}], gpu_scale=0.1).faithful
+    late = _judge(ranks=[{"vgpu_late_max_us": 11000.0}], gpu_scale=0.1)
+    assert not late.faithful
+    assert "11000 us late (limit 10000 us: 1000 us of GPU time at gpu_scale 0.1)" in late.text()
+    assert not _judge(ranks=[{"vgpu_late_max_us": 1100.0}]).faithful  # undilated: 1 ms
+
+
 def test_drops_and_retransmissions_are_flagged_never_failed():
     verdict = _judge(net=[HostNet(3, 4, 20, 1000), HostNet(0, 0, 0, 1000)])
     assert verdict.faithful

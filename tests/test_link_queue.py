@@ -27,6 +27,12 @@ def test_the_runner_takes_the_queue_and_refuses_a_bad_one(capsys):
     args = cluster_bench.parse_args(["--link-queue-ms", "5", "--kvstore", "p3", "dist_sync"])
     assert {p.link_queue_ms for p in cluster_bench.points_from_args(args)} == {5.0}
     assert cluster_bench.parse_args([]).link_queue_ms == emulated_cluster.DEFAULT_QUEUE_MS
+    # The queue is dilated like every duration: at gpu_scale 0.1 tc holds 10x the real time, the same bytes as the
+    # P100-equivalent link's queue; real compute is not dilated.
+    point = cluster_bench.Point(model="resnet50_v1", kvstore="p3", hosts=2, bandwidth="400mbit", compute="emulated",
+                                gpu_scale=0.1, link_queue_ms=50.0)
+    assert point.link_queue_real_ms == pytest.approx(500.0)
+    assert dataclasses.replace(point, compute="real").link_queue_real_ms == 50.0
     with pytest.raises(SystemExit):
         cluster_bench.parse_args(["--link-queue-ms", "0"])
     assert "--link-queue-ms must be positive" in capsys.readouterr().err

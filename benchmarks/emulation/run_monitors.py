@@ -75,8 +75,9 @@ class RunMonitors:
             return None
 
     def finish(self, results: Sequence[dict], result_files: Sequence[pathlib.Path], wall_s: float,
-               median_iter_s: float | None) -> dict:
-        """The columns (COLUMNS) of the run whose workers reported `results` into `result_files`."""
+               median_iter_s: float | None, gpu_scale: float = 1.0) -> dict:
+        """The columns (COLUMNS) of the run whose workers reported `results` into `result_files`, its emulated
+        compute dilated by `gpu_scale`."""
         samples = self._sampler.stop() if self._sampler is not None else []
         link_series = self._links.stop() if self._links is not None else None
         net_after = self._net()
@@ -130,6 +131,6 @@ class RunMonitors:
         headroom = cpus - self._cluster.hosts * self.quota if limited and self.quota else None
         verdict = fidelity.judge(cpu_window=window, window_s=window_s, limited=limited, ranks=results,
                                  median_iter_s=median_iter_s, net=net, sampling_cpu_s=sampling, wall_s=wall_s,
-                                 headroom_cores=headroom, links=links)
+                                 headroom_cores=headroom, links=links, gpu_scale=gpu_scale)
         row.update(faithful=verdict.faithful, fidelity_notes=verdict.text())
         return row

@@ -144,9 +144,9 @@ def run_points(points: Sequence[Point], csv_path: pathlib.Path, conditions: Cond
                     cluster = emulated_cluster.EmulatedCluster(point.hosts, point.bandwidth,
                                                                cpu_groups=limited is not False,
                                                                threaded_rx=point.link_rx == "napi",
-                                                               queue_ms=point.link_queue_ms).start()
-                elif cluster.bandwidth != point.bandwidth or cluster.queue_ms != point.link_queue_ms:
-                    cluster.set_bandwidth(point.bandwidth, point.link_queue_ms)
+                                                               queue_ms=point.link_queue_real_ms).start()
+                elif cluster.bandwidth != point.bandwidth or cluster.queue_ms != point.link_queue_real_ms:
+                    cluster.set_bandwidth(point.bandwidth, point.link_queue_real_ms)
                 if utilisation_dir is not None:
                     utilisation_dir.mkdir(parents=True, exist_ok=True)
                     cluster.start_sampler(str(utilisation_dir / f"{point.model}.{point.kvstore}.{point.hosts}h."
@@ -241,9 +241,9 @@ def add_cpu_arguments(p: argparse.ArgumentParser) -> None:
 def add_queue_argument(p: argparse.ArgumentParser) -> None:
     """--link-queue-ms (shared with sweeps.py)."""
     p.add_argument("--link-queue-ms", type=float, default=emulated_cluster.DEFAULT_QUEUE_MS, help="each link "
-                   "direction's queue: how long a packet may wait beyond the bucket's 10 ms burst, in emulated "
-                   f"(dilated) time (tc tbf's latency; default {emulated_cluster.DEFAULT_QUEUE_MS:g}; rows record it "
-                   "as link_queue_ms)")
+                   "direction's queue: how long a packet may wait beyond the bucket's 10 ms burst, in the emulated GPU's "
+                   "time: tc tbf's latency is link_queue_ms / gpu_scale, so that the queue holds the same bytes at "
+                   f"every dilation (default {emulated_cluster.DEFAULT_QUEUE_MS:g}; rows record it as link_queue_ms)")
 
 
 def host_cpus_from_args(args: argparse.Namespace) -> float | None:

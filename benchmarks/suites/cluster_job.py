@@ -87,7 +87,15 @@ class Point:
     baseline_setting: str = ""
     host_cpus: float | None = None  # CPUs of one emulated host, dilated by gpu_scale; None: no CPU limit
     link_rx: str = "softirq"  # how hosts receive: "softirq" (the kernel's way) or "napi" (link_napi.py)
-    link_queue_ms: float = emulated_cluster.DEFAULT_QUEUE_MS  # each link direction's queue (tbf_args)
+    link_queue_ms: float = emulated_cluster.DEFAULT_QUEUE_MS  # each link direction's queue, in the GPU's own time
+
+    @property
+    def link_queue_real_ms(self) -> float:
+        """The queue tc gets, in real time. Under dilation a link runs at gpu_scale times the P100-equivalent rate,
+        and a queue of link_queue_ms at that rate would hold gpu_scale times the bytes the switch it stands for
+        holds (and drain in link_queue_ms of real time, a gpu_scale-th of that in the GPU's time): the queue is
+        dilated like every duration, so that it holds the same bytes at every dilation."""
+        return self.link_queue_ms / self.gpu_scale if self.compute == "emulated" else self.link_queue_ms
 
     @property
     def cpu_quota(self) -> float | None:
@@ -275,11 +283,12 @@ def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: 
            "cpu_host_pct": ";".join(f"{c:g}" for c in cpu_pct), "cpu_total_pct": round(sum(cpu_pct), 1),
            "model_bytes": nbytes, "run_id": name,
            "baseline_setting": point.baseline_setting or baseline_settings.DEFAULT_UNTUNED,
-           "link_queue_ms": cluster.queue_ms if cluster.rate_bps else ""}
+           "link_queue_ms": point.link_queue_ms if cluster.rate_bps else ""}
     files = sorted(scratch.glob(f"{name}.rank*.json"))
     results = [json.loads(p.read_text()) for p in files]
     every = [t for r in results for t in r.get("iter_s") or []]
-    row.update(monitors.finish(results, files, wall, statistics.median(every) if every else None))
+    row.update(monitors.finish(results, files, wall, statistics.median(every) if every else None,
+                               point.gpu_scale if point.compute == "emulated" else 1.0))
     # MXNet's ps-lite servers sometimes hang at shutdown after every worker reported (more often under load):
     # the measurement is complete, so a baseline's row keeps it, with the exit code. p3kv gets no such pass.
     baseline_hang = exit_code != 0 and len(results) == point.workers and launcher_kvstore != "p3"
