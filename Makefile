@@ -1,7 +1,7 @@
 # The two commands of the README:
-#   make demo   set up, then p3kv against MXNet's dist_sync on an emulated 4-host cluster with 2 Gbit links
-#               (network namespaces: needs root, uses sudo otherwise), 3 interleaved repeats each, SGD on, in about
-#               3 minutes; ends with each system's throughput and the ratio with 95% CIs; writes only build/demo/
+#   make demo   set up, then p3kv against MXNet's dist_sync on an emulated 4-host cluster with 1 Gbit links
+#               (network namespaces: needs root, uses sudo otherwise), 3 interleaved repeats each, SGD on, in a
+#               few minutes; ends with each system's throughput and the ratio with 95% CIs; writes only build/demo/
 #   make test   set up (Horovod included), then lint and run the test suite (what CI runs)
 # and the fast tier of the tests alone (pure Python and the C++ unit tests, no jobs):
 #   make test-unit

@@ -123,12 +123,12 @@ def test_no_reference_and_a_ratio_that_includes_one(tmp_path):
     assert "every job started on an idle machine" in text
 
 
-def test_demo_defaults_are_the_committed_point_and_a_short_run():
+def test_demo_defaults_are_p100s_on_10_gbps_within_the_cpu_quotas_and_a_short_run():
     args = demo.parse_args([])
     planned = demo.points(args)
     assert [p.kvstore for p in planned].count("p3") == 3 and {p.kvstore for p in planned} == {"p3", "dist_sync"}
-    assert {(p.model, p.hosts, p.bandwidth, p.gpu_scale, p.warmup, p.iters) for p in planned} == {
-        ("resnet50_v1", 4, "2gbit", 0.2, 2, 6)}
+    assert {(p.model, p.hosts, p.bandwidth, p.gpu_scale, p.warmup, p.iters, p.host_cpus) for p in planned} == {
+        ("resnet50_v1", 4, "1gbit", 0.1, 2, 6, 4.0)}  # 1 Gbit at a tenth of a P100: 10 Gbps-equivalent
     assert [p.repeat for p in planned] == [0, 0, 1, 1, 2, 2]  # interleaved
     assert args.out == demo.ROOT / "build" / "demo" and args.wait == 60 and not args.strict
     more = demo.points(demo.parse_args(["--systems", "p3", "dist_sync", "mxnet-p3", "horovod"]))

@@ -1,10 +1,10 @@
-"""`make demo`: p3kv against MXNet's dist_sync on the emulated cluster, in about 3 minutes (runs as root).
+"""`make demo`: p3kv against MXNet's dist_sync on the emulated cluster, in a few minutes (runs as root).
 
     sudo .venv/bin/python -m benchmarks.suites.demo                          # p3kv and dist_sync
     sudo .venv/bin/python -m benchmarks.suites.demo --systems p3 dist_sync mxnet-p3 horovod
 
-One point where P3's effect is clear (ResNet-50, 4 hosts as network namespaces on 2 Gbit links, P100 compute
-slowed 5x: P100s on 10 Gbit links), each system run --repeats times in interleaved, freshly shuffled order, each
+One point where P3's effect is clear (ResNet-50, 4 hosts as network namespaces on 1 Gbit links, P100 compute
+slowed 10x: P100s on 10 Gbit links; each host's CPU held to 4 x 0.1 cores), each system run --repeats times in interleaved, freshly shuffled order, each
 job 2 warm-up + 6 timed iterations (every rank's kept). It prints a line per job, then one screen: each
 system's throughput with a 95% bootstrap CI, the ratio p3kv / dist_sync with its CI, % of the bound, the CPU the
 hosts used, and the committed reference figure for the same point (demo_screen.py). It writes only under --out
@@ -73,9 +73,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="p3 (p3kv) and dist_sync by default; mxnet-p3 and horovod when asked")
     p.add_argument("--model", default="resnet50_v1", choices=cluster_bench.MODELS)
     p.add_argument("--hosts", type=int, default=4)
-    p.add_argument("--bandwidth", default="2gbit", help="every host's link (tc syntax)")
-    p.add_argument("--gpu-scale", type=float, default=0.2, help="P100 compute slowed 1/scale times: links of "
-                   "--bandwidth / scale for real P100s (default 0.2: 10 Gbit/s)")
+    p.add_argument("--bandwidth", default="1gbit", help="every host's link (tc syntax)")
+    p.add_argument("--gpu-scale", type=float, default=0.1, help="P100 compute slowed 1/scale times: links of "
+                   "--bandwidth / scale for real P100s (default 0.1: 10 Gbit/s; 4 hosts of --host-cpus 4 fit "
+                   "on 2 cores up to 0.1125)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iters", type=int, default=6)
