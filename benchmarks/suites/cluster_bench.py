@@ -244,9 +244,10 @@ def add_cpu_arguments(p: argparse.ArgumentParser) -> None:
 def add_queue_argument(p: argparse.ArgumentParser) -> None:
     """--link-queue-ms (shared with sweeps.py)."""
     p.add_argument("--link-queue-ms", type=float, default=emulated_cluster.DEFAULT_QUEUE_MS, help="each link "
-                   "direction's queue: how long a packet may wait beyond the bucket's 10 ms burst, in the emulated GPU's "
-                   "time: tc tbf's latency is link_queue_ms / gpu_scale, so that the queue holds the same bytes at "
-                   f"every dilation (default {emulated_cluster.DEFAULT_QUEUE_MS:g}; rows record it as link_queue_ms)")
+                   "direction's queue: how long a packet may wait beyond the bucket's 10 ms burst, in the emulated "
+                   "GPU's time: tc tbf's latency is link_queue_ms / gpu_scale, so that the queue holds the same bytes "
+                   f"at every dilation (default {emulated_cluster.DEFAULT_QUEUE_MS:g}; rows record it as "
+                   "link_queue_ms)")
 
 
 def host_cpus_from_args(args: argparse.Namespace) -> float | None:
