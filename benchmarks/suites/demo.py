@@ -5,11 +5,11 @@
 
 One point where P3's effect is clear (ResNet-50, 4 hosts as network namespaces on 1 Gbit links, P100 compute
 slowed 10x: P100s on 10 Gbit links; each host's CPU held to 4 x 0.1 cores), each system run --repeats times in
-interleaved, freshly shuffled order, each job 2 warm-up + 6 timed iterations (every rank's kept). It prints a
-line per job, then one screen: each system's throughput with a 95% bootstrap CI, the ratio p3kv / dist_sync
-with its CI, % of the bound, the CPU the hosts used, and the committed reference figure for the same point (demo_screen.py). It writes only under --out
-(build/demo/: demo.csv, demo_iterations.csv, summary.md, fig_demo.png, logs/), replacing the previous run's
-files there, never the committed results or the README.
+interleaved, freshly shuffled order, each job 2 warm-up + 6 timed iterations (every rank's kept). It prints a line
+per job, then one screen: each system's throughput with a 95% bootstrap CI, the ratio p3kv / dist_sync with its
+CI, % of the bound, the CPU the hosts used, and the committed reference figure for the same point
+(demo_screen.py). It writes only under --out (build/demo/: demo.csv, demo_iterations.csv, summary.md,
+fig_demo.png, logs/), replacing the previous run's files there, never the committed results or the README.
 
 MXNet's P3 and Horovod run only when asked (--systems); Horovod only when `horovod.mxnet` imports (never built
 here: `make bench-setup` builds it). The run guard waits at most --wait seconds in all for an idle machine, then
