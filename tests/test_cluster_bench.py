@@ -254,8 +254,8 @@ def test_runner_smoke_every_system_with_the_optimizer_on_two_hosts(tmp_path):
         assert r["forced"] in ("True", "False") and float(r["load_1m_before"]) >= 0 and r["load_1m_after"]
         assert len(r["cpu_host_pct"].split(";")) == 2 and float(r["cpu_total_pct"]) > 0
         assert len(json.loads(r["iter_s"])) == 2
-        # CPU-limited hosts (2 CPUs x gpu_scale 0.2 each), accounted per host, with the run's verdict.
-        assert (r["host_cpus"], r["cpu_quota_cores"]) == ("2.0", "0.4") and r["cpu_limit"].startswith("cgroup-v")
+        # CPU-limited hosts (the default 4 CPUs x gpu_scale 0.2 each), accounted per host, with the run's verdict.
+        assert (r["host_cpus"], r["cpu_quota_cores"]) == ("4.0", "0.8") and r["cpu_limit"].startswith("cgroup-v")
         assert len(r["host_cpu_s"].split(";")) == 2 and all(float(c) > 0 for c in r["host_cpu_s"].split(";"))
         assert len(r["host_throttled_pct"].split(";")) == 2 and float(r["timed_window_s"]) > 0
         assert len(r["qdisc_drops"].split(";")) == 2 and int(r["tcp_out_segs_total"]) > 0

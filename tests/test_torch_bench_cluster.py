@@ -51,7 +51,7 @@ def test_runner_smoke_every_torch_system_on_two_hosts(tmp_path):
                                          else "workers (virtual GPU, 732 GB/s x 0.2)"), r
         assert r["servers"] == ("0" if r["kvstore"] == "ddp" else "2") and r["workers"] == "2"
         assert r["torch"] and r["p3kv"] and r["baseline_setting"] == "default (untuned)"
-        assert (r["host_cpus"], r["cpu_quota_cores"]) == ("2.0", "0.4") and r["cpu_limit"].startswith("cgroup-v")
+        assert (r["host_cpus"], r["cpu_quota_cores"]) == ("4.0", "0.8") and r["cpu_limit"].startswith("cgroup-v")
         assert len(r["host_throttled_pct"].split(";")) == 2 and float(r["timed_window_s"]) > 0
         assert len(r["qdisc_drops"].split(";")) == 2 and len(r["tcp_retrans"].split(";")) == 2
         assert int(r["tcp_out_segs_total"]) > 0 and r["vgpu_late_max_us"] != ""
