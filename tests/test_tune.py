@@ -186,7 +186,8 @@ def test_comparisons_run_each_system_at_its_best_where_best_json_has_one(tmp_pat
                     "label": "HOROVOD_FUSION_THRESHOLD=16777216 HOROVOD_CYCLE_TIME=5 (tuned)"},
         "p3": {"setting": {"P3_SLICE_SIZE": "100000", "P3_SOCKET_BUFFER": "131072"},
                "label": "P3_SLICE_SIZE=100000 P3_SOCKET_BUFFER=131072 (tuned)"}}}))
-    planned = demo.points(demo.parse_args(["--systems", "p3", "dist_sync", "horovod", "--best", str(best)]))
+    planned = demo.points(demo.parse_args(["--systems", "p3", "dist_sync", "horovod", "--bandwidth", "2gbit",
+                                           "--gpu-scale", "0.2", "--host-cpus", "2", "--best", str(best)]))
     assert baseline_settings.point_key(planned[0]) == key  # the demo's point is the tuning's demo point
     by_system = {p.kvstore: p for p in planned}
     assert dict(by_system["horovod"].setting_env)["HOROVOD_CYCLE_TIME"] == "5"
@@ -198,7 +199,7 @@ def test_comparisons_run_each_system_at_its_best_where_best_json_has_one(tmp_pat
     args = cluster_bench.parse_args(["--bandwidth", "2gbit", "--gpu-scale", "0.2", "--best", str(best)])
     assert {p.kvstore for p in cluster_bench.points_from_args(args) if p.setting_env} == {"horovod", "p3"}
     # The sweeps: the demo sweep's point is tuned; the slice sweep fixes p3's slice size itself.
-    swept = sweeps.sweep_points("demo", sweeps.parse_args(["demo", "--best", str(best)]))
+    swept = sweeps.sweep_points("demo", sweeps.parse_args(["demo", "--host-cpus", "2", "--best", str(best)]))
     assert {p.kvstore for p in swept if p.setting_env} == {"horovod", "p3"}
     sliced = baseline_settings.at_best([cluster_job.Point(model="resnet50_v1", kvstore="p3", bandwidth="2gbit",
                                                           gpu_scale=0.2, slice_size=5000)], best)
