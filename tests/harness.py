@@ -143,13 +143,14 @@ class Node:
         return self.wait_for_many(pattern, 1, timeout)[0]
 
     def wait_for_many(self, pattern: str, count: int, timeout: float = STEP) -> list[re.Match]:
-        """The first `count` lines (seen so far or to come) matching `pattern`; fails the test after `timeout`."""
+        """The first `count` matches of `pattern` in the lines seen so far or to come (every match of a line: processes
+        sharing one pipe can land two messages on one line); fails the test after `timeout`."""
         deadline = time.monotonic() + timeout
         matches: list[re.Match] = []
         index = 0
         while True:
             for line in self.seen[index:]:
-                if m := re.search(pattern, line):
+                for m in re.finditer(pattern, line):
                     matches.append(m)
                     if len(matches) == count:
                         return matches
