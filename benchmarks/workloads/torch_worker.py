@@ -213,13 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     LOG.info("rank %d: median %.4f s/iter, %.1f %s/s; checksum %.10f", rank, result["median_s"] or 0,
              training.samples / result["median_s"] if result["median_s"] else 0, training.unit, checksum)
     training.close()
-    if training.system == "ddp":
-        # gloo's teardown at exit hangs now and then in torch 2.13 on CPU (tests/torch_jobs.py); every rank has
-        # passed the barrier after writing its result, so the rank leaves without it.
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+    if training.system == "ddp":  # every rank passed the barrier after writing its result
+        worker_output.leave_without_gloo_teardown()
     return 0
 
 
