@@ -9,11 +9,10 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 
 import pytest
 from harness import REPO, ROOT, free_port, launcher_env, run_job
-from torch_jobs import TEARDOWN_GRACE_S
+from torch_jobs import wait_with_teardown_grace
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("torch", reason="the example needs torch (pip install '.[torch]')")
@@ -53,16 +52,13 @@ def torchrun_ddp(timeout: float) -> tuple[int | str, str]:
     with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe: a rank blocked on a full pipe would stall
         proc = subprocess.Popen(argv, cwd=REPO, env=launcher_env(), stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
-        deadline, finished_at = time.monotonic() + timeout, None
+
+        def finished() -> bool:
+            log.seek(0)
+            return len(LINE.findall(log.read())) == 2
+
         try:
-            while proc.poll() is None and time.monotonic() < deadline:
-                if finished_at is None:
-                    log.seek(0)
-                    if len(LINE.findall(log.read())) == 2:
-                        finished_at = time.monotonic()
-                elif time.monotonic() - finished_at > TEARDOWN_GRACE_S:
-                    break
-                time.sleep(0.2)
+            finished_at = wait_with_teardown_grace([proc], finished, timeout)
         finally:
             status = proc.poll()
             if status is None:

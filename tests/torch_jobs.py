@@ -42,16 +42,7 @@ def ddp_job(out: Path, *args: str, workers: int = 2, timeout: float = 300) -> li
             logs.append(open(f"{out}.rank{rank}.log", "w+"))
             procs.append(subprocess.Popen([sys.executable, TRAIN, "ddp", str(out), *args], cwd=REPO, env=env,
                                           stdin=subprocess.DEVNULL, stdout=logs[-1], stderr=subprocess.STDOUT))
-        deadline = time.monotonic() + timeout
-        finished_at = None  # when every rank had printed its checksum
-        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-            if finished_at is None and all(_finished(log) for log in logs):
-                finished_at = time.monotonic()
-            if finished_at is not None and time.monotonic() - finished_at > TEARDOWN_GRACE_S:
-                break
-            if finished_at is None and any(p.returncode not in (None, 0) for p in procs):
-                break
-            time.sleep(0.2)
+        wait_with_teardown_grace(procs, lambda: all(_finished(log) for log in logs), timeout)
     finally:
         for p in procs:
             if p.poll() is None:
@@ -68,6 +59,23 @@ def ddp_job(out: Path, *args: str, workers: int = 2, timeout: float = 300) -> li
 
 
 TEARDOWN_GRACE_S = 20.0
+
+
+def wait_with_teardown_grace(procs: list, finished, timeout: float) -> float | None:
+    """Waits for `procs` to exit, at most `timeout` s; once `finished()` (every rank has reported its result) they
+    get TEARDOWN_GRACE_S more, and a rank failing before that stops the wait. Returns when they had finished (a
+    monotonic time), or None; the caller kills what still runs."""
+    deadline = time.monotonic() + timeout
+    finished_at = None
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        if finished_at is None and finished():
+            finished_at = time.monotonic()
+        if finished_at is not None and time.monotonic() - finished_at > TEARDOWN_GRACE_S:
+            break
+        if finished_at is None and any(p.returncode not in (None, 0) for p in procs):
+            break
+        time.sleep(0.2)
+    return finished_at
 CHECKSUM = re.compile(r"^rank \d+ checksum ", re.MULTILINE)
 
 
