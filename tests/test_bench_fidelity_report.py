@@ -106,5 +106,17 @@ def test_every_new_column_is_a_run_column_and_the_old_ones_keep_their_place():
     assert bench_rows.RUN_COLUMNS.index("idle_warning") < bench_rows.RUN_COLUMNS.index("host_cpus")
     # Columns added since only ever go after the ones before them.
     order = ("fidelity_notes", "rank_iter_s", "update_placement", "cfs_period_us", "link_rx", "torch",
-             "link_queue_ms", "link_monitor_cpu_s")
+             "link_queue_ms", "link_monitor_cpu_s", "vgpu_late_us_per_iter", "steal_pct")
     assert [bench_rows.RUN_COLUMNS.index(c) for c in order] == sorted(bench_rows.RUN_COLUMNS.index(c) for c in order)
+
+
+def test_steal_is_read_from_the_cpu_line_of_proc_stat(tmp_path):
+    from benchmarks.emulation import run_monitors
+
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 0 50 800 10 0 5 35 0 0\ncpu0 50 0 25 400 5 0 2 18 0 0\n")
+    before = run_monitors.steal_times(str(stat))
+    assert before == (35, 1000)
+    assert run_monitors.steal_share(before, (45, 1100)) == pytest.approx(0.1)
+    assert run_monitors.steal_share(before, before) is None  # no time passed: no share
+    assert run_monitors.steal_times(str(tmp_path / "absent")) is None

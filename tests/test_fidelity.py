@@ -108,6 +108,27 @@ def test_the_late_limit_is_in_the_gpus_own_time_so_it_grows_with_dilation():
     assert not _judge(ranks=[{"vgpu_late_max_us": 1100.0}]).faithful  # undilated: 1 ms
 
 
+def test_late_wake_ups_are_judged_by_their_sum_per_iteration_and_a_single_late_one_is_flagged():
+    # 17 ms late once (the dilation pilot's worst, dist_sync at 0.075), 3 ms per iteration in all: 0.6% of a
+    # 0.5 s iteration passes; the single one is over 1 ms of GPU time and is named.
+    once = _judge(ranks=[{"vgpu_late_max_us": 17000.0, "vgpu_late_us_per_iter": 3000.0},
+                         {"vgpu_late_max_us": 100.0, "vgpu_late_us_per_iter": 200.0}], gpu_scale=0.075)
+    assert once.faithful
+    assert once.notes == ("vgpu: flagged, one completion 17000 us late (over 13333 us: 1000 us of GPU time at "
+                          "gpu_scale 0.075); all late wake-ups 0.60% of the median iteration",)
+    often = _judge(ranks=[{"vgpu_late_max_us": 900.0, "vgpu_late_us_per_iter": 6000.0}])  # 1.2% of 0.5 s
+    assert not often.faithful
+    assert often.notes == ("vgpu: late wake-ups added up to 6000 us per iteration, 1.20% of the median iteration "
+                           "(limit 1%)",)
+
+
+def test_the_hypervisors_steal_is_flagged_never_failed():
+    stolen = _judge(steal=0.034)
+    assert stolen.faithful and "machine: the hypervisor took 3.4% of the CPUs' time during the run (steal)" in \
+        stolen.notes
+    assert not [n for n in _judge(steal=0.005).notes if n.startswith("machine:")]
+
+
 def test_drops_and_retransmissions_are_flagged_never_failed():
     verdict = _judge(net=[HostNet(3, 4, 20, 1000), HostNet(0, 0, 0, 1000)])
     assert verdict.faithful

@@ -134,3 +134,13 @@ def test_a_link_starved_beyond_the_share_fails_the_run_with_its_numbers():
     assert "link: host 1's ingress" in _judge([fine, starved]).text()
     assert fidelity.link_notes(None) == (True, ["link: not measured"])
     assert fidelity.link_notes([HostLink(_direction(0, 0, 0), _direction(0, 0, 0))]) == (True, ["link: not measured"])
+
+
+def test_a_direction_with_too_few_backlogged_intervals_is_noted_not_judged():
+    # Horovod's ingress under --link-rx napi in the dilation pilot: 1 backlogged interval, starved, read as 100%.
+    one = HostLink(_direction(80, 0), _direction(1, 1))
+    assert fidelity.link_notes([one]) == (True, ["link: host 0's ingress not judged: 1 of only 1 backlogged "
+                                                 "intervals starved (under 20)"])
+    enough = HostLink(_direction(80, 0), _direction(fidelity.MIN_BACKLOGGED_INTERVALS, 2))  # 10%: judged, fails
+    passed, notes = fidelity.link_notes([one, enough])
+    assert not passed and notes[0].startswith("link: host 1's ingress sent under 90%") and len(notes) == 2

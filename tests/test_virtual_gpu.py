@@ -58,11 +58,13 @@ def test_rows_say_where_each_system_updates():
 def test_device_fields_are_per_timed_iteration():
     stats = {"slack_us": 50.0, "forgiven_us": 900.0, "forgiven_gaps": 30, "idle_us": 3000.0, "idle_gaps": 3,
              "started": 99, "completed": 99, "late_max_us": 12.34, "dispatch_absorbed_us": 600.0,
-             "dispatch_max_us": 80.0, "wake_late_max_us": 5.0, "callback_max_us": 9.0}
+             "dispatch_max_us": 80.0, "wake_late_max_us": 5.0, "wake_late_total_us": 12.0,
+             "callback_max_us": 9.0}
     fields = cluster_worker.device_fields(stats, 3)
     assert fields == {"vgpu_slack_us": 50.0, "vgpu_forgiven_us_per_iter": 300.0, "vgpu_forgiven_gaps_per_iter": 10.0,
                       "vgpu_idle_us_per_iter": 1000.0, "vgpu_dispatch_absorbed_us_per_iter": 200.0,
-                      "vgpu_dispatch_max_us": 80.0, "vgpu_late_max_us": 5.0, "vgpu_completion_late_max_us": 12.3,
+                      "vgpu_dispatch_max_us": 80.0, "vgpu_late_max_us": 5.0, "vgpu_late_us_per_iter": 4.0,
+                      "vgpu_completion_late_max_us": 12.3,
                       "vgpu_callback_max_us": 9.0}
     assert set(cluster_worker.device_fields(None, 3).values()) == {None}  # real compute: no virtual GPU
 

@@ -47,6 +47,9 @@ RUN_COLUMNS = (
     # intervals with data queued to the link, and of those the share in which it sent under 90% of what it owed;
     # the sampling thread's CPU.
     "link_backlogged_pct", "link_starved_pct", "link_starved_max_pct", "link_monitor_cpu_s",
+    # The virtual GPU's late wake-ups summed per timed iteration (the worst rank), and the share of the machine's
+    # CPU time the hypervisor took from it during the run (steal, /proc/stat).
+    "vgpu_late_us_per_iter", "steal_pct",
 )
 ITERATION_COLUMNS = ("run_id", "tag", "model", "kvstore", "hosts", "bandwidth", "gpu_scale", "repeat", "rank",
                      "iteration", "time_s")

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import pathlib
 import re
@@ -33,29 +32,13 @@ import signal
 import time
 from collections.abc import Sequence
 
-from benchmarks.emulation import proc_monitor
+from benchmarks.emulation import cfs_bandwidth, proc_monitor
 
 LOG = logging.getLogger("cpu_limit")
 ROOT = pathlib.Path("/sys/fs/cgroup")
-# The CFS period over which a quota is enforced. The kernel's default, 100 ms, lets a host run its whole quota in a
-# burst and then stops it for the rest of the period: at a 0.4-core quota, 60 ms with nothing running, where the
-# host it stands for (2 CPUs at a fifth of their speed) would only run slower. 10 ms bounds such a stop to a few ms.
-PERIOD_US = 10_000
-MIN_QUOTA_US = 1000  # the kernel's smallest quota per period
-
-
-def period_us(cores: float | None) -> int:
-    """The CFS period for a quota of `cores`: PERIOD_US, or longer where the quota would fall under the kernel's
-    1 ms minimum (below 0.1 cores), so that the quota is never rounded up."""
-    if cores is None:
-        return PERIOD_US
-    return max(PERIOD_US, math.ceil(MIN_QUOTA_US / cores))
-# The runtime each CPU takes from its group's quota at a time (kernel.sched_cfs_bandwidth_slice_us, 5 ms by
-# default). A 10 ms period holds a 4 ms quota: with 5 ms slices the first CPU would take all of it and the host's
-# other threads would wait on the other CPU. 1 ms slices let a host use both CPUs within a period. The setting is
-# the machine's (it acts only on groups with a quota); HostCpuLimits sets it while it has groups and restores it.
-BANDWIDTH_SLICE_US = 1000
-SLICE_FILE = pathlib.Path("/proc/sys/kernel/sched_cfs_bandwidth_slice_us")
+# The CFS period and bandwidth slice: cfs_bandwidth.py (re-exported here for the callers that read them).
+PERIOD_US, MIN_QUOTA_US, period_us = cfs_bandwidth.PERIOD_US, cfs_bandwidth.MIN_QUOTA_US, cfs_bandwidth.period_us
+BANDWIDTH_SLICE_US, SLICE_FILE = cfs_bandwidth.SLICE_US, cfs_bandwidth.SLICE_FILE
 # The quotas of a point may add up to at most this share of the machine's cores: the rest is the runner's own (the
 # link sampler, the CPU monitors, the relay of host 0's output) and the kernel's (softirq work of the links), so
 # that every host can get its whole quota when it asks.
@@ -221,9 +204,10 @@ class CpuGroup:
                 except OSError as e:  # the siblings' budgets fill the parent's: the timer stays ordinary (recorded)
                     LOG.warning("%s: no real-time budget for the virtual GPU's timer (%s)", self.name, e)
 
-    def set_quota(self, cores: float | None) -> int:
-        """`cores` of CPU bandwidth per period; None: unlimited (the group still accounts). Returns the period."""
-        period = period_us(cores)
+    def set_quota(self, cores: float | None, base_period_us: int = PERIOD_US) -> int:
+        """`cores` of CPU bandwidth per period (cfs_bandwidth.period_us of `base_period_us`); None: unlimited (the
+        group still accounts). Returns the period."""
+        period = period_us(cores, base_period_us)
         quota = -1 if cores is None else max(MIN_QUOTA_US, round(cores * period))
         if self.hierarchy.version == 1:
             # Unlimited while the period changes: the kernel checks every intermediate quota/period pair.
@@ -304,18 +288,19 @@ def cleanup_stale(root: pathlib.Path = ROOT) -> list[str]:
 class HostCpuLimits:
     """One group per emulated host, named after the cluster's namespaces (`names`). Owned by the cluster: it
     creates them at start and removes them at close. `slice_file`: the machine's CFS bandwidth slice
-    (SLICE_FILE), set to BANDWIDTH_SLICE_US while the groups exist; None leaves it alone."""
+    (SLICE_FILE), set to `slice_us` while the groups exist; None leaves it alone. `base_period_us`: the CFS
+    period (cfs_bandwidth.py says how it is chosen)."""
 
     def __init__(self, names: Sequence[str], hierarchy: Hierarchy | None = None,
-                 slice_file: pathlib.Path | None = None):
+                 slice_file: pathlib.Path | None = None, *, base_period_us: int = PERIOD_US,
+                 slice_us: int = BANDWIDTH_SLICE_US):
         self.hierarchy = hierarchy or find_hierarchy()
         self.groups = [CpuGroup(self.hierarchy, name) for name in names]
         self.quota: float | None = None
         self._up = False
-        self._slice_file = slice_file
-        self._slice_before: str | None = None
-        self.bandwidth_slice_us: int | None = None  # what the machine's slice was while the groups ran
-        self.period_us = PERIOD_US  # the CFS period of the quota set last
+        self._slice = cfs_bandwidth.MachineSlice(slice_file, slice_us)
+        self.base_period_us = period_us(None, base_period_us)  # checked here, before any group exists
+        self.period_us = self.base_period_us  # the CFS period of the quota set last
 
     def start(self) -> HostCpuLimits:
         self._up = True
@@ -323,23 +308,16 @@ class HostCpuLimits:
             for g in self.groups:
                 g.create()
                 g.set_quota(None)
-            self._set_slice()
+            self._slice.start()
         except BaseException:
             self.close()
             raise
         return self
 
-    def _set_slice(self) -> None:
-        if self._slice_file is None or not self._slice_file.exists():
-            return
-        try:
-            self._slice_before = self._slice_file.read_text().strip()
-            self._slice_file.write_text(str(BANDWIDTH_SLICE_US))
-            self.bandwidth_slice_us = BANDWIDTH_SLICE_US
-        except OSError as e:  # the quotas still hold; the host may run on one CPU at a time (recorded)
-            LOG.warning("cannot set %s to %d us (%s): a host's CPUs take %s us of its quota at a time",
-                        self._slice_file, BANDWIDTH_SLICE_US, e, self._slice_before)
-            self.bandwidth_slice_us = int(self._slice_before) if self._slice_before else None
+    @property
+    def bandwidth_slice_us(self) -> int | None:
+        """What the machine's CFS bandwidth slice was while the groups ran (None: not set, not known)."""
+        return self._slice.slice_us
 
     def adopt(self, i: int, tids: Sequence[int]) -> None:
         """Puts threads that do host i's work outside its processes (its link's receive threads, link_napi.py)
@@ -365,12 +343,7 @@ class HostCpuLimits:
         if not self._up:
             return
         self._up = False
-        if self._slice_before is not None and self._slice_file is not None:
-            try:
-                self._slice_file.write_text(self._slice_before)
-            except OSError as e:
-                LOG.warning("cannot restore %s to %s: %s", self._slice_file, self._slice_before, e)
-            self._slice_before = None
+        self._slice.close()
         for g in self.groups:
             try:
                 g.remove()
@@ -386,7 +359,7 @@ class HostCpuLimits:
     def set_quota(self, cores: float | None) -> None:
         """Every host's quota in cores (None: unlimited, accounting only)."""
         for g in self.groups:
-            self.period_us = g.set_quota(cores)
+            self.period_us = g.set_quota(cores, self.base_period_us)
         self.quota = cores
 
     def wrap(self, i: int, argv: Sequence[str]) -> list[str]:

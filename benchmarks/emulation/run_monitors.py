@@ -29,12 +29,30 @@ COLUMNS = ("host_cpus", "cpu_limit", "cpu_quota_cores", "host_cpu_s", "host_thro
            "throttled_max_pct", "throttled_periods_max_pct", "timed_window_s", "vgpu_late_max_us",
            "vgpu_forgiven_us_per_iter", "qdisc_drops", "qdisc_drops_total", "tcp_retrans", "tcp_retrans_total",
            "tcp_out_segs_total", "sampling_cpu_s", "faithful", "fidelity_notes", "cfs_period_us", "cfs_slice_us",
-           "link_rx", "link_backlogged_pct", "link_starved_pct", "link_starved_max_pct", "link_monitor_cpu_s")
+           "link_rx", "link_backlogged_pct", "link_starved_pct", "link_starved_max_pct", "link_monitor_cpu_s",
+           "vgpu_late_us_per_iter", "steal_pct")
 
 
 def joined(values: Sequence[float], digits: int = 3) -> str:
     """Per-host values in one cell: "a;b;c"."""
     return ";".join(f"{round(v, digits):g}" for v in values)
+
+
+def steal_times(path: str = "/proc/stat") -> tuple[int, int] | None:
+    """(steal, total) jiffies of all CPUs since boot: the time a hypervisor ran something else on this machine's
+    CPUs, and all time. None where the kernel does not count steal."""
+    try:
+        with open(path) as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return (fields[7], sum(fields[:8])) if len(fields) >= 8 else None
+
+
+def steal_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
 
 
 def _self_cpu_s() -> float:
@@ -65,6 +83,7 @@ class RunMonitors:
         self._net_before = self._net()
         self._self_before = _self_cpu_s()
         self._link_sampler_before = self._cluster.sampler_cpu_s()
+        self._steal_before = steal_times()
         return self
 
     def _net(self) -> list[net_counters.HostNet] | None:
@@ -86,7 +105,9 @@ class RunMonitors:
         if link_now is not None:
             sampling += link_now - (self._link_sampler_before or 0.0)
         limited = self.host_cpus is not None and self._cluster.cpu is not None
-        row: dict = {"host_cpus": self.host_cpus if self.host_cpus is not None else "",
+        steal = steal_share(self._steal_before, steal_times())
+        row: dict = {"steal_pct": round(100 * steal, 2) if steal is not None else "",
+                     "host_cpus": self.host_cpus if self.host_cpus is not None else "",
                      "cpu_limit": f"cgroup-v{self._cluster.cpu.hierarchy.version}" if limited else "off",
                      "cpu_quota_cores": round(self.quota, 4) if limited and self.quota else "",
                      "sampling_cpu_s": round(sampling, 3),
@@ -109,8 +130,10 @@ class RunMonitors:
                            throttled_periods_max_pct=round(100 * max(u.throttled_period_share for u in window), 1),
                            timed_window_s=round(window_s, 3))
         late = [r["vgpu_late_max_us"] for r in results if r.get("vgpu_late_max_us") is not None]
+        late_sum = [r["vgpu_late_us_per_iter"] for r in results if r.get("vgpu_late_us_per_iter") is not None]
         forgiven = [r["vgpu_forgiven_us_per_iter"] for r in results if r.get("vgpu_forgiven_us_per_iter") is not None]
         row.update(vgpu_late_max_us=round(max(late), 1) if late else "",
+                   vgpu_late_us_per_iter=round(max(late_sum), 1) if late_sum else "",
                    vgpu_forgiven_us_per_iter=round(max(forgiven), 1) if forgiven else "")
         net = None
         if net_after is not None and self._net_before is not None:
@@ -131,6 +154,6 @@ class RunMonitors:
         headroom = cpus - self._cluster.hosts * self.quota if limited and self.quota else None
         verdict = fidelity.judge(cpu_window=window, window_s=window_s, limited=limited, ranks=results,
                                  median_iter_s=median_iter_s, net=net, sampling_cpu_s=sampling, wall_s=wall_s,
-                                 headroom_cores=headroom, links=links, gpu_scale=gpu_scale)
+                                 headroom_cores=headroom, links=links, gpu_scale=gpu_scale, steal=steal)
         row.update(faithful=verdict.faithful, fidelity_notes=verdict.text())
         return row

@@ -61,7 +61,7 @@ class DeviceStats:
         host's CPU; it delays the gradients' release, never the device's timeline."""
         return {"slack_us": 0.0, "forgiven_us": 0.0, "forgiven_gaps": 0, "idle_us": self.idle_us,
                 "idle_gaps": self.idle_gaps, "started": self.started, "completed": self.started,
-                "late_max_us": self.host_late_max_us, "wake_late_max_us": 0.0,
+                "late_max_us": self.host_late_max_us, "wake_late_max_us": 0.0, "wake_late_total_us": 0.0,
                 "callback_max_us": 0.0, "dispatch_absorbed_us": self.dispatch_absorbed_us,
                 "dispatch_max_us": self.dispatch_max_us}
 

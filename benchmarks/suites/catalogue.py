@@ -53,6 +53,10 @@ SUITES = (
           "python -m benchmarks.suites.soak_bench --iters 3000", root=False, module="benchmarks.suites.soak_bench"),
     Suite("link_overhead", "bytes a capped emulated link meters per payload byte (checks the bound)",
           "sudo .venv/bin/python -m benchmarks.suites.link_overhead", root=True),
+    Suite("cfs_stall", "how long a host's CPU quota holds a real-time thread sharing a lock with it (the virtual "
+          "GPU's timer), per CFS period and slice: results/cfs_stall.md",
+          "python -m benchmarks.suites.cfs_stall_bench", root=True, stated_time="about 2 min",
+          module="benchmarks.suites.cfs_stall_bench"),
     Suite("kernels", "the server optimizer kernels, ns per element",
           "python -m benchmarks.suites.kernel_bench", root=False),
     Suite("sim", "the simulator: fit, validate against the emulated rows, the paper's evaluation at scale",

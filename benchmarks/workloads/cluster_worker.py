@@ -286,7 +286,7 @@ class RealTraining:
 
 DEVICE_FIELDS = ("vgpu_slack_us", "vgpu_forgiven_us_per_iter", "vgpu_forgiven_gaps_per_iter", "vgpu_idle_us_per_iter",
                  "vgpu_dispatch_absorbed_us_per_iter", "vgpu_dispatch_max_us", "vgpu_late_max_us",
-                 "vgpu_completion_late_max_us", "vgpu_callback_max_us")
+                 "vgpu_late_us_per_iter", "vgpu_completion_late_max_us", "vgpu_callback_max_us")
 
 
 def device_fields(stats: dict | None, iterations: int) -> dict:
@@ -294,10 +294,11 @@ def device_fields(stats: dict | None, iterations: int) -> dict:
     slack forgave (µs and count; 0 where every operation is chained, as EmulatedModel's are), the device's idle
     time (waiting for the network), the engine's dispatch latency absorbed by chaining and its largest single
     value; and how late completions ran (a late completion releases its gradient late): vgpu_late_max_us, the
-    timer thread waking late (the virtual GPU's own fidelity), vgpu_completion_late_max_us, any completion past its
-    due time, which adds the engine's completion callbacks holding back the ones behind them (their longest:
-    vgpu_callback_max_us), and vgpu_dispatch_max_us, the engine dispatching an operation late (the host's CPU
-    behind the GPU): the last two measure the host's CPU, not the GPU."""
+    timer thread waking late (the virtual GPU's own fidelity), and vgpu_late_us_per_iter, those wake-ups' lateness
+    summed per timed iteration (what they can have added to an iteration), vgpu_completion_late_max_us, any
+    completion past its due time, which adds the engine's completion callbacks holding back the ones behind them
+    (their longest: vgpu_callback_max_us), and vgpu_dispatch_max_us, the engine dispatching an operation late (the
+    host's CPU behind the GPU): the last two measure the host's CPU, not the GPU."""
     if stats is None or not iterations:
         return dict.fromkeys(DEVICE_FIELDS)
     return {"vgpu_slack_us": stats["slack_us"],
@@ -307,6 +308,7 @@ def device_fields(stats: dict | None, iterations: int) -> dict:
             "vgpu_dispatch_absorbed_us_per_iter": round(stats["dispatch_absorbed_us"] / iterations, 1),
             "vgpu_dispatch_max_us": round(stats["dispatch_max_us"], 1),
             "vgpu_late_max_us": round(stats["wake_late_max_us"], 1),
+            "vgpu_late_us_per_iter": round(stats.get("wake_late_total_us", 0.0) / iterations, 1),
             "vgpu_completion_late_max_us": round(stats["late_max_us"], 1),
             "vgpu_callback_max_us": round(stats["callback_max_us"], 1)}
 

@@ -414,6 +414,7 @@ PYBIND11_MODULE(_p3, m) {
         d["completed"] = st.completed;
         d["late_max_us"] = Microseconds(st.late_max);
         d["wake_late_max_us"] = Microseconds(st.wake_late_max);
+        d["wake_late_total_us"] = Microseconds(st.wake_late_total);
         d["callback_max_us"] = Microseconds(st.callback_max);
         d["dispatch_absorbed_us"] = Microseconds(st.dispatch_absorbed);
         d["dispatch_max_us"] = Microseconds(st.dispatch_max);

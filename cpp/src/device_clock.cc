@@ -47,7 +47,10 @@ void DeviceClock::Completed(Clock::time_point deadline, Clock::time_point now, b
   ++stats_.completed;
   if (now <= deadline) return;
   stats_.late_max = std::max(stats_.late_max, now - deadline);
-  if (after_wake) stats_.wake_late_max = std::max(stats_.wake_late_max, now - deadline);
+  if (after_wake) {
+    stats_.wake_late_max = std::max(stats_.wake_late_max, now - deadline);
+    stats_.wake_late_total += now - deadline;
+  }
 }
 
 void DeviceClock::CallbackTook(Clock::duration took) { stats_.callback_max = std::max(stats_.callback_max, took); }

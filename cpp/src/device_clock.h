@@ -38,6 +38,7 @@ class DeviceClock {
     uint64_t completed = 0;       // items completed (Completed calls)
     Clock::duration late_max{};   // the largest delay of a completion past its due time (the timer's doing)
     Clock::duration wake_late_max{};  // of those, completions run right after the timer woke: a late wake-up
+    Clock::duration wake_late_total{};  // ... summed: what late wake-ups can have added to the host's waits
     Clock::duration callback_max{};   // the longest completion callback (the engine's, blocking the next ones)
   };
 

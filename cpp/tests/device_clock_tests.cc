@@ -87,10 +87,12 @@ void LateCompletionsAndResetAreMeasured() {
   device.Completed(d2, d2 + microseconds(30), true);
   device.CallbackTook(microseconds(70));
   CHECK(device.stats().wake_late_max == microseconds(30) && device.stats().late_max == microseconds(80));
+  device.Completed(d2, d2 + microseconds(20), true);  // a second late wake-up: the total adds, the max stays
+  CHECK(device.stats().wake_late_total == microseconds(50) && device.stats().wake_late_max == microseconds(30));
   CHECK(device.stats().callback_max == microseconds(70));
   device.ResetStats();
   CHECK(device.stats().completed == 0 && device.stats().late_max == Clock::duration::zero());
-  CHECK(device.stats().callback_max == Clock::duration::zero());
+  CHECK(device.stats().callback_max == Clock::duration::zero() && device.stats().wake_late_total.count() == 0);
   // The timeline survives a reset: the next item still queues behind the work started before it.
   CHECK(device.Start(t0, milliseconds(1)) == t0 + milliseconds(3));
   CHECK(device.slack() == microseconds(50));
