@@ -31,7 +31,8 @@ def test_the_probe_runs_throttled_host_threads_and_an_unthrottled_realtime_probe
         ("tcp", "10000", "4000", "250"), ("tcp", "2500", "1000", "250")]
     for r in rows:
         assert r["outside_group"] == "True" and r["realtime"] == "True"
-        assert 900 <= int(r["samples"]) <= 1000 and int(r["host_sections"]) > 0  # lock sections, or MB streamed
+        # One wake-up per ms for 1 s, less those a long stall skipped; lock sections, or MB streamed.
+        assert 200 <= int(r["samples"]) <= 1000 and int(r["host_sections"]) > 0
         # Two spinning threads want 2 cores of a 0.4-core quota: the group is throttled most of the time; the
         # streaming pair is throttled too (its socket work is charged to it).
         assert float(r["throttled_pct"]) > (50 if r["work"] == "lock" else 0), r

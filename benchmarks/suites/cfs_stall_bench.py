@@ -105,7 +105,8 @@ def summary(rows: list[dict], args: argparse.Namespace, meta: dict) -> str:
         f"wakes every {args.probe_period_us} us. Work: `lock`, the host threads take an ordinary mutex for "
         f"{args.hold_us} us, then work {args.gap_us} us without it, and the probe takes the same mutex after each "
         "wake-up (wait: how long it waited); `pi`, the same with a priority-inheriting mutex; `tcp`, the host "
-        f"threads stream over loopback TCP and the probe only wakes. {args.seconds:g} s per run, {args.repeats} "
+        f"threads stream over loopback TCP and the probe only wakes. Wake-ups due while the probe was still held "
+        f"are skipped, so one stall counts once. {args.seconds:g} s per run, {args.repeats} "
         "repeats per setting, interleaved; the table gives the median over repeats (min-max for the maxima).",
         "",
         "| work | CFS period | quota per period | slice | probe wait p50 | p99 | p99.9 | max (min-max) "
