@@ -45,7 +45,10 @@ def test_rank_iterations_round_trip_through_the_csv(tmp_path):
 def test_tables_leave_out_unfaithful_runs_and_count_them():
     rows = [_row("p3", 0, "True", [[1.0, 1.0], [1.0, 1.0]]),
             _row("p3", 1, "False", [[9.0, 9.0], [9.0, 9.0]], "cpu: host 1 throttled 8.0% of the timed window "
-                 "(0.80 of 10.00 s, limit 5%); vgpu: not measured; network: 3 packets dropped by the link queues"),
+                 "(0.80 of 10.00 s, limit 5%); vgpu: flagged, one completion 21076 us late (over 13333 us); "
+                 "machine: the hypervisor took 4.3% of the CPUs' time during the run (steal); link: host 0's ingress "
+                 "not judged: 1 of only 1 backlogged intervals starved (under 20); network: 3 packets dropped by the "
+                 "link queues"),
             _row("dist_sync", 0, "True", [[2.0, 2.0], [2.0, 2.0]]),
             _row("dist_sync", 1, "", [[2.0, 2.0], [2.0, 2.0]])]  # a row from before the monitors
     points = {p["kvstore"]: p for p in point_stats.aggregate(rows)}

@@ -64,8 +64,10 @@ def fidelity_sentence(rows: Sequence[dict], include_smoke: bool = False) -> str:
     for r in _counted(rows, include_smoke):
         if bench_rows.verdict(r) is False:
             notes = [n.strip() for n in str(r.get("fidelity_notes", "")).split(";") if ":" in n]
-            for monitor in sorted({n.split(":")[0] for n in notes if "not measured" not in n}
-                                  - {"network", "sampling"}):  # flags, never failures
+            # Flags and what was not measured or judged never fail a run (fidelity.py).
+            quiet = ("not measured", "not judged", "flagged")
+            for monitor in sorted({n.split(":")[0] for n in notes if not any(q in n for q in quiet)}
+                                  - {"network", "sampling", "machine"}):
                 failed[monitor] = failed.get(monitor, 0) + 1
     why = f" (failed: {', '.join(f'{m} {n}' for m, n in sorted(failed.items()))})" if failed else ""
     unjudged = f"; {count['unjudged']} from before the monitors, shown without a verdict" if count["unjudged"] else ""
