@@ -93,9 +93,11 @@ def vgpu_notes(ranks: Sequence[dict], median_iter_s: float | None, gpu_scale: fl
     `gpu_scale`. Where the workers report their late wake-ups summed per iteration, that sum is judged and a
     single wake-up over the per-completion limit is flagged; workers that report only the worst one (older
     rows) are judged by it."""
-    late = [float(r["vgpu_late_max_us"]) for r in ranks if r.get("vgpu_late_max_us") is not None]
-    late_sum = [float(r["vgpu_late_us_per_iter"]) for r in ranks if r.get("vgpu_late_us_per_iter") is not None]
-    forgiven = [float(r["vgpu_forgiven_us_per_iter"]) for r in ranks if r.get("vgpu_forgiven_us_per_iter") is not None]
+    def reported(key: str) -> list[float]:  # what the ranks that report `key` measured
+        return [float(r[key]) for r in ranks if r.get(key) is not None]
+
+    late, late_sum, forgiven = (reported("vgpu_late_max_us"), reported("vgpu_late_us_per_iter"),
+                                reported("vgpu_forgiven_us_per_iter"))
     notes, passed = [], True
     if not late and not forgiven:
         return True, ["vgpu: not measured"]
