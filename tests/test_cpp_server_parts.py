@@ -11,4 +11,4 @@ pytestmark = pytest.mark.unit
 def test_server_parts_unit_tests_pass():
     result = cpp_build.run("aggregator_tests", timeout=60)
     assert result.returncode == 0, result.stdout
-    assert "22 passed, 0 failed" in result.stdout, result.stdout
+    assert "23 passed, 0 failed" in result.stdout, result.stdout

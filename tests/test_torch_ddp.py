@@ -3,7 +3,7 @@ parameters of torch's DistributedDataParallel (gloo) with the same seed, data sh
 
 Bitwise with two workers: DDP multiplies each gradient by 1/world size before an all-reduce sum and p3kv.torch does
 the same before the servers' sum; a sum of two terms does not depend on the order, and torch's CPU optimizers
-(single-tensor path) update each parameter on its own, so stepping one parameter at a time changes no bit.
+(single-tensor path) update each parameter on its own, so stepping one module's parameters at a time changes no bit.
 With four workers the servers add in arrival order and gloo in its ring's: equal within float32 rounding.
 """
 

@@ -169,7 +169,9 @@ void Aggregator::Complete(Slice* s, int32_t priority) {
   const bool rounds = AccumulatorType(e.dtype) != e.dtype;
   const UpdateRequest req{e.key, e.slice, e.offset, e.count, e.iteration, e.dtype,
                           rounds ? nullptr : s->accum.data(), e.value->data(), key_slices_[e.key], s->accum.data(),
-                          rounds ? s->rounded.data() : nullptr};
+                          rounds ? s->rounded.data() : nullptr,
+                          // The value is this slice's alone now (copied above if a broadcast still held it).
+                          rounds ? nullptr : &s->accum, rounds ? nullptr : e.value.get()};
   Status updated;
   if (hooks_.update) {
     updated = hooks_.update(req);
@@ -196,6 +198,11 @@ const void* Aggregated(const UpdateRequest& r) {
 }
 
 void CopyAggregate(const UpdateRequest& r) {
+  if (r.sum_buffer != nullptr && r.value_buffer != nullptr && r.sum_buffer->data() == r.sum &&
+      r.value_buffer->data() == r.value && r.sum_buffer->size() == r.value_buffer->size()) {
+    r.sum_buffer->swap(*r.value_buffer);  // the sum becomes the value without a pass over it
+    return;
+  }
   if (r.sum != nullptr) {
     CopyFromAccumulator(r.dtype, r.sum, r.value, r.count);
   } else {

@@ -61,6 +61,7 @@ Status WorkerNode::HandleBroadcast(int server, Connection* conn, const Header& h
   BroadcastArriving(dst);
   const Status st = conn->ReadPayload(dst, h.payload_bytes);
   RequestTracker::Completion c;
+  bool wake;
   {
     std::lock_guard<std::mutex> lock(mu_);
     c = Completing(tracker_.EndWrite(h, st.ok()));
@@ -69,8 +70,13 @@ Status WorkerNode::HandleBroadcast(int server, Connection* conn, const Header& h
       trace_.Record(TraceEvent::kComplete, h.key, static_cast<uint32_t>(tracker_.Find(h.key)->slices.size()),
                     h.priority, h.iteration, -1);
     }
+    // Fail() waits for the last writer (only once fatal_ is set, which it checks under mu_ before waiting); Wait()
+    // for an operation to end. A slice that landed in the middle of a healthy operation changes neither: waking
+    // every waiter for it (a waiting caller thread, per slice of a key with thousands) costs a context switch and
+    // a turn at mu_ for nothing.
+    wake = !c.received || c.completed || !fatal_.ok();
   }
-  cv_.notify_all();  // Fail() waits for the last writer; Wait() for the completion
+  if (wake) cv_.notify_all();
   Finish(&c);  // after a failed read, only a rejected operation this was the last writer of (else FailAll)
   return st;
 }

@@ -31,6 +31,7 @@ struct Recorder {
     int32_t priority;
     std::vector<float> value;
     std::shared_ptr<std::vector<char>> buffer;  // kept only when `keep` (a send still in flight)
+    const char* data = nullptr;                 // where the broadcast value lay
   };
   std::vector<Sent> broadcasts;
   std::vector<std::pair<int, std::string>> rejects;
@@ -57,7 +58,7 @@ struct Recorder {
     h.broadcast = [this](const SliceEntry& s, int32_t priority) {
       const float* v = reinterpret_cast<const float*>(s.value->data());
       broadcasts.push_back(Sent{s.key, s.slice, s.iteration, priority, std::vector<float>(v, v + s.count),
-                                keep ? s.value : nullptr});
+                                keep ? s.value : nullptr, s.value->data()});
     };
     h.reject = [this](int w, const Header&, const std::string& why) { rejects.emplace_back(w, why); };
     h.held = [this](Frame*) { ++held; };
@@ -127,6 +128,34 @@ void TestAggregateOnlyBroadcastsTheSum() {
   for (int w : {2, 0, 1}) a.OnFrame(MakeFrame(Command::kPush, w, 1, 0, 1, {float(w), 1}));
   CHECK(r.broadcasts.size() == 2);
   CHECK((r.broadcasts[1].value == std::vector<float>{3, 3}));
+}
+
+void TestAggregateOnlySwapsTheSumIntoTheValueUnlessASendHoldsIt() {
+  Recorder r;
+  r.use_update = false;
+  Aggregator a(2, r.Hooks());
+  InitTwo(&a);  // the value {1, 2, 3}
+  a.OnFrame(MakeFrame(Command::kPush, 0, 7, 0, 1, {1, 1, 1}));
+  a.OnFrame(MakeFrame(Command::kPush, 1, 7, 0, 1, {3, 5, 7}));
+  a.OnFrame(MakeFrame(Command::kPush, 1, 7, 0, 2, {0, 0, 1}));
+  a.OnFrame(MakeFrame(Command::kPush, 0, 7, 0, 2, {1, 0, 0}));
+  CHECK(r.broadcasts.size() == 3);
+  CHECK((r.broadcasts[1].value == std::vector<float>{4, 6, 8}));
+  // The swapped-out accumulator held the old value: the next iteration's first push replaced it, not added to it.
+  CHECK((r.broadcasts[2].value == std::vector<float>{1, 0, 1}));
+  // No copy: the sum's buffer became the value, and the old value's buffer the next accumulator.
+  CHECK(a.value_copies() == 0);
+  CHECK(r.broadcasts[1].data != r.broadcasts[0].data && r.broadcasts[2].data == r.broadcasts[0].data);
+  r.keep = true;  // from iteration 3 on, each broadcast stays "in flight"
+  a.OnFrame(MakeFrame(Command::kPush, 0, 7, 0, 3, {2, 2, 2}));
+  a.OnFrame(MakeFrame(Command::kPush, 1, 7, 0, 3, {1, 1, 1}));
+  a.OnFrame(MakeFrame(Command::kPush, 0, 7, 0, 4, {5, 5, 5}));
+  a.OnFrame(MakeFrame(Command::kPush, 1, 7, 0, 4, {1, 2, 3}));
+  CHECK(a.value_copies() == 1);  // iteration 4 could not take the buffer iteration 3's send holds
+  const float* sent = reinterpret_cast<const float*>(r.broadcasts[3].buffer->data());
+  CHECK(sent[0] == 3.0f && sent[1] == 3.0f && sent[2] == 3.0f);  // what iteration 3's send reads is unchanged
+  CHECK((r.broadcasts[4].value == std::vector<float>{6, 7, 8}));
+  CHECK(r.broadcasts[3].buffer != r.broadcasts[4].buffer);
 }
 
 void TestLaterIterationIsHeldUntilItsTurn() {
@@ -546,6 +575,7 @@ int main() {
       RUN(TestInitBroadcastsWorkerZerosValue),
       RUN(TestPushesSumThenUpdateThenBroadcast),
       RUN(TestAggregateOnlyBroadcastsTheSum),
+      RUN(TestAggregateOnlySwapsTheSumIntoTheValueUnlessASendHoldsIt),
       RUN(TestLaterIterationIsHeldUntilItsTurn),
       RUN(TestPushesBeforeInitCompletesAreHeld),
       RUN(TestBadRequestsAreRejectedWithReasons),

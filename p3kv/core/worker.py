@@ -29,8 +29,13 @@ from p3kv.core.errors import ConfigError
 from p3kv.core.keys import key_id
 
 log = logging.getLogger("p3kv.worker")
-# completed() is polled, key by key, many times per iteration: the ids of string keys are hashed once.
-_polled_key_id = functools.lru_cache(maxsize=1 << 16)(key_id)
+_string_key_id = functools.lru_cache(maxsize=1 << 16)(key_id)
+
+
+def _key_id(key: int | str) -> int:
+    """key_id, with a string's hash computed once: push, wait and completed() (which p3kv.torch's staging thread
+    polls) look a key up several times per key and iteration, and key_id hashes a string byte by byte in Python."""
+    return _string_key_id(key) if type(key) is str else key_id(key)
 
 
 @dataclasses.dataclass
@@ -137,7 +142,7 @@ class P3Worker:
         self._check_out(k.label, out, k.shape, k.dtype)
         priority = self._send_priority(priority)
         self._check_not_abandoned(k.label, (grad, out))
-        ticket = self._core.push(key_id(key), k.wire, grad.reshape(-1), out.reshape(-1), priority)
+        ticket = self._core.push(_key_id(key), k.wire, grad.reshape(-1), out.reshape(-1), priority)
         # (Pruned here too, so that pushing without waiting keeps only what the core still holds.)
         k.in_use[:] = [op for op in k.in_use if not op.ticket.released]
         k.in_use.append(_Operation(k.label, ticket, (grad, out)))
@@ -170,7 +175,7 @@ class P3Worker:
             if key is None:
                 self._core.wait_all(timeout)
             else:
-                self._core.wait(key_id(key), timeout)
+                self._core.wait(_key_id(key), timeout)
         except BaseException as e:  # KeyboardInterrupt too: the operations go on
             why = str(e).splitlines()[0][:160] if str(e) else ""
             self._release(keys, abandoned=f"{type(e).__name__}: {why}" if why else type(e).__name__)
@@ -181,7 +186,7 @@ class P3Worker:
         """Whether the core has completed every operation on `key` (and let go of its arrays): wait(key) then
         returns at once, or raises the operation's error. Never blocks; any thread (p3kv.torch's staging thread
         polls it)."""
-        k = self._keys.get(_polled_key_id(key))
+        k = self._keys.get(_key_id(key))
         if k is None:
             self._known(key)  # raises, naming the key
         return all(op.ticket.released for op in list(k.in_use))
@@ -285,7 +290,7 @@ class P3Worker:
         return int(priority)
 
     def _known(self, key: int | str) -> _Key:
-        k = self._keys.get(key_id(key))
+        k = self._keys.get(_key_id(key))
         if k is None:
             raise ConfigError(f"key {key!r} is unknown: call init({key!r}, value) first")
         return k

@@ -74,11 +74,12 @@ def distribute(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, plac
       final (its post-accumulate-grad hook), multiplied by 1/world size as DDP does, as one key sliced by the core
       and pushed with its forward-order priority (the first forward pass learns the order of the modules; the
       first layer is the most urgent). `optimizer.step()` returns at once: each parameter's update is the user's
-      own optimizer run on that one parameter with the hyperparameters step() saw (LR schedulers may change them
+      own optimizer run on that parameter alone with the hyperparameters step() saw (LR schedulers may change them
       right after step()), applied when its average has arrived and the module that reads it starts its next
-      forward pass. The next forward therefore overlaps the communication of the later layers. This needs an
-      optimizer whose update of one parameter depends on that parameter only (every torch.optim optimizer but
-      LBFGS); otherwise call `optimizer.synchronize()` before `optimizer.step()` (below).
+      forward pass (one optimizer call for the module's parameters). The next forward therefore overlaps the
+      communication of the later layers. This needs an optimizer whose update of one parameter depends on that
+      parameter only (every torch.optim optimizer but LBFGS); otherwise call `optimizer.synchronize()` before
+      `optimizer.step()` (below).
     - `optimizer.synchronize()` waits for every average and writes it into each parameter's .grad; the next
       step() then updates all parameters at once. Call it before clipping by global norm, GradScaler's unscale_
       or anything that reads averaged gradients (as with Horovod). Without it, .grad holds this worker's local

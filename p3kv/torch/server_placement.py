@@ -100,9 +100,7 @@ class ServerSynchronizer(Synchronizer):
         spec = so.kernel_spec(self.optimizer)  # every worker refuses what the servers cannot run
         if self.worker.rank == 0:
             # Every result of the previous iteration here means every server has updated every slice of it.
-            for slot in self.slots.values():
-                if slot.pushed:
-                    self._finish(slot)
+            self._finish([slot for slot in self.slots.values() if slot.pushed])
             msg: dict = {"keys": self._key_hyperparameters()}
             if spec != self.spec:
                 msg["spec"] = spec
@@ -142,11 +140,12 @@ class ServerSynchronizer(Synchronizer):
         self._pushed_grads.clear()
         self._round_open = False
 
-    def _apply(self, slot: _Slot) -> None:
-        """The servers' new value of this parameter becomes the parameter."""
+    def _apply(self, slots: list[_Slot]) -> None:
+        """The servers' new values of these parameters become the parameters."""
         with torch.no_grad():
-            slot.param.copy_(slot.avg)
-        slot.arrived = False
+            for slot in slots:
+                slot.param.copy_(slot.avg)
+                slot.arrived = False
 
     def synchronize(self) -> None:
         raise ConfigError("optimizer.synchronize() puts averaged gradients into .grad for a whole step on the "

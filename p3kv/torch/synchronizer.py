@@ -1,7 +1,8 @@
 """Worker mode's engine: one p3kv key per parameter, pushed from the parameter's post-accumulate-grad hook with its
-forward-order priority, waited for (and the user's optimizer applied to that one parameter) in the forward
-pre-hook of the module about to read it. Servers only sum; the average is DDP's (each gradient multiplied by
-1/world size before the sum, as DDP's reducer does), so two workers give DDP's bits.
+forward-order priority, waited for (and the user's optimizer applied to that parameter alone, one call for the
+module's parameters) in the forward pre-hook of the module about to read it. Servers only sum; the average is
+DDP's (each gradient multiplied by 1/world size before the sum, as DDP's reducer does), so two workers give DDP's
+bits.
 
 Threads: hooks run on the thread that calls backward()/forward() (autograd's CPU thread is the caller's; for CUDA
 tensors autograd's device thread runs them while the caller waits in backward()); the core is thread-safe. State
@@ -143,15 +144,15 @@ class Synchronizer:
             # the root waits for them.
             for mid, slots in self._owned.items():
                 if mid not in self.order.ran:
-                    for slot in slots:
-                        self._finish(slot)
+                    self._finish(slots)
             if self.buffers is not None:
                 self.buffers.finish_unowned(self.order.ran)
 
     def _module_starts(self, module, args) -> None:
         self.order.module_starts(module)
-        for slot in self._owned.get(id(module), ()):
-            self._finish(slot)
+        slots = self._owned.get(id(module))
+        if slots:
+            self._finish(slots)
         if self.buffers is not None:
             self.buffers.finish(module)
 
@@ -220,14 +221,19 @@ class Synchronizer:
         for slot in missing:
             self._push(slot, None)
 
-    def _finish(self, slot: _Slot) -> None:
-        """Waits for the slot's average and applies its pending step."""
-        if slot.pushed:
-            self._wait_key(slot)
-            slot.pushed, slot.arrived = False, True
-        if slot.step_pending and slot.arrived:
-            self._apply(slot)
-        slot.step_pending = False
+    def _finish(self, slots: list[_Slot]) -> None:
+        """Waits for the slots' averages and applies their pending steps (all in one optimizer step: a module's
+        weight and bias, or every parameter at finish_all, cost one call of the optimizer, not one each)."""
+        ready = []
+        for slot in slots:
+            if slot.pushed:
+                self._wait_key(slot)
+                slot.pushed, slot.arrived = False, True
+            if slot.step_pending and slot.arrived:
+                ready.append(slot)
+            slot.step_pending = False
+        if ready:
+            self._apply(ready)
 
     def _wait_key(self, slot: _Slot) -> None:
         """Until the slot's push completed: its result is in slot.avg (CUDA: for the current stream)."""
@@ -236,25 +242,35 @@ class Synchronizer:
         else:
             self.worker.wait(slot.key)
 
-    def _apply(self, slot: _Slot) -> None:
-        """The user's optimizer on this one parameter, with the hyperparameters step() saw."""
-        p, opt = slot.param, self.optimizer
-        group = dict(self._snapshot[slot.group])
-        group["params"] = [p]
-        saved_groups, saved_grad = opt.param_groups, p.grad
-        opt.param_groups = [group]
-        p.grad = slot.avg
+    def _apply(self, slots: list[_Slot]) -> None:
+        """The user's optimizer on these parameters only, with the hyperparameters step() saw (each in its own
+        param_group's). One step() call: torch's optimizers update each parameter on its own (the single-tensor
+        path on the CPU; foreach/fused kernels are element-wise), so which parameters share a call changes no bit."""
+        opt = self.optimizer
+        members: dict[int, list[torch.nn.Parameter]] = {}
+        for slot in slots:
+            members.setdefault(slot.group, []).append(slot.param)
+        groups = []
+        for index, params in members.items():
+            group = dict(self._snapshot[index])
+            group["params"] = params
+            groups.append(group)
+        saved_groups, saved_grads = opt.param_groups, [slot.param.grad for slot in slots]
+        opt.param_groups = groups
+        for slot in slots:
+            slot.param.grad = slot.avg
         try:
             self.inner_step()
         finally:
             opt.param_groups = saved_groups
-            p.grad = saved_grad
-        slot.arrived = False
+            for slot, grad in zip(slots, saved_grads):
+                slot.param.grad = grad
+        for slot in slots:
+            slot.arrived = False
 
     def finish_all(self) -> None:
         """Waits for every outstanding push and applies every pending step (parameters are current after it)."""
-        for slot in self.slots.values():
-            self._finish(slot)
+        self._finish(list(self.slots.values()))
         if self.buffers is not None:
             self.buffers.finish_all()
 

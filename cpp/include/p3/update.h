@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "p3/dtype.h"
 #include "p3/status.h"
@@ -26,11 +27,17 @@ struct UpdateRequest {
   uint32_t key_slices = 1;
   const void* sum = nullptr;  // null: only `aggregated` is given
   void* rounded = nullptr;    // float16: where Aggregated() rounds `sum` to
+  // Set by the aggregator when `sum` is the sum in `dtype` and `value` a buffer nothing else reads: the buffers
+  // holding them, which CopyAggregate swaps instead of copying the sum (the accumulator is overwritten by the next
+  // iteration's first push anyway). `aggregated` stays valid (it then points into the value); `value` does not.
+  std::vector<char>* sum_buffer = nullptr;
+  std::vector<char>* value_buffer = nullptr;
 };
 
 // The workers' sum in the slice's dtype (rounds `sum` into `rounded` when `aggregated` is null).
 const void* Aggregated(const UpdateRequest& r);
-// Aggregate only: the value becomes the workers' sum.
+// Aggregate only: the value becomes the workers' sum (by swapping buffers where the request allows it). Call it
+// last: `value` may no longer point at the value afterwards.
 void CopyAggregate(const UpdateRequest& r);
 // Runs on the server's consumer thread. A non-Ok status is reported to every worker waiting on the key.
 using Updater = std::function<Status(const UpdateRequest&)>;
