@@ -12,8 +12,10 @@ def test_the_period_grows_only_where_the_quota_would_fall_under_the_kernels_mini
     assert cfs_bandwidth.period_us(0.4, base=2500) == 2500  # 1 ms of quota: the kernel's minimum, kept
     assert cfs_bandwidth.period_us(0.2, base=2500) == 5000  # 0.5 ms would be rounded up to 1 ms: the period grows
     assert cfs_bandwidth.period_us(None, base=2500) == 2500
-    with pytest.raises(ValueError, match="minimum of 1000 us"):
+    with pytest.raises(ValueError, match="outside the kernel's 1000 us to 1000000 us"):
         cfs_bandwidth.period_us(0.4, base=500)
+    with pytest.raises(ValueError, match="outside the kernel's 1000 us to 1000000 us"):
+        cfs_bandwidth.period_us(0.4, base=2_000_000)
 
 
 def test_the_slice_is_set_for_the_groups_lifetime_and_refused_below_one_us(tmp_path):

@@ -119,7 +119,11 @@ def test_groups_write_the_quota_and_read_their_counters(tmp_path):
     limits.set_quota(0.04)
     assert (group / "cpu.cfs_period_us").read_text() == "25000" and (group / "cpu.cfs_quota_us").read_text() == "1000"
     assert limits.period_us == 25000
+    # A period given per run (a point's cfs_period_gpu_ms, dilated): the same share over a longer period.
+    limits.set_quota(0.2, 20_000)
+    assert (group / "cpu.cfs_period_us").read_text() == "20000" and (group / "cpu.cfs_quota_us").read_text() == "4000"
     limits.set_quota(0.25)
+    assert (group / "cpu.cfs_period_us").read_text() == "10000"  # the limits' own base again
     (group / "cpu.stat").write_text(V1_STAT)
     (root / "cpuacct" / "p3c1x0h0" / "cpuacct.usage").write_text("3000000000\n")
     assert limits.groups[0].usage().cpu_s == 3.0
@@ -188,3 +192,18 @@ def test_adopted_threads_go_to_the_hosts_tasks_and_back_to_the_root(tmp_path):
     for d in (root / "cpu" / "p3c1x0h1", root / "cpuacct" / "p3c1x0h1"):
         (d / "tasks").unlink()  # a real group's files go with it
     limits.close()
+
+
+def test_a_points_cfs_period_is_given_in_the_gpus_time_and_dilated():
+    from benchmarks.suites.cluster_job import Point
+
+    fixed = Point(model="resnet50_v1", kvstore="p3", hosts=4, bandwidth="200mbit", gpu_scale=0.05, host_cpus=4)
+    assert fixed.cfs_period_real_us is None  # the fixed real default (cfs_bandwidth.PERIOD_US)
+    dilated = Point(model="resnet50_v1", kvstore="p3", hosts=4, bandwidth="200mbit", gpu_scale=0.05, host_cpus=4,
+                    cfs_period_gpu_ms=1.0)
+    assert dilated.cfs_period_real_us == 20_000  # 1 ms of the GPU's time at a twentieth of its speed
+    assert dilated.group() != fixed.group()  # runs at different periods are not one comparison
+    args = cluster_bench.parse_args(["--gpu-scale", "0.1", "--cfs-period-gpu-ms", "1", "--kvstore", "p3"])
+    assert cluster_bench.points_from_args(args)[0].cfs_period_real_us == 10_000
+    with pytest.raises(SystemExit):
+        cluster_bench.parse_args(["--gpu-scale", "0.05", "--cfs-period-gpu-ms", "0.01"])  # 0.2 ms real: refused

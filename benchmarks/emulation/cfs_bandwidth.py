@@ -27,6 +27,7 @@ LOG = logging.getLogger("cfs_bandwidth")
 PERIOD_US = 10_000  # the period, unless the quota would then fall under MIN_QUOTA_US
 MIN_QUOTA_US = 1000  # the kernel's smallest quota per period
 MIN_PERIOD_US = 1000  # ... and its smallest period
+MAX_PERIOD_US = 1_000_000  # ... and its largest
 SLICE_US = 1000
 SLICE_FILE = pathlib.Path("/proc/sys/kernel/sched_cfs_bandwidth_slice_us")
 
@@ -34,8 +35,8 @@ SLICE_FILE = pathlib.Path("/proc/sys/kernel/sched_cfs_bandwidth_slice_us")
 def period_us(cores: float | None, base: int = PERIOD_US) -> int:
     """The CFS period for a quota of `cores`: `base`, or longer where the quota would fall under the kernel's 1 ms
     minimum (below 0.1 cores at 10 ms), so that the quota is never rounded up."""
-    if base < MIN_PERIOD_US:
-        raise ValueError(f"a CFS period of {base} us is under the kernel's minimum of {MIN_PERIOD_US} us")
+    if not MIN_PERIOD_US <= base <= MAX_PERIOD_US:
+        raise ValueError(f"a CFS period of {base} us is outside the kernel's {MIN_PERIOD_US} us to {MAX_PERIOD_US} us")
     if cores is None:
         return base
     return max(base, math.ceil(MIN_QUOTA_US / cores))

@@ -356,10 +356,12 @@ class HostCpuLimits:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def set_quota(self, cores: float | None) -> None:
-        """Every host's quota in cores (None: unlimited, accounting only)."""
+    def set_quota(self, cores: float | None, base_period_us: int | None = None) -> None:
+        """Every host's quota in cores (None: unlimited, accounting only), per CFS period of `base_period_us`
+        (None: the limits' own base period)."""
+        base = self.base_period_us if base_period_us is None else period_us(None, base_period_us)
         for g in self.groups:
-            self.period_us = g.set_quota(cores, self.base_period_us)
+            self.period_us = g.set_quota(cores, base)
         self.quota = cores
 
     def wrap(self, i: int, argv: Sequence[str]) -> list[str]:

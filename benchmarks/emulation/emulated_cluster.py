@@ -270,11 +270,12 @@ class EmulatedCluster:
         inside = ["ip", "netns", "exec", self.namespaces[i], *argv]
         return self.cpu.wrap(i, inside) if self.cpu is not None else inside
 
-    def set_cpu_quota(self, cores: float | None) -> None:
-        """Every host's CPU bandwidth in cores (None: unlimited); needs cpu_groups=True."""
+    def set_cpu_quota(self, cores: float | None, period_us: int | None = None) -> None:
+        """Every host's CPU bandwidth in cores (None: unlimited) per CFS period of `period_us` real µs (None: the
+        default, cfs_bandwidth.PERIOD_US); needs cpu_groups=True."""
         if self.cpu is None:
             raise ClusterError("this cluster has no CPU groups: build it with cpu_groups=True")
-        self.cpu.set_quota(cores)
+        self.cpu.set_quota(cores, period_us)
 
     def run(self, i: int, argv: Sequence[str], **kwargs) -> subprocess.CompletedProcess:
         kwargs.setdefault("timeout", 60)

@@ -64,16 +64,17 @@ class RunMonitors:
     """One run's monitors on `cluster` (an EmulatedCluster). `host_cpus` None: CPU limits off for this run;
     `quota` the per-host cores when on."""
 
-    def __init__(self, cluster, host_cpus: float | None, quota: float | None):
+    def __init__(self, cluster, host_cpus: float | None, quota: float | None, period_us: int | None = None):
         self._cluster = cluster
         self.host_cpus, self.quota = host_cpus, quota
+        self.period_us = period_us  # the quota's CFS period in real µs; None: the default (cfs_bandwidth.py)
         self._sampler: cpu_sampler.UsageSampler | None = None
         self._net_before: list[net_counters.HostNet] | None = None
         self._links: link_monitor.LinkMonitor | None = None
 
     def start(self) -> RunMonitors:
         if self._cluster.cpu is not None:
-            self._cluster.set_cpu_quota(self.quota if self.host_cpus is not None else None)
+            self._cluster.set_cpu_quota(self.quota if self.host_cpus is not None else None, self.period_us)
             self._sampler = cpu_sampler.UsageSampler(self._cluster.cpu).start()
         if self._cluster.rate_bps:  # uncapped links have no queue of their own to watch
             try:

@@ -53,7 +53,7 @@ from collections.abc import Callable, Sequence
 
 from benchmarks.analysis import bench_rows
 from benchmarks.analysis.points import aggregate, fidelity_sentence, point_table, shown
-from benchmarks.emulation import cpu_limit, emulated_cluster, run_guard
+from benchmarks.emulation import cfs_bandwidth, cpu_limit, emulated_cluster, run_guard
 from benchmarks.paths import RESULTS, ROOT  # noqa: F401  (ROOT: the tests' and deploy's)
 from benchmarks.suites import baseline_settings
 from benchmarks.suites.cluster_job import KVSTORES, Point, comm_bound_seconds, model_arrays, model_bytes, run_point  # noqa: F401
@@ -235,6 +235,10 @@ def add_cpu_arguments(p: argparse.ArgumentParser) -> None:
                    "machine: 4 x 4 x 0.1125 = 1.8); a larger count forces a smaller --gpu-scale and longer runs")
     p.add_argument("--no-cpu-limit", action="store_true", help="run the hosts without CPU limits, for comparison "
                    "(rows say cpu_limit=off and are never faithful)")
+    p.add_argument("--cfs-period-gpu-ms", type=float, default=None, help="the CFS period of the hosts' CPU quotas "
+                   "in the emulated GPU's time (real period: this / --gpu-scale, at least 1 ms and at most 1 s), so "
+                   "that a host's run-then-stop cycle is dilated like compute and links; default: a fixed real "
+                   f"{cfs_bandwidth.PERIOD_US // 1000} ms (rows record the real period as cfs_period_us)")
     p.add_argument("--link-rx", choices=("softirq", "napi"), default="softirq", help="how emulated hosts receive: "
                    "softirq (the kernel's default: on whatever CPU sent, charged to no host) or napi (a kernel thread "
                    "per host in its CPU group; the switch ports then send without TSO, about 3x the CPU per byte; "
@@ -332,6 +336,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--host-cpus must be positive")
     if args.link_queue_ms <= 0:
         p.error("--link-queue-ms must be positive")
+    if args.cfs_period_gpu_ms is not None and not (cfs_bandwidth.MIN_PERIOD_US <= args.cfs_period_gpu_ms * 1000
+                                                   / args.gpu_scale <= cfs_bandwidth.MAX_PERIOD_US):
+        p.error(f"--cfs-period-gpu-ms {args.cfs_period_gpu_ms:g} at --gpu-scale {args.gpu_scale:g} is a real period "
+                "outside the kernel's 1 ms to 1 s")
     return args
 
 
@@ -341,7 +349,8 @@ def points_from_args(args: argparse.Namespace) -> list[Point]:
                   efficiency_factor=args.efficiency_factor, optimizer=args.optimizer, warmup=args.warmup,
                   iters=args.iters, tag=args.tag, timeout=args.timeout, layout=args.layout,
                   log_interval=args.log_interval, host_cpus=host_cpus_from_args(args),
-                  link_rx=args.link_rx, link_queue_ms=args.link_queue_ms)
+                  link_rx=args.link_rx, link_queue_ms=args.link_queue_ms,
+                  cfs_period_gpu_ms=args.cfs_period_gpu_ms)
             for model in args.model for kv in args.kvstore]
     return baseline_settings.from_args(interleave(base, args.repeats, args.seed), args)
 

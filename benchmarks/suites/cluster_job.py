@@ -88,6 +88,9 @@ class Point:
     host_cpus: float | None = None  # CPUs of one emulated host, dilated by gpu_scale; None: no CPU limit
     link_rx: str = "softirq"  # how hosts receive: "softirq" (the kernel's way) or "napi" (link_napi.py)
     link_queue_ms: float = emulated_cluster.DEFAULT_QUEUE_MS  # each link direction's queue, in the GPU's own time
+    # The CFS period of the hosts' CPU quotas in the GPU's own time (real: cfs_period_gpu_ms / gpu_scale), so that
+    # a host's bursts and stops are dilated like every other duration; None: a fixed real period (cfs_bandwidth.py).
+    cfs_period_gpu_ms: float | None = None
 
     @property
     def link_queue_real_ms(self) -> float:
@@ -96,6 +99,14 @@ class Point:
         holds (and drain in link_queue_ms of real time, a gpu_scale-th of that in the GPU's time): the queue is
         dilated like every duration, so that it holds the same bytes at every dilation."""
         return self.link_queue_ms / self.gpu_scale if self.compute == "emulated" else self.link_queue_ms
+
+    @property
+    def cfs_period_real_us(self) -> int | None:
+        """The quota's CFS period in real µs, or None for the fixed default."""
+        if self.cfs_period_gpu_ms is None:
+            return None
+        scale = self.gpu_scale if self.compute == "emulated" else 1.0
+        return round(1000 * self.cfs_period_gpu_ms / scale)
 
     @property
     def cpu_quota(self) -> float | None:
@@ -225,7 +236,7 @@ def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: 
              point.batch_size, point.optimizer)
     load_before = os.getloadavg()[0]
     monitors = run_monitors.RunMonitors(cluster, point.host_cpus if point.cpu_quota else None,
-                                        point.cpu_quota).start()
+                                        point.cpu_quota, point.cfs_period_real_us).start()
     start = time.perf_counter()
     procs, threads, logs = [], [], []
     for i in range(hosts):
