@@ -251,6 +251,9 @@ def test_readme_and_docs_blocks_are_what_the_csvs_give_now():
     # Rows from before the reviewed settings are not results: their tables live beside their CSVs, not here.
     assert "legacy" not in names
     assert report.render(text) == text, "docs/benchmarks.md is stale: run python -m benchmarks.report"
+    torch_doc = report.TORCH_DOC.read_text()  # the PyTorch comparison lives with p3kv.torch's page
+    assert {m["name"] for m in report.BLOCK.finditer(torch_doc)} == {"torch"}
+    assert report.render(torch_doc) == torch_doc, "docs/torch.md is stale: run python -m benchmarks.report"
     legacy = (report.RESULTS / report.LEGACY / "README.md").read_text()
     assert {m["name"] for m in report.BLOCK.finditer(legacy)} == {"legacy"}
     assert report.render(legacy) == legacy, "results/legacy/README.md is stale: run python -m benchmarks.report"

@@ -195,15 +195,29 @@ def test_adopted_threads_go_to_the_hosts_tasks_and_back_to_the_root(tmp_path):
 
 
 def test_a_points_cfs_period_is_given_in_the_gpus_time_and_dilated():
+    import dataclasses
+
     from benchmarks.suites.cluster_job import Point
 
-    fixed = Point(model="resnet50_v1", kvstore="p3", hosts=4, bandwidth="200mbit", gpu_scale=0.05, host_cpus=4)
-    assert fixed.cfs_period_real_us is None  # the fixed real default (cfs_bandwidth.PERIOD_US)
-    dilated = Point(model="resnet50_v1", kvstore="p3", hosts=4, bandwidth="200mbit", gpu_scale=0.05, host_cpus=4,
-                    cfs_period_gpu_ms=1.0)
-    assert dilated.cfs_period_real_us == 20_000  # 1 ms of the GPU's time at a twentieth of its speed
-    assert dilated.group() != fixed.group()  # runs at different periods are not one comparison
-    args = cluster_bench.parse_args(["--gpu-scale", "0.1", "--cfs-period-gpu-ms", "1", "--kvstore", "p3"])
+    point = Point(model="resnet50_v1", kvstore="p3", hosts=4, bandwidth="200mbit", gpu_scale=0.05, host_cpus=4)
+    assert point.cfs_period_gpu_ms == 1.0 and point.cfs_period_real_us == 20_000  # 1 ms of GPU time at 1/20
+    assert point.cfs_period_us == 20_000  # what the groups get: a quota of 4 ms per period, over the 1 ms minimum
+    fixed = dataclasses.replace(point, cfs_period_gpu_ms=None)
+    assert fixed.cfs_period_real_us is None and fixed.cfs_period_us == 10_000  # the fixed real default
+    assert fixed.group() != point.group()  # runs at different periods are not one comparison
+    assert dataclasses.replace(point, host_cpus=None).cfs_period_us is None  # no quota, no period
+    assert Point(model="resnet50_v1", kvstore="p3", hosts=4, gpu_scale=0.1, host_cpus=4).cfs_period_us == 10_000
+    args = cluster_bench.parse_args(["--gpu-scale", "0.1", "--kvstore", "p3"])
     assert cluster_bench.points_from_args(args)[0].cfs_period_real_us == 10_000
     with pytest.raises(SystemExit):
         cluster_bench.parse_args(["--gpu-scale", "0.05", "--cfs-period-gpu-ms", "0.01"])  # 0.2 ms real: refused
+    with pytest.raises(cpu_limit.QuotaRefused, match="outside the kernel's"):  # before any run
+        cluster_bench.check_cpu_limits([dataclasses.replace(point, gpu_scale=0.0005, bandwidth="2mbit", hosts=2)])
+    # --resume: a row run at another period is another run; the sweeps pass the flag on.
+    swept = sweeps.sweep_points("dilation", sweeps.parse_args(["dilation", "--cfs-period-gpu-ms", "0.5"]))
+    assert {p.cfs_period_gpu_ms for p in swept} == {0.5}
+    row = {k: ("" if v is None else str(v)) for k, v in dataclasses.asdict(point).items()}
+    assert sweeps._signature({**row, "cfs_period_us": "20000"}) == sweeps._signature(
+        {**dataclasses.asdict(point), "cfs_period_us": point.cfs_period_us})
+    assert sweeps._signature({**row, "cfs_period_us": "10000"}) != sweeps._signature(
+        {**dataclasses.asdict(point), "cfs_period_us": point.cfs_period_us})

@@ -63,3 +63,27 @@ def test_rows_of_another_queue_are_another_point_and_older_rows_had_the_default(
     assert sweeps._signature(deep) != sweeps._signature(row)
     assert point_stats.key_value(deep, "link_queue_ms") == "50" == point_stats.key_value({}, "link_queue_ms")
     assert point_stats.key_value(row, "link_queue_ms") == "1"
+
+
+def test_the_links_bucket_is_dilated_so_it_holds_the_same_bytes_at_every_dilation():
+    # tbf lets a link send a whole bucket at once after an idle spell. At a fixed 10 ms of real time the bucket
+    # held half the P100-equivalent link's bytes at 0.05 that it held at 0.1; in the GPU's time it stays 1 ms.
+    assert emulated_cluster.tbf_args(4e8, 50.0, 20.0)[3:5] == ["burst", "1000000"]
+    with pytest.raises(ValueError, match="link burst 0 ms: must be positive"):
+        emulated_cluster.tbf_args(8e8, 50.0, 0)
+    at = {scale: cluster_bench.Point(model="resnet50_v1", kvstore="p3", hosts=4, bandwidth=sweeps.link(4, scale),
+                                     compute="emulated", gpu_scale=scale, host_cpus=4) for scale in (0.1, 0.05, 0.025)}
+    assert {p.link_burst_bytes for p in at.values()} == {500_000}  # 1 ms of 4 Gbps
+    assert at[0.05].link_burst_real_ms == pytest.approx(20.0)
+    assert emulated_cluster.burst_bytes(1e8, 1.0) == emulated_cluster.MIN_BURST_BYTES  # a GSO packet fits
+    # Rows: the column, or for rows from before it the 10 ms of rate every link had; keeps buckets apart.
+    row = {"bandwidth_bps": "200000000.0", "link_burst_bytes": ""}
+    assert point_stats.key_value(row, "link_burst_bytes") == "250000"
+    assert point_stats.key_value({**row, "link_burst_bytes": "500000"}, "link_burst_bytes") == "500000"
+    assert point_stats.key_value({"bandwidth_bps": ""}, "link_burst_bytes") == ""
+    point = at[0.05]
+    fields = {k: ("" if v is None else str(v)) for k, v in dataclasses.asdict(point).items()}
+    new_row = {**fields, "bandwidth_bps": "200000000.0", "link_burst_bytes": "500000", "cfs_period_us": "20000"}
+    old_row = {**new_row, "link_burst_bytes": ""}  # 250,000 bytes: another run for --resume
+    assert sweeps._signature(new_row) == sweeps._signature(sweeps._settings(point))
+    assert sweeps._signature(old_row) != sweeps._signature(sweeps._settings(point))

@@ -50,6 +50,7 @@ RUN_COLUMNS = (
     # The virtual GPU's late wake-ups summed per timed iteration (the worst rank), and the share of the machine's
     # CPU time the hypervisor took from it during the run (steal, /proc/stat).
     "vgpu_late_us_per_iter", "steal_pct",
+    "link_burst_bytes",  # each link's bucket (emulated_cluster.burst_bytes); "": uncapped, or a row from before it
 )
 ITERATION_COLUMNS = ("run_id", "tag", "model", "kvstore", "hosts", "bandwidth", "gpu_scale", "repeat", "rank",
                      "iteration", "time_s")

@@ -9,7 +9,7 @@ import statistics
 from collections.abc import Sequence
 
 from benchmarks.analysis import bench_rows, bench_stats
-from benchmarks.emulation.emulated_cluster import DEFAULT_QUEUE_MS
+from benchmarks.emulation.emulated_cluster import DEFAULT_BURST_MS, DEFAULT_QUEUE_MS, burst_bytes
 
 LABEL = {"p3": "p3kv", "dist_sync": "dist_sync", "mxnet-p3": "MXNet P3", "horovod": "Horovod",
          "p3-slicing-only": "p3kv slicing only", "p3-priority-split": "p3kv priority only (big arrays split)",
@@ -20,14 +20,28 @@ LABEL = {"p3": "p3kv", "dist_sync": "dist_sync", "mxnet-p3": "MXNet P3", "horovo
 POINT_KEY = ("tag", "model", "hosts", "layout", "bandwidth", "compute", "batch_size", "gpu_scale",
              "efficiency_factor", "optimizer", "slice_size", "legacy",
              "host_cpus",  # CPU-limited runs never pool with unlimited ones (rows from before the limits: "")
-             "link_queue_ms")  # nor shallow link queues with deep ones (rows from before the column: 50 ms)
+             "link_queue_ms",  # nor shallow link queues with deep ones (rows from before the column: 50 ms)
+             "cfs_period_us",  # nor one CFS period with another (cfs_bandwidth.py)
+             "link_burst_bytes")  # nor one link bucket with another (rows from before the column: 10 ms of rate)
 
 
 def key_value(row: dict, column: str) -> str:
     """A POINT_KEY column of a row as the key compares it."""
     if column == "link_queue_ms":
         return f"{number(row.get(column), DEFAULT_QUEUE_MS) or DEFAULT_QUEUE_MS:g}"
+    if column == "link_burst_bytes":
+        burst = link_burst(row)
+        return "" if burst is None else str(burst)
     return str(row.get(column, ""))
+
+
+def link_burst(row: dict) -> int | None:
+    """A row's link bucket in bytes: its column, or for a row from before it the 10 ms of rate every link had then;
+    None for an uncapped link."""
+    if row.get("link_burst_bytes") not in (None, ""):
+        return int(float(row["link_burst_bytes"]))
+    rate = number(row.get("bandwidth_bps"), 0.0)
+    return burst_bytes(rate, DEFAULT_BURST_MS) if rate else None
 
 
 def number(value, default: float = 0.0) -> float:

@@ -11,6 +11,12 @@ follow, and the period is chosen for both:
   (cfs_stall_probe.cc measures it: benchmarks/results/cfs_stall.md).
 A shorter period shortens both, down to the kernel's 1 ms minimum quota per period.
 
+The period is a duration like any other, so a cluster dilates it (PERIOD_GPU_MS of the GPU's own time, real
+PERIOD_GPU_MS / gpu_scale: 10 ms at the demo's 0.1, 20 ms at 0.05). At a fixed real period a smaller dilation
+cut the same work into finer periods of GPU time, and more of them came out throttled: at 0.05 dist_sync's hosts
+were throttled in 12.3% of their periods with 10 ms and 6.1% with 20 ms, against 6.3% at 0.1
+(results/cfs_period/summary.md).
+
 The slice (kernel.sched_cfs_bandwidth_slice_us, 5 ms by default) is how much of a group's quota one CPU takes at
 a time. It must be well under the quota per period, or the first CPU takes the whole quota and the host's other
 threads wait on the other CPU. It is the machine's setting (it acts only on groups with a quota): MachineSlice sets
@@ -25,11 +31,23 @@ import pathlib
 
 LOG = logging.getLogger("cfs_bandwidth")
 PERIOD_US = 10_000  # the period, unless the quota would then fall under MIN_QUOTA_US
+PERIOD_GPU_MS = 1.0  # an emulated cluster's period in the GPU's own time (PERIOD_US at a dilation of 0.1)
 MIN_QUOTA_US = 1000  # the kernel's smallest quota per period
 MIN_PERIOD_US = 1000  # ... and its smallest period
 MAX_PERIOD_US = 1_000_000  # ... and its largest
 SLICE_US = 1000
 SLICE_FILE = pathlib.Path("/proc/sys/kernel/sched_cfs_bandwidth_slice_us")
+
+
+def dilated_period_us(gpu_ms: float, gpu_scale: float) -> int:
+    """The real period of `gpu_ms` of the GPU's own time at dilation `gpu_scale`; ValueError outside the kernel's
+    range, naming the dilations that fit."""
+    real = round(1000 * gpu_ms / gpu_scale)
+    if not MIN_PERIOD_US <= real <= MAX_PERIOD_US:
+        raise ValueError(f"a CFS period of {gpu_ms:g} ms of GPU time at gpu_scale {gpu_scale:g} is {real} us of real "
+                         f"time, outside the kernel's {MIN_PERIOD_US} us to {MAX_PERIOD_US} us: use a gpu_scale from "
+                         f"{1000 * gpu_ms / MAX_PERIOD_US:g} to {1000 * gpu_ms / MIN_PERIOD_US:g} or another period")
+    return real
 
 
 def period_us(cores: float | None, base: int = PERIOD_US) -> int:

@@ -110,16 +110,24 @@ def _kill_namespace_processes(namespace: str) -> None:
 
 
 DEFAULT_QUEUE_MS = 50.0  # how long a packet may wait in a link's queue beyond its burst (tbf's latency)
+DEFAULT_BURST_MS = 10.0  # how much a link may send at once after an idle spell, in ms of its rate (real time)
+MIN_BURST_BYTES = 128 * 1024  # veth hands tbf 64 KiB GSO packets; a packet larger than the burst would be dropped
 
 
-def tbf_args(rate_bps: float, queue_ms: float = DEFAULT_QUEUE_MS) -> list[str]:
-    """tbf parameters for `rate_bps`: a burst of 10 ms of traffic (at least 128 KiB: veth hands tbf 64 KiB GSO
-    packets, and a packet larger than the burst would be dropped) and `queue_ms` of queue (tc's byte limit is
-    rate x latency + burst: a full queue under sustained load holds queue_ms plus the burst's 10 ms)."""
+def burst_bytes(rate_bps: float, burst_ms: float = DEFAULT_BURST_MS) -> int:
+    """tbf's bucket: `burst_ms` of traffic at `rate_bps`, at least MIN_BURST_BYTES."""
+    return max(MIN_BURST_BYTES, int(rate_bps / 8 * burst_ms / 1000))
+
+
+def tbf_args(rate_bps: float, queue_ms: float = DEFAULT_QUEUE_MS, burst_ms: float = DEFAULT_BURST_MS) -> list[str]:
+    """tbf parameters for `rate_bps`: a burst of `burst_ms` of traffic (burst_bytes) and `queue_ms` of queue (tc's
+    byte limit is rate x latency + burst: a full queue under sustained load holds queue_ms plus the burst)."""
     if queue_ms <= 0:
         raise ValueError(f"link queue {queue_ms:g} ms: must be positive")
-    burst = max(128 * 1024, int(rate_bps / 8 / 100))
-    return ["tbf", "rate", f"{int(rate_bps)}bit", "burst", str(burst), "latency", f"{queue_ms:g}ms"]
+    if burst_ms <= 0:
+        raise ValueError(f"link burst {burst_ms:g} ms: must be positive")
+    return ["tbf", "rate", f"{int(rate_bps)}bit", "burst", str(burst_bytes(rate_bps, burst_ms)), "latency",
+            f"{queue_ms:g}ms"]
 
 
 class EmulatedCluster:
@@ -128,7 +136,7 @@ class EmulatedCluster:
     `threaded_rx`: hosts receive on NAPI threads of their own (link_napi.py), not in softirq."""
 
     def __init__(self, hosts: int, bandwidth: str | None = None, cpu_groups: bool = False, threaded_rx: bool = False,
-                 queue_ms: float = DEFAULT_QUEUE_MS):
+                 queue_ms: float = DEFAULT_QUEUE_MS, burst_ms: float = DEFAULT_BURST_MS):
         if not 1 <= hosts <= 200:
             raise ValueError(f"hosts must be 1..200 (got {hosts})")
         self.hosts = hosts
@@ -137,9 +145,9 @@ class EmulatedCluster:
         self.namespaces = [f"{self.name}h{i}" for i in range(hosts)]
         self.bandwidth = bandwidth
         self._rate = parse_rate(bandwidth) if bandwidth else None
-        self.queue_ms = queue_ms
+        self.queue_ms, self.burst_ms = queue_ms, burst_ms
         if self._rate:
-            tbf_args(self._rate, queue_ms)  # a bad queue is refused before anything is built
+            tbf_args(self._rate, queue_ms, burst_ms)  # a bad queue or burst is refused before anything is built
         self._up = False
         self._sampler: subprocess.Popen | None = None
         self._want_cpu_groups = cpu_groups
@@ -288,18 +296,21 @@ class EmulatedCluster:
         return _run(["ip", "netns", "exec", ns, *argv], check=check)
 
     # -- links ------------------------------------------------------------------------------------------------
-    def set_bandwidth(self, bandwidth: str | None, queue_ms: float | None = None) -> None:
-        """Caps (or, with None, uncaps) both directions of every host's link, with `queue_ms` (None: as before)."""
+    def set_bandwidth(self, bandwidth: str | None, queue_ms: float | None = None,
+                      burst_ms: float | None = None) -> None:
+        """Caps (or, with None, uncaps) both directions of every host's link, with `queue_ms` of queue and a bucket
+        of `burst_ms` (real ms; None: as before)."""
         rate = parse_rate(bandwidth) if bandwidth else None
         queue_ms = self.queue_ms if queue_ms is None else queue_ms
-        args = tbf_args(rate, queue_ms) if rate is not None else []
+        burst_ms = self.burst_ms if burst_ms is None else burst_ms
+        args = tbf_args(rate, queue_ms, burst_ms) if rate is not None else []
         for i, ns in enumerate(self.namespaces):
             for where, dev in ((ns, "eth0"), (self.bridge_ns, f"h{i}")):
                 if rate is None:
                     self._in(where, "tc", "qdisc", "del", "dev", dev, "root", check=False)
                 else:
                     self._in(where, "tc", "qdisc", "replace", "dev", dev, "root", *args)
-        self.bandwidth, self._rate, self.queue_ms = bandwidth, rate, queue_ms
+        self.bandwidth, self._rate, self.queue_ms, self.burst_ms = bandwidth, rate, queue_ms, burst_ms
 
     @property
     def rate_bps(self) -> float | None:

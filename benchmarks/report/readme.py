@@ -35,6 +35,7 @@ SWEEPS_DIR = RESULTS / "sweeps"  # rows that satisfy the reviewed schema (optimi
 
 README = ROOT / "README.md"
 DOCS = ROOT / "docs" / "benchmarks.md"  # the tables; the README shows the headline only
+TORCH_DOC = ROOT / "docs" / "torch.md"  # the PyTorch comparison's table (bench:torch)
 
 
 SUMMARIES = {
@@ -69,7 +70,7 @@ def blocks(results: pathlib.Path = RESULTS) -> dict[str, Callable[[], str]]:
     for name, (file, command) in SUMMARIES.items():
         named[name] = (lambda f=file, c=command: summary_block(results / f, c))
     for name in ("demo", "bandwidth", "sensitivity", "dilation", "ablation", "slice", "scale", "utilisation",
-                 "shallow"):
+                 "shallow", "torch"):
         named[name] = (lambda n=name: reviewed_block(n, results))
     return named
 
@@ -102,12 +103,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--readme", type=pathlib.Path, action="append", dest="documents",
                         help="rewrite (or check) only this document; repeatable (default: README.md, "
-                        "docs/benchmarks.md and results/legacy/README.md)")
+                        "docs/benchmarks.md, docs/torch.md and results/legacy/README.md)")
     parser.add_argument("--results-dir", type=pathlib.Path, default=RESULTS)
     parser.add_argument("--check", action="store_true", help="only compare; exit 1 if a block is stale")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    documents = args.documents or [README, DOCS, args.results_dir / LEGACY / "README.md"]
+    documents = args.documents or [README, DOCS, TORCH_DOC, args.results_dir / LEGACY / "README.md"]
     rendered = {d: (d.read_text(), render(d.read_text(), args.results_dir)) for d in documents if d.exists()}
     if args.check:
         stale = stale_bound_rows(args.results_dir / "sweeps")

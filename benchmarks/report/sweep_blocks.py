@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pathlib
 
-from benchmarks.analysis import bench_rows
+from benchmarks.analysis import bench_rows, torch_comparison
 from benchmarks.analysis.points import (
     aggregate,
     fidelity_sentence,
@@ -87,6 +87,8 @@ def reviewed_block(name: str, results: pathlib.Path) -> str:
         extra += saturation_sentences(points, cpus)
     if name == "utilisation":
         extra += utilisation_sentences(_rows(path), results / "sweeps" / "utilisation")
+    if name == "torch":  # each system against DDP, with the bootstrap's CIs
+        extra.append(torch_comparison.table(_rows(path)))
     return "\n".join([head, "", point_table(points), "", *verdicts(points), *extra])
 
 

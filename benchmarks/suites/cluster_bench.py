@@ -144,9 +144,11 @@ def run_points(points: Sequence[Point], csv_path: pathlib.Path, conditions: Cond
                     cluster = emulated_cluster.EmulatedCluster(point.hosts, point.bandwidth,
                                                                cpu_groups=limited is not False,
                                                                threaded_rx=point.link_rx == "napi",
-                                                               queue_ms=point.link_queue_real_ms).start()
-                elif cluster.bandwidth != point.bandwidth or cluster.queue_ms != point.link_queue_real_ms:
-                    cluster.set_bandwidth(point.bandwidth, point.link_queue_real_ms)
+                                                               queue_ms=point.link_queue_real_ms,
+                                                               burst_ms=point.link_burst_real_ms).start()
+                elif (cluster.bandwidth, cluster.queue_ms, cluster.burst_ms) != (
+                        point.bandwidth, point.link_queue_real_ms, point.link_burst_real_ms):
+                    cluster.set_bandwidth(point.bandwidth, point.link_queue_real_ms, point.link_burst_real_ms)
                 if utilisation_dir is not None:
                     utilisation_dir.mkdir(parents=True, exist_ok=True)
                     cluster.start_sampler(str(utilisation_dir / f"{point.model}.{point.kvstore}.{point.hosts}h."
@@ -173,6 +175,10 @@ def check_cpu_limits(points: Sequence[Point]) -> bool | None:
     for p in points:
         if p.cpu_quota is not None:
             cpu_limit.check_fits(p.hosts, p.host_cpus, p.gpu_scale)
+            try:
+                p.cfs_period_real_us  # noqa: B018  (raises where the dilated period leaves the kernel's range)
+            except ValueError as e:
+                raise cpu_limit.QuotaRefused(str(e)) from e
     if any(p.cpu_quota is not None for p in points):
         reason = cpu_limit.why_unavailable()
         if reason:
@@ -233,12 +239,13 @@ def add_cpu_arguments(p: argparse.ArgumentParser) -> None:
                    f"Default {DEFAULT_HOST_CPUS:g}: with 2, hosts of 4-host points were throttled 13-43%% of the time; "
                    "4 fits a 4-host point at the demo's dilation (0.1) on 2 cores (the quotas may use 90%% of the "
                    "machine: 4 x 4 x 0.1125 = 1.8); a larger count forces a smaller --gpu-scale and longer runs")
+    p.add_argument("--cfs-period-gpu-ms", type=float, default=cfs_bandwidth.PERIOD_GPU_MS, help="the CFS period of "
+                   "the hosts' CPU quotas in the emulated GPU's time: real period this / --gpu-scale (within the "
+                   "kernel's 1 ms to 1 s), so that a host's run-then-stop cycle is dilated like compute and links "
+                   f"(default {cfs_bandwidth.PERIOD_GPU_MS:g}: 10 ms at 0.1; rows record the real period as "
+                   "cfs_period_us)")
     p.add_argument("--no-cpu-limit", action="store_true", help="run the hosts without CPU limits, for comparison "
                    "(rows say cpu_limit=off and are never faithful)")
-    p.add_argument("--cfs-period-gpu-ms", type=float, default=None, help="the CFS period of the hosts' CPU quotas "
-                   "in the emulated GPU's time (real period: this / --gpu-scale, at least 1 ms and at most 1 s), so "
-                   "that a host's run-then-stop cycle is dilated like compute and links; default: a fixed real "
-                   f"{cfs_bandwidth.PERIOD_US // 1000} ms (rows record the real period as cfs_period_us)")
     p.add_argument("--link-rx", choices=("softirq", "napi"), default="softirq", help="how emulated hosts receive: "
                    "softirq (the kernel's default: on whatever CPU sent, charged to no host) or napi (a kernel thread "
                    "per host in its CPU group; the switch ports then send without TSO, about 3x the CPU per byte; "
@@ -248,10 +255,10 @@ def add_cpu_arguments(p: argparse.ArgumentParser) -> None:
 def add_queue_argument(p: argparse.ArgumentParser) -> None:
     """--link-queue-ms (shared with sweeps.py)."""
     p.add_argument("--link-queue-ms", type=float, default=emulated_cluster.DEFAULT_QUEUE_MS, help="each link "
-                   "direction's queue: how long a packet may wait beyond the bucket's 10 ms burst, in the emulated "
-                   "GPU's time: tc tbf's latency is link_queue_ms / gpu_scale, so that the queue holds the same bytes "
-                   f"at every dilation (default {emulated_cluster.DEFAULT_QUEUE_MS:g}; rows record it as "
-                   "link_queue_ms)")
+                   "direction's queue: how long a packet may wait beyond the bucket's burst, in the emulated GPU's "
+                   "time: tc tbf's latency is link_queue_ms / gpu_scale, so that the queue holds the same bytes at "
+                   "every dilation, as the bucket does (1 ms of GPU time; rows record link_burst_bytes) "
+                   f"(default {emulated_cluster.DEFAULT_QUEUE_MS:g}; rows record it as link_queue_ms)")
 
 
 def host_cpus_from_args(args: argparse.Namespace) -> float | None:
@@ -336,10 +343,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--host-cpus must be positive")
     if args.link_queue_ms <= 0:
         p.error("--link-queue-ms must be positive")
-    if args.cfs_period_gpu_ms is not None and not (cfs_bandwidth.MIN_PERIOD_US <= args.cfs_period_gpu_ms * 1000
-                                                   / args.gpu_scale <= cfs_bandwidth.MAX_PERIOD_US):
-        p.error(f"--cfs-period-gpu-ms {args.cfs_period_gpu_ms:g} at --gpu-scale {args.gpu_scale:g} is a real period "
-                "outside the kernel's 1 ms to 1 s")
+    try:
+        cfs_bandwidth.dilated_period_us(args.cfs_period_gpu_ms, args.gpu_scale)
+    except ValueError as e:
+        p.error(f"--cfs-period-gpu-ms: {e}")
     return args
 
 

@@ -30,6 +30,7 @@ import time
 from benchmarks import paths
 from benchmarks.analysis import bench_rows, bench_stats
 from benchmarks.emulation import (
+    cfs_bandwidth,
     cpu_limit,
     emulated_cluster,
     emulated_compute,
@@ -55,6 +56,7 @@ KVSTORES = {
     **torch_systems.KVSTORES,  # PyTorch: p3kv.torch in both placements, DDP (gloo) under torchrun
 }
 NO_SERVERS = ("horovod", *torch_systems.NO_SERVERS)  # one rank per host, no parameter servers
+LINK_BURST_GPU_MS = 1.0  # a link's bucket in the GPU's time: 10 ms real at the demo's 0.1, as before it was dilated
 
 
 @dataclasses.dataclass
@@ -88,9 +90,12 @@ class Point:
     host_cpus: float | None = None  # CPUs of one emulated host, dilated by gpu_scale; None: no CPU limit
     link_rx: str = "softirq"  # how hosts receive: "softirq" (the kernel's way) or "napi" (link_napi.py)
     link_queue_ms: float = emulated_cluster.DEFAULT_QUEUE_MS  # each link direction's queue, in the GPU's own time
+    # Each link's bucket (tbf's burst: what it may send at once after an idle spell) in the GPU's own time, dilated
+    # like the queue: the same bytes at every dilation (the P100-equivalent rate's burst_gpu_ms).
+    link_burst_gpu_ms: float = LINK_BURST_GPU_MS
     # The CFS period of the hosts' CPU quotas in the GPU's own time (real: cfs_period_gpu_ms / gpu_scale), so that
-    # a host's bursts and stops are dilated like every other duration; None: a fixed real period (cfs_bandwidth.py).
-    cfs_period_gpu_ms: float | None = None
+    # a host's bursts and stops are dilated like every other duration (cfs_bandwidth.py); None: a fixed real period.
+    cfs_period_gpu_ms: float | None = cfs_bandwidth.PERIOD_GPU_MS
 
     @property
     def link_queue_real_ms(self) -> float:
@@ -101,12 +106,32 @@ class Point:
         return self.link_queue_ms / self.gpu_scale if self.compute == "emulated" else self.link_queue_ms
 
     @property
+    def link_burst_real_ms(self) -> float:
+        """The bucket tc gets, in real ms (as link_queue_real_ms)."""
+        return self.link_burst_gpu_ms / self.gpu_scale if self.compute == "emulated" else self.link_burst_gpu_ms
+
+    @property
+    def link_burst_bytes(self) -> int | None:
+        """The bucket's bytes (the row's link_burst_bytes), None for an uncapped link."""
+        if not self.bandwidth:
+            return None
+        return emulated_cluster.burst_bytes(emulated_cluster.parse_rate(self.bandwidth), self.link_burst_real_ms)
+
+    @property
     def cfs_period_real_us(self) -> int | None:
         """The quota's CFS period in real µs, or None for the fixed default."""
         if self.cfs_period_gpu_ms is None:
             return None
-        scale = self.gpu_scale if self.compute == "emulated" else 1.0
-        return round(1000 * self.cfs_period_gpu_ms / scale)
+        return cfs_bandwidth.dilated_period_us(self.cfs_period_gpu_ms,
+                                               self.gpu_scale if self.compute == "emulated" else 1.0)
+
+    @property
+    def cfs_period_us(self) -> int | None:
+        """The period the hosts' groups get (the row's cfs_period_us), None without a quota."""
+        quota = self.cpu_quota
+        if quota is None:
+            return None
+        return cfs_bandwidth.period_us(quota, self.cfs_period_real_us or cfs_bandwidth.PERIOD_US)
 
     @property
     def cpu_quota(self) -> float | None:
@@ -294,7 +319,9 @@ def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: 
            "cpu_host_pct": ";".join(f"{c:g}" for c in cpu_pct), "cpu_total_pct": round(sum(cpu_pct), 1),
            "model_bytes": nbytes, "run_id": name,
            "baseline_setting": point.baseline_setting or baseline_settings.DEFAULT_UNTUNED,
-           "link_queue_ms": point.link_queue_ms if cluster.rate_bps else ""}
+           "link_queue_ms": point.link_queue_ms if cluster.rate_bps else "",
+           "link_burst_bytes": emulated_cluster.burst_bytes(cluster.rate_bps, cluster.burst_ms) if cluster.rate_bps
+           else ""}
     files = sorted(scratch.glob(f"{name}.rank*.json"))
     results = [json.loads(p.read_text()) for p in files]
     every = [t for r in results for t in r.get("iter_s") or []]

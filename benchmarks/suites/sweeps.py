@@ -50,7 +50,7 @@ import sys
 from collections.abc import Sequence
 
 from benchmarks.analysis import bench_rows, torch_comparison
-from benchmarks.analysis.points import optimizer_label
+from benchmarks.analysis.points import link_burst, optimizer_label
 from benchmarks.emulation import cpu_limit, emulated_cluster, run_guard
 from benchmarks.suites import baseline_settings, cluster_bench, sweep_slices, torch_systems
 from benchmarks.suites.sweep_estimate import (  # noqa: F401  (the callers' names: sweeps.estimate_seconds, ...)
@@ -97,8 +97,8 @@ DILATION = ([("resnet50_v1", 4), ("vgg19", 15)], [0.05, 0.075, 0.1])
 
 
 UTILISATION = ("sockeye", 10, ["dist_sync", "p3", "horovod"])
-# The headline points with shallow link queues (issue 26 item 5): 1 ms of queue beyond the bucket's 10 ms burst
-# instead of 50 ms, in emulated time (at the dilation of 0.2 these points run at, 0.2 ms + 2 ms of real-P100
+# The headline points with shallow link queues (issue 26 item 5): 1 ms of queue beyond the bucket's 1 ms burst
+# instead of 50 ms, in emulated time (at a dilation of 0.1: 10 ms of queue and 10 ms of bucket in real
 # time). A queue that holds about one burst is what a shallow-buffered switch port gives a few synchronised senders:
 # their bursts collide and drop where the deep queue absorbed them.
 SHALLOW = ([("resnet50_v1", 4), ("vgg19", 15)], 1.0)
@@ -130,6 +130,7 @@ def _point(name: str, args: argparse.Namespace, model: str, kvstore: str, equiva
     scale = (settings.pop("gpu_scale", None) or args.gpu_scale
              or min(least_dilation(equivalent, args.link_max), cpu_fit(hosts, host_cpus)))
     settings.setdefault("link_queue_ms", getattr(args, "link_queue_ms", emulated_cluster.DEFAULT_QUEUE_MS))
+    settings.setdefault("cfs_period_gpu_ms", args.cfs_period_gpu_ms)
     return cluster_bench.Point(model=model, kvstore=kvstore, hosts=hosts, host_cpus=host_cpus, link_rx=args.link_rx,
                                bandwidth=link(equivalent, scale), compute="emulated", batch_size=args.batch_size,
                                gpu="p100", gpu_scale=scale, optimizer=args.optimizer, warmup=args.warmup,
@@ -207,6 +208,8 @@ def _signature(settings: dict) -> tuple:
             int(settings["warmup"]), int(settings["iters"]), int(settings["repeat"]),
             number(settings.get("host_cpus")),  # rows from before CPU limits: None, never a limited run
             number(settings.get("link_queue_ms")) or emulated_cluster.DEFAULT_QUEUE_MS,  # older rows: 50 ms
+            number(settings.get("cfs_period_us")),  # the CFS period the hosts got ("" / None: no quota)
+            link_burst(settings),  # the links' bucket in bytes (None: uncapped)
             baseline_settings.identity(str(settings.get("baseline_setting") or "")))
 
 
@@ -214,7 +217,13 @@ def not_yet_run(points: Sequence[cluster_bench.Point], csv_path: pathlib.Path) -
     """The points without an ok, non-smoke row of the same settings, system and repeat in csv_path: what is left
     of an interrupted sweep (--resume)."""
     done = {_signature(r) for r in bench_rows.read_runs(csv_path) if str(r.get("smoke")) != "True"}
-    return [p for p in points if _signature(dataclasses.asdict(p)) not in done]
+    return [p for p in points if _signature(_settings(p)) not in done]
+
+
+def _settings(point: cluster_bench.Point) -> dict:
+    """A point's fields with the conditions its row records as derived columns (period, bucket)."""
+    return {**dataclasses.asdict(point), "cfs_period_us": point.cfs_period_us,
+            "link_burst_bytes": point.link_burst_bytes}
 
 
 def sweep_points(name: str, args: argparse.Namespace) -> list[cluster_bench.Point]:

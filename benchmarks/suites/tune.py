@@ -192,7 +192,8 @@ def base_points(args: argparse.Namespace) -> list[Point]:
                             batch_size=args.batch_size, gpu_scale=scale, optimizer=args.optimizer,
                             warmup=args.warmup, iters=args.iters, tag="tune", timeout=args.timeout,
                             log_interval=max(1, args.iters), host_cpus=host_cpus,
-                            link_rx=getattr(args, "link_rx", "softirq")))
+                            link_rx=getattr(args, "link_rx", "softirq"),
+                            cfs_period_gpu_ms=args.cfs_period_gpu_ms))
     return points
 
 
