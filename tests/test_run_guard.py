@@ -104,7 +104,7 @@ def test_busiest_processes_from_proc_stat(tmp_path):
 
 
 class FakeCluster:
-    hosts, bandwidth, queue_ms = 2, "2gbit", cluster_bench.emulated_cluster.DEFAULT_QUEUE_MS
+    hosts, bandwidth, queue_ms, burst_ms = 2, "2gbit", cluster_bench.emulated_cluster.DEFAULT_QUEUE_MS, 1.0
     threaded_rx = False
 
     def __init__(self, *args, **kwargs):

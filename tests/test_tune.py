@@ -139,7 +139,8 @@ def _row(point, seconds, run_id, **overrides):
             "gpu_scale": point.gpu_scale, "efficiency_factor": 1.0, "slice_size": "", "optimizer": "sgd",
             "warmup": point.warmup, "iters": point.iters, "repeat": point.repeat, "status": "ok", "smoke": False,
             "workers": 4, "samples_per_batch": 32, "iter_s": [seconds] * point.iters, "git_commit": "abc",
-            "baseline_setting": point.baseline_setting, **overrides}
+            "baseline_setting": point.baseline_setting, "link_burst_bytes": point.link_burst_bytes,
+            "cfs_period_us": point.cfs_period_us or "", **overrides}
 
 
 @pytest.mark.unit

@@ -7,7 +7,7 @@
 Layout: host i is namespace ``<name>h<i>`` with interface ``eth0`` at 10.77.0.<i+1>/24; its veth peer ``h<i>``
 sits in the namespace ``<name>br`` on the bridge ``br0``. The 10.77 addresses exist only inside these
 namespaces. A bandwidth cap is a tbf qdisc on both ends of each host's link (host egress on eth0, host ingress on
-the bridge side), i.e. a full-duplex NIC of that rate with `queue_ms` of queue (tbf_args). No netem: no latency.
+the bridge side), i.e. a full-duplex NIC of that rate with `queue_ms` of queue (link_shaping.py). No netem: no latency.
 
 Needs root (CI runs as root) and iproute2. Teardown is guaranteed by the context manager, by SIGTERM/SIGHUP
 (turned into SystemExit while a cluster is up) and by atexit; `cleanup_stale()` removes namespaces left behind
@@ -38,30 +38,24 @@ from collections.abc import Mapping, Sequence
 
 from benchmarks import paths
 from benchmarks.emulation import cpu_limit, host_cpu, link_napi, proc_monitor
+from benchmarks.emulation.link_shaping import (  # noqa: F401  (the callers' names: emulated_cluster.tbf_args, ...)
+    DEFAULT_BURST_MS,
+    DEFAULT_QUEUE_MS,
+    MIN_BURST_BYTES,
+    burst_bytes,
+    parse_rate,
+    tbf_args,
+)
 
 LOG = logging.getLogger("emulated_cluster")
 PREFIX = "p3c"  # namespace names: p3c<pid>x<n>h<i> and p3c<pid>x<n>br
 SUBNET = "10.77.0"
 _NAME = re.compile(rf"^{PREFIX}(\d+)x\d+(h\d+|br)$")
 _counter = itertools.count()
-_UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 
 
 class ClusterError(RuntimeError):
     """The emulated cluster cannot be set up (not root, iproute2 missing, a command failed)."""
-
-
-def parse_rate(text: str) -> float:
-    """tc-style rate ("1gbit", "300mbit", "500kbit", "10gbit", "1e9") in bits per second."""
-    match = re.fullmatch(r"\s*([0-9.]+(?:e[0-9]+)?)\s*([kmgt]?)(bit|bps)?\s*", text.lower())
-    if not match:
-        raise ValueError(f"bandwidth {text!r} is not a rate: use e.g. 1gbit, 300mbit, 10gbit")
-    value = float(match.group(1)) * _UNITS[match.group(2)]
-    if match.group(3) == "bps":  # tc's "bps" means bytes per second
-        value *= 8
-    if value <= 0:
-        raise ValueError(f"bandwidth {text!r} must be positive")
-    return value
 
 
 def why_unavailable() -> str | None:
@@ -107,27 +101,6 @@ def _kill_namespace_processes(namespace: str) -> None:
             os.kill(int(pid), signal.SIGKILL)
         except (ProcessLookupError, ValueError):
             pass
-
-
-DEFAULT_QUEUE_MS = 50.0  # how long a packet may wait in a link's queue beyond its burst (tbf's latency)
-DEFAULT_BURST_MS = 10.0  # how much a link may send at once after an idle spell, in ms of its rate (real time)
-MIN_BURST_BYTES = 128 * 1024  # veth hands tbf 64 KiB GSO packets; a packet larger than the burst would be dropped
-
-
-def burst_bytes(rate_bps: float, burst_ms: float = DEFAULT_BURST_MS) -> int:
-    """tbf's bucket: `burst_ms` of traffic at `rate_bps`, at least MIN_BURST_BYTES."""
-    return max(MIN_BURST_BYTES, int(rate_bps / 8 * burst_ms / 1000))
-
-
-def tbf_args(rate_bps: float, queue_ms: float = DEFAULT_QUEUE_MS, burst_ms: float = DEFAULT_BURST_MS) -> list[str]:
-    """tbf parameters for `rate_bps`: a burst of `burst_ms` of traffic (burst_bytes) and `queue_ms` of queue (tc's
-    byte limit is rate x latency + burst: a full queue under sustained load holds queue_ms plus the burst)."""
-    if queue_ms <= 0:
-        raise ValueError(f"link queue {queue_ms:g} ms: must be positive")
-    if burst_ms <= 0:
-        raise ValueError(f"link burst {burst_ms:g} ms: must be positive")
-    return ["tbf", "rate", f"{int(rate_bps)}bit", "burst", str(burst_bytes(rate_bps, burst_ms)), "latency",
-            f"{queue_ms:g}ms"]
 
 
 class EmulatedCluster:

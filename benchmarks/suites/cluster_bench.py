@@ -56,6 +56,13 @@ from benchmarks.analysis.points import aggregate, fidelity_sentence, point_table
 from benchmarks.emulation import cfs_bandwidth, cpu_limit, emulated_cluster, run_guard
 from benchmarks.paths import RESULTS, ROOT  # noqa: F401  (ROOT: the tests' and deploy's)
 from benchmarks.suites import baseline_settings
+from benchmarks.suites.cluster_args import (  # noqa: F401  (the callers' names: cluster_bench.add_cpu_arguments, ...)
+    DEFAULT_HOST_CPUS,
+    add_condition_arguments,
+    add_cpu_arguments,
+    add_queue_argument,
+    host_cpus_from_args,
+)
 from benchmarks.suites.cluster_job import KVSTORES, Point, comm_bound_seconds, model_arrays, model_bytes, run_point  # noqa: F401
 
 LOG = logging.getLogger("cluster_bench")
@@ -224,54 +231,6 @@ def plot_comparison(rows: Sequence[dict], path: pathlib.Path, title: str) -> Non
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-# 4 CPUs per emulated host: with 2, the 4-host demo point's hosts were throttled 13-43% of their timed window (the
-# servers' and workers' own CPU work did not fit, where a real GPU host has more cores); with 4, at 4 hosts and
-# dilations 0.05-0.1, no host of any system over 6.2% (results/pilot_dilation/).
-DEFAULT_HOST_CPUS = 4.0
-
-
-def add_cpu_arguments(p: argparse.ArgumentParser) -> None:
-    """--host-cpus and --no-cpu-limit (shared with sweeps.py and demo.py)."""
-    p.add_argument("--host-cpus", type=float, default=DEFAULT_HOST_CPUS, help="CPUs of one emulated host: its "
-                   "processes get host_cpus x --gpu-scale cores (a cgroup each), dilated like compute and links. "
-                   f"Default {DEFAULT_HOST_CPUS:g}: with 2, hosts of 4-host points were throttled 13-43%% of the time; "
-                   "4 fits a 4-host point at the demo's dilation (0.1) on 2 cores (the quotas may use 90%% of the "
-                   "machine: 4 x 4 x 0.1125 = 1.8); a larger count forces a smaller --gpu-scale and longer runs")
-    p.add_argument("--cfs-period-gpu-ms", type=float, default=cfs_bandwidth.PERIOD_GPU_MS, help="the CFS period of "
-                   "the hosts' CPU quotas in the emulated GPU's time: real period this / --gpu-scale (within the "
-                   "kernel's 1 ms to 1 s), so that a host's run-then-stop cycle is dilated like compute and links "
-                   f"(default {cfs_bandwidth.PERIOD_GPU_MS:g}: 10 ms at 0.1; rows record the real period as "
-                   "cfs_period_us)")
-    p.add_argument("--no-cpu-limit", action="store_true", help="run the hosts without CPU limits, for comparison "
-                   "(rows say cpu_limit=off and are never faithful)")
-    p.add_argument("--link-rx", choices=("softirq", "napi"), default="softirq", help="how emulated hosts receive: "
-                   "softirq (the kernel's default: on whatever CPU sent, charged to no host) or napi (a kernel thread "
-                   "per host in its CPU group; the switch ports then send without TSO, about 3x the CPU per byte; "
-                   "benchmarks/emulation/link_napi.py). Rows record it (link_rx)")
-
-
-def add_queue_argument(p: argparse.ArgumentParser) -> None:
-    """--link-queue-ms (shared with sweeps.py)."""
-    p.add_argument("--link-queue-ms", type=float, default=emulated_cluster.DEFAULT_QUEUE_MS, help="each link "
-                   "direction's queue: how long a packet may wait beyond the bucket's burst, in the emulated GPU's "
-                   "time: tc tbf's latency is link_queue_ms / gpu_scale, so that the queue holds the same bytes at "
-                   "every dilation, as the bucket does (1 ms of GPU time; rows record link_burst_bytes) "
-                   f"(default {emulated_cluster.DEFAULT_QUEUE_MS:g}; rows record it as link_queue_ms)")
-
-
-def host_cpus_from_args(args: argparse.Namespace) -> float | None:
-    """The points' host_cpus: None with --no-cpu-limit."""
-    return None if args.no_cpu_limit else args.host_cpus
-
-
-def add_condition_arguments(p: argparse.ArgumentParser) -> None:
-    """The statistics and run-condition options (shared with sweeps.py)."""
-    p.add_argument("--repeats", type=int, default=3, help="rounds over the systems, a fresh shuffled order each")
-    p.add_argument("--seed", type=int, default=0, help="seeds the shuffled orders (recorded)")
-    run_guard.add_arguments(p)
-    p.add_argument("--smoke", action="store_true", help="mark the rows as a smoke run (never a result)")
 
 
 def conditions_from_args(args: argparse.Namespace) -> Conditions:

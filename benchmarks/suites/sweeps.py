@@ -51,7 +51,7 @@ from collections.abc import Sequence
 
 from benchmarks.analysis import bench_rows, torch_comparison
 from benchmarks.analysis.points import link_burst, optimizer_label
-from benchmarks.emulation import cpu_limit, emulated_cluster, run_guard
+from benchmarks.emulation import cfs_bandwidth, cpu_limit, emulated_cluster, run_guard
 from benchmarks.suites import baseline_settings, cluster_bench, sweep_slices, torch_systems
 from benchmarks.suites.sweep_estimate import (  # noqa: F401  (the callers' names: sweeps.estimate_seconds, ...)
     GATE_S,
@@ -130,7 +130,7 @@ def _point(name: str, args: argparse.Namespace, model: str, kvstore: str, equiva
     scale = (settings.pop("gpu_scale", None) or args.gpu_scale
              or min(least_dilation(equivalent, args.link_max), cpu_fit(hosts, host_cpus)))
     settings.setdefault("link_queue_ms", getattr(args, "link_queue_ms", emulated_cluster.DEFAULT_QUEUE_MS))
-    settings.setdefault("cfs_period_gpu_ms", args.cfs_period_gpu_ms)
+    settings.setdefault("cfs_period_gpu_ms", getattr(args, "cfs_period_gpu_ms", cfs_bandwidth.PERIOD_GPU_MS))
     return cluster_bench.Point(model=model, kvstore=kvstore, hosts=hosts, host_cpus=host_cpus, link_rx=args.link_rx,
                                bandwidth=link(equivalent, scale), compute="emulated", batch_size=args.batch_size,
                                gpu="p100", gpu_scale=scale, optimizer=args.optimizer, warmup=args.warmup,
