@@ -99,6 +99,25 @@ def test_cut_link_blocks_traffic():
 
 
 @pytest.mark.system
+def test_the_dilated_bucket_and_tcp_minimum_rto_reach_the_kernel():
+    _require_cluster()
+    with emulated_cluster.EmulatedCluster(2, "200mbit", burst_ms=20.0) as cluster:
+        shown = cluster.run(0, ["tc", "-j", "qdisc", "show", "dev", "eth0"], capture_output=True, text=True).stdout
+        tbf = next(q for q in json.loads(shown) if q["kind"] == "tbf")
+        assert tbf["options"]["burst"] == 500_000, tbf  # 20 ms of 200 Mbit/s: 1 ms of GPU time at gpu_scale 0.05
+        cluster.set_rto_min(4000.0)  # the kernel's 200 ms at gpu_scale 0.05
+        for i in range(2):
+            route = cluster.run(i, ["ip", "route", "show", f"{emulated_cluster.SUBNET}.0/24"], capture_output=True,
+                                text=True).stdout
+            assert "rto_min 4s" in route or "rto_min 4000ms" in route, route
+        cluster.set_rto_min(None)
+        route = cluster.run(0, ["ip", "route", "show", f"{emulated_cluster.SUBNET}.0/24"], capture_output=True,
+                            text=True).stdout
+        assert "rto_min" not in route and "eth0" in route, route
+        assert cluster.run(0, ["ping", "-c", "1", "-W", "2", cluster.address(1)], capture_output=True).returncode == 0
+
+
+@pytest.mark.system
 def test_stale_namespaces_of_dead_processes_are_removed():
     _require_cluster()
     # A cluster created by a process that was SIGKILLed leaves namespaces behind; the next cluster removes them.

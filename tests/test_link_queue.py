@@ -87,3 +87,24 @@ def test_the_links_bucket_is_dilated_so_it_holds_the_same_bytes_at_every_dilatio
     old_row = {**new_row, "link_burst_bytes": ""}  # 250,000 bytes: another run for --resume
     assert sweeps._signature(new_row) == sweeps._signature(sweeps._settings(point))
     assert sweeps._signature(old_row) != sweeps._signature(sweeps._settings(point))
+
+
+def test_tcps_minimum_rto_is_the_kernels_200_ms_dilated():
+    from benchmarks.emulation import link_shaping
+
+    point = cluster_bench.Point(model="resnet50_v1", kvstore="p3", hosts=4, bandwidth="200mbit", compute="emulated",
+                                gpu_scale=0.05, host_cpus=4)
+    assert point.tcp_rto_min_real_ms == pytest.approx(4000.0) == link_shaping.dilated_rto_min_ms(0.05)
+    assert dataclasses.replace(point, tcp_rto_min_gpu_ms=None).tcp_rto_min_real_ms is None  # the kernel's own
+    assert dataclasses.replace(point, compute="real").tcp_rto_min_real_ms is None
+    args = cluster_bench.parse_args(["--gpu-scale", "0.1", "--kvstore", "p3", "--tcp-rto-min-gpu-ms", "0"])
+    assert cluster_bench.points_from_args(args)[0].tcp_rto_min_real_ms is None
+    with pytest.raises(ValueError, match="must be positive"):
+        link_shaping.dilated_rto_min_ms(0)
+    # Rows: the real value, or for rows from before the column the kernel's 200 ms; --resume keeps them apart.
+    assert point_stats.key_value({"tcp_rto_min_ms": ""}, "tcp_rto_min_ms") == "200"
+    assert point_stats.key_value({"tcp_rto_min_ms": "4000"}, "tcp_rto_min_ms") == "4000"
+    fields = {k: ("" if v is None else str(v)) for k, v in dataclasses.asdict(point).items()}
+    row = {**fields, "link_burst_bytes": "500000", "cfs_period_us": "20000", "tcp_rto_min_ms": "4000"}
+    assert sweeps._signature(row) == sweeps._signature(sweeps._settings(point))
+    assert sweeps._signature({**row, "tcp_rto_min_ms": ""}) != sweeps._signature(sweeps._settings(point))

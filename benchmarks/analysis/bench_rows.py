@@ -51,6 +51,7 @@ RUN_COLUMNS = (
     # CPU time the hypervisor took from it during the run (steal, /proc/stat).
     "vgpu_late_us_per_iter", "steal_pct",
     "link_burst_bytes",  # each link's bucket (emulated_cluster.burst_bytes); "": uncapped, or a row from before it
+    "tcp_rto_min_ms",  # the links' TCP minimum RTO in real ms (link_shaping.dilated_rto_min_ms); "": the kernel's 200
 )
 ITERATION_COLUMNS = ("run_id", "tag", "model", "kvstore", "hosts", "bandwidth", "gpu_scale", "repeat", "rank",
                      "iteration", "time_s")

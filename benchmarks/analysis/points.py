@@ -9,7 +9,7 @@ import statistics
 from collections.abc import Sequence
 
 from benchmarks.analysis import bench_rows, bench_stats
-from benchmarks.emulation.emulated_cluster import DEFAULT_BURST_MS, DEFAULT_QUEUE_MS, burst_bytes
+from benchmarks.emulation.link_shaping import DEFAULT_BURST_MS, DEFAULT_QUEUE_MS, KERNEL_RTO_MIN_MS, burst_bytes
 
 LABEL = {"p3": "p3kv", "dist_sync": "dist_sync", "mxnet-p3": "MXNet P3", "horovod": "Horovod",
          "p3-slicing-only": "p3kv slicing only", "p3-priority-split": "p3kv priority only (big arrays split)",
@@ -22,13 +22,16 @@ POINT_KEY = ("tag", "model", "hosts", "layout", "bandwidth", "compute", "batch_s
              "host_cpus",  # CPU-limited runs never pool with unlimited ones (rows from before the limits: "")
              "link_queue_ms",  # nor shallow link queues with deep ones (rows from before the column: 50 ms)
              "cfs_period_us",  # nor one CFS period with another (cfs_bandwidth.py)
-             "link_burst_bytes")  # nor one link bucket with another (rows from before the column: 10 ms of rate)
+             "link_burst_bytes",  # nor one link bucket with another (rows from before the column: 10 ms of rate)
+             "tcp_rto_min_ms")  # nor one TCP minimum RTO with another (rows from before the column: the kernel's)
 
 
 def key_value(row: dict, column: str) -> str:
     """A POINT_KEY column of a row as the key compares it."""
     if column == "link_queue_ms":
         return f"{number(row.get(column), DEFAULT_QUEUE_MS) or DEFAULT_QUEUE_MS:g}"
+    if column == "tcp_rto_min_ms":
+        return f"{number(row.get(column), KERNEL_RTO_MIN_MS) or KERNEL_RTO_MIN_MS:g}"
     if column == "link_burst_bytes":
         burst = link_burst(row)
         return "" if burst is None else str(burst)

@@ -119,6 +119,7 @@ class EmulatedCluster:
         self.bandwidth = bandwidth
         self._rate = parse_rate(bandwidth) if bandwidth else None
         self.queue_ms, self.burst_ms = queue_ms, burst_ms
+        self.rto_min_ms: float | None = None  # the hosts' TCP minimum RTO on their links (None: the kernel's)
         if self._rate:
             tbf_args(self._rate, queue_ms, burst_ms)  # a bad queue or burst is refused before anything is built
         self._up = False
@@ -288,6 +289,16 @@ class EmulatedCluster:
     @property
     def rate_bps(self) -> float | None:
         return self._rate
+
+    def set_rto_min(self, ms: float | None) -> None:
+        """Every host's TCP minimum retransmission timeout toward the other hosts, in real ms (None: the kernel's
+        200 ms), on its link's route. It also bounds how long a connection may idle before TCP restarts it from its
+        initial window (tcp_slow_start_after_idle): a fixed real 200 ms is less of the GPU's time the more a run
+        is dilated (link_shaping.dilated_rto_min_ms)."""
+        for i, ns in enumerate(self.namespaces):
+            self._in(ns, "ip", "route", "replace", f"{SUBNET}.0/24", "dev", "eth0", "proto", "kernel", "scope", "link",
+                     "src", self.address(i), *([] if ms is None else ["rto_min", f"{round(ms)}ms"]))
+        self.rto_min_ms = ms
 
     def set_link(self, i: int, up: bool) -> None:
         """Cuts (up=False) or restores host i's link: its bridge port goes down, as if the cable were pulled."""

@@ -40,3 +40,14 @@ def tbf_args(rate_bps: float, queue_ms: float = DEFAULT_QUEUE_MS, burst_ms: floa
         raise ValueError(f"link burst {burst_ms:g} ms: must be positive")
     return ["tbf", "rate", f"{int(rate_bps)}bit", "burst", str(burst_bytes(rate_bps, burst_ms)), "latency",
             f"{queue_ms:g}ms"]
+
+
+KERNEL_RTO_MIN_MS = 200.0  # Linux's TCP_RTO_MIN: the least retransmission timeout, and the idle time after which a
+# connection restarts from its initial window (tcp_slow_start_after_idle, on by default)
+
+
+def dilated_rto_min_ms(gpu_scale: float) -> float:
+    """The minimum RTO in real ms that stands for the kernel's 200 ms on the emulated (undilated) cluster."""
+    if gpu_scale <= 0:
+        raise ValueError(f"gpu_scale {gpu_scale:g}: must be positive")
+    return KERNEL_RTO_MIN_MS / gpu_scale

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from benchmarks.emulation import cfs_bandwidth, emulated_cluster, run_guard
+from benchmarks.emulation import cfs_bandwidth, emulated_cluster, link_shaping, run_guard
 
 # 4 CPUs per emulated host: with 2, the 4-host demo point's hosts were throttled 13-43% of their timed window (the
 # servers' and workers' own CPU work did not fit, where a real GPU host has more cores); with 4, at 4 hosts and
@@ -40,6 +40,15 @@ def add_queue_argument(p: argparse.ArgumentParser) -> None:
                    "time: tc tbf's latency is link_queue_ms / gpu_scale, so that the queue holds the same bytes at "
                    "every dilation, as the bucket does (1 ms of GPU time; rows record link_burst_bytes) "
                    f"(default {emulated_cluster.DEFAULT_QUEUE_MS:g}; rows record it as link_queue_ms)")
+
+
+def add_tcp_argument(p: argparse.ArgumentParser) -> None:
+    """--tcp-rto-min-gpu-ms (cluster_bench.py's)."""
+    p.add_argument("--tcp-rto-min-gpu-ms", type=float, default=link_shaping.KERNEL_RTO_MIN_MS, help="TCP's minimum "
+                   "retransmission timeout on the links, in the emulated GPU's time (real: this / --gpu-scale, set "
+                   "per route): the kernel's 200 ms dilated like every duration; it also decides when an idle "
+                   "connection restarts from its initial window. 0: the kernel's 200 ms of real time (rows record "
+                   "the real value as tcp_rto_min_ms)")
 
 
 def host_cpus_from_args(args: argparse.Namespace) -> float | None:

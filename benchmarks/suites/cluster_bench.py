@@ -61,6 +61,7 @@ from benchmarks.suites.cluster_args import (  # noqa: F401  (the callers' names:
     add_condition_arguments,
     add_cpu_arguments,
     add_queue_argument,
+    add_tcp_argument,
     host_cpus_from_args,
 )
 from benchmarks.suites.cluster_job import KVSTORES, Point, comm_bound_seconds, model_arrays, model_bytes, run_point  # noqa: F401
@@ -156,6 +157,8 @@ def run_points(points: Sequence[Point], csv_path: pathlib.Path, conditions: Cond
                 elif (cluster.bandwidth, cluster.queue_ms, cluster.burst_ms) != (
                         point.bandwidth, point.link_queue_real_ms, point.link_burst_real_ms):
                     cluster.set_bandwidth(point.bandwidth, point.link_queue_real_ms, point.link_burst_real_ms)
+                if cluster.rto_min_ms != point.tcp_rto_min_real_ms:
+                    cluster.set_rto_min(point.tcp_rto_min_real_ms)
                 if utilisation_dir is not None:
                     utilisation_dir.mkdir(parents=True, exist_ok=True)
                     cluster.start_sampler(str(utilisation_dir / f"{point.model}.{point.kvstore}.{point.hosts}h."
@@ -257,6 +260,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--bandwidth", default="1gbit", help="link rate of every host (tc syntax, e.g. 300mbit, "
                    "10gbit) or 'none' for uncapped links")
     add_queue_argument(p)
+    add_tcp_argument(p)
     p.add_argument("--compute", choices=("emulated", "real", "none"), default="emulated",
                    help="emulated: profiled layer times; real: the model on CPU; none: push+pull only")
     p.add_argument("--layout", choices=("colocated", "separate"), default="colocated", help="colocated: one "
@@ -316,7 +320,7 @@ def points_from_args(args: argparse.Namespace) -> list[Point]:
                   iters=args.iters, tag=args.tag, timeout=args.timeout, layout=args.layout,
                   log_interval=args.log_interval, host_cpus=host_cpus_from_args(args),
                   link_rx=args.link_rx, link_queue_ms=args.link_queue_ms,
-                  cfs_period_gpu_ms=args.cfs_period_gpu_ms)
+                  cfs_period_gpu_ms=args.cfs_period_gpu_ms, tcp_rto_min_gpu_ms=args.tcp_rto_min_gpu_ms or None)
             for model in args.model for kv in args.kvstore]
     return baseline_settings.from_args(interleave(base, args.repeats, args.seed), args)
 

@@ -35,6 +35,7 @@ from benchmarks.emulation import (
     emulated_cluster,
     emulated_compute,
     host_cpu,
+    link_shaping,
     proc_monitor,
     run_monitors,
     wire_bound,
@@ -90,11 +91,12 @@ class Point:
     host_cpus: float | None = None  # CPUs of one emulated host, dilated by gpu_scale; None: no CPU limit
     link_rx: str = "softirq"  # how hosts receive: "softirq" (the kernel's way) or "napi" (link_napi.py)
     link_queue_ms: float = emulated_cluster.DEFAULT_QUEUE_MS  # each link direction's queue, in the GPU's own time
-    # Each link's bucket (tbf's burst: what it may send at once after an idle spell) in the GPU's own time, dilated
-    # like the queue: the same bytes at every dilation (the P100-equivalent rate's burst_gpu_ms).
+    # Durations in the GPU's own time (real: this / gpu_scale), dilated like compute: each link's token bucket (what
+    # it may send at once after an idle spell), TCP's minimum RTO on the links (the kernel's 200 ms; it also sets
+    # when an idle connection restarts from its initial window; None: 200 ms of real time), and the CFS period of
+    # the hosts' CPU quotas (cfs_bandwidth.py; None: a fixed real period).
     link_burst_gpu_ms: float = LINK_BURST_GPU_MS
-    # The CFS period of the hosts' CPU quotas in the GPU's own time (real: cfs_period_gpu_ms / gpu_scale), so that
-    # a host's bursts and stops are dilated like every other duration (cfs_bandwidth.py); None: a fixed real period.
+    tcp_rto_min_gpu_ms: float | None = link_shaping.KERNEL_RTO_MIN_MS
     cfs_period_gpu_ms: float | None = cfs_bandwidth.PERIOD_GPU_MS
 
     @property
@@ -109,6 +111,13 @@ class Point:
     def link_burst_real_ms(self) -> float:
         """The bucket tc gets, in real ms (as link_queue_real_ms)."""
         return self.link_burst_gpu_ms / self.gpu_scale if self.compute == "emulated" else self.link_burst_gpu_ms
+
+    @property
+    def tcp_rto_min_real_ms(self) -> float | None:
+        """The links' minimum RTO in real ms (the row's tcp_rto_min_ms), None for the kernel's own."""
+        if self.tcp_rto_min_gpu_ms is None or self.compute != "emulated":
+            return None
+        return self.tcp_rto_min_gpu_ms / self.gpu_scale
 
     @property
     def link_burst_bytes(self) -> int | None:
@@ -321,7 +330,7 @@ def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: 
            "baseline_setting": point.baseline_setting or baseline_settings.DEFAULT_UNTUNED,
            "link_queue_ms": point.link_queue_ms if cluster.rate_bps else "",
            "link_burst_bytes": emulated_cluster.burst_bytes(cluster.rate_bps, cluster.burst_ms) if cluster.rate_bps
-           else ""}
+           else "", "tcp_rto_min_ms": round(cluster.rto_min_ms) if cluster.rto_min_ms else ""}
     files = sorted(scratch.glob(f"{name}.rank*.json"))
     results = [json.loads(p.read_text()) for p in files]
     every = [t for r in results for t in r.get("iter_s") or []]

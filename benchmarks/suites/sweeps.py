@@ -52,6 +52,7 @@ from collections.abc import Sequence
 from benchmarks.analysis import bench_rows, torch_comparison
 from benchmarks.analysis.points import link_burst, optimizer_label
 from benchmarks.emulation import cfs_bandwidth, cpu_limit, emulated_cluster, run_guard
+from benchmarks.emulation.link_shaping import KERNEL_RTO_MIN_MS
 from benchmarks.suites import baseline_settings, cluster_bench, sweep_slices, torch_systems
 from benchmarks.suites.sweep_estimate import (  # noqa: F401  (the callers' names: sweeps.estimate_seconds, ...)
     GATE_S,
@@ -210,6 +211,7 @@ def _signature(settings: dict) -> tuple:
             number(settings.get("link_queue_ms")) or emulated_cluster.DEFAULT_QUEUE_MS,  # older rows: 50 ms
             number(settings.get("cfs_period_us")),  # the CFS period the hosts got ("" / None: no quota)
             link_burst(settings),  # the links' bucket in bytes (None: uncapped)
+            number(settings.get("tcp_rto_min_ms")) or KERNEL_RTO_MIN_MS,  # "" / None: the kernel's 200 ms
             baseline_settings.identity(str(settings.get("baseline_setting") or "")))
 
 
@@ -223,7 +225,7 @@ def not_yet_run(points: Sequence[cluster_bench.Point], csv_path: pathlib.Path) -
 def _settings(point: cluster_bench.Point) -> dict:
     """A point's fields with the conditions its row records as derived columns (period, bucket)."""
     return {**dataclasses.asdict(point), "cfs_period_us": point.cfs_period_us,
-            "link_burst_bytes": point.link_burst_bytes}
+            "link_burst_bytes": point.link_burst_bytes, "tcp_rto_min_ms": point.tcp_rto_min_real_ms}
 
 
 def sweep_points(name: str, args: argparse.Namespace) -> list[cluster_bench.Point]:
