@@ -140,7 +140,7 @@ def _row(point, seconds, run_id, **overrides):
             "warmup": point.warmup, "iters": point.iters, "repeat": point.repeat, "status": "ok", "smoke": False,
             "workers": 4, "samples_per_batch": 32, "iter_s": [seconds] * point.iters, "git_commit": "abc",
             "baseline_setting": point.baseline_setting, "link_burst_bytes": point.link_burst_bytes,
-            "cfs_period_us": point.cfs_period_us or "", **overrides}
+            "cfs_period_us": point.cfs_period_us or "", "tcp_rto_min_ms": point.tcp_rto_min_real_ms or "", **overrides}
 
 
 @pytest.mark.unit
