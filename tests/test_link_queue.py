@@ -83,8 +83,7 @@ def test_the_links_bucket_is_dilated_so_it_holds_the_same_bytes_at_every_dilatio
     assert point_stats.key_value({"bandwidth_bps": ""}, "link_burst_bytes") == ""
     point = at[0.05]
     fields = {k: ("" if v is None else str(v)) for k, v in dataclasses.asdict(point).items()}
-    new_row = {**fields, "bandwidth_bps": "200000000.0", "link_burst_bytes": "500000", "cfs_period_us": "20000",
-               "tcp_rto_min_ms": "4000"}
+    new_row = {**fields, "bandwidth_bps": "200000000.0", "link_burst_bytes": "500000", "cfs_period_us": "20000"}
     old_row = {**new_row, "link_burst_bytes": ""}  # 250,000 bytes: another run for --resume
     assert sweeps._signature(new_row) == sweeps._signature(sweeps._settings(point))
     assert sweeps._signature(old_row) != sweeps._signature(sweeps._settings(point))
@@ -94,12 +93,14 @@ def test_tcps_minimum_rto_is_the_kernels_200_ms_dilated():
     from benchmarks.emulation import link_shaping
 
     point = cluster_bench.Point(model="resnet50_v1", kvstore="p3", hosts=4, bandwidth="200mbit", compute="emulated",
-                                gpu_scale=0.05, host_cpus=4)
+                                gpu_scale=0.05, host_cpus=4, tcp_rto_min_gpu_ms=200.0)
     assert point.tcp_rto_min_real_ms == pytest.approx(4000.0) == link_shaping.dilated_rto_min_ms(0.05)
     assert dataclasses.replace(point, tcp_rto_min_gpu_ms=None).tcp_rto_min_real_ms is None  # the kernel's own
     assert dataclasses.replace(point, compute="real").tcp_rto_min_real_ms is None
-    args = cluster_bench.parse_args(["--gpu-scale", "0.1", "--kvstore", "p3", "--tcp-rto-min-gpu-ms", "0"])
-    assert cluster_bench.points_from_args(args)[0].tcp_rto_min_real_ms is None
+    args = cluster_bench.parse_args(["--gpu-scale", "0.1", "--kvstore", "p3"])
+    assert cluster_bench.points_from_args(args)[0].tcp_rto_min_real_ms is None  # the default: the kernel's 200 ms
+    args = cluster_bench.parse_args(["--gpu-scale", "0.1", "--kvstore", "p3", "--tcp-rto-min-gpu-ms", "200"])
+    assert cluster_bench.points_from_args(args)[0].tcp_rto_min_real_ms == pytest.approx(2000.0)
     with pytest.raises(ValueError, match="must be positive"):
         link_shaping.dilated_rto_min_ms(0)
     # Rows: the real value, or for rows from before the column the kernel's 200 ms; --resume keeps them apart.

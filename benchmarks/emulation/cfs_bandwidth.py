@@ -13,9 +13,9 @@ A shorter period shortens both, down to the kernel's 1 ms minimum quota per peri
 
 The period is a duration like any other, so a cluster dilates it (PERIOD_GPU_MS of the GPU's own time, real
 PERIOD_GPU_MS / gpu_scale: 10 ms at the demo's 0.1, 20 ms at 0.05). At a fixed real period a smaller dilation
-cut the same work into finer periods of GPU time, and more of them came out throttled: at 0.05 dist_sync's hosts
-were throttled in 12.3% of their periods with 10 ms and 6.1% with 20 ms, against 6.3% at 0.1
-(results/cfs_period/summary.md).
+cut the same work into finer periods of GPU time, and more of them came out throttled: at 0.05 dist_sync's busiest
+host was throttled in 12.6% of its periods with 10 ms and 5.9% with 20 ms, against 6.5% at 0.1 (3 runs each,
+results/cfs_period/summary.md).
 
 The slice (kernel.sched_cfs_bandwidth_slice_us, 5 ms by default) is how much of a group's quota one CPU takes at
 a time. It must be well under the quota per period, or the first CPU takes the whole quota and the host's other

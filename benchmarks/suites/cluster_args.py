@@ -44,11 +44,11 @@ def add_queue_argument(p: argparse.ArgumentParser) -> None:
 
 def add_tcp_argument(p: argparse.ArgumentParser) -> None:
     """--tcp-rto-min-gpu-ms (cluster_bench.py's)."""
-    p.add_argument("--tcp-rto-min-gpu-ms", type=float, default=link_shaping.KERNEL_RTO_MIN_MS, help="TCP's minimum "
-                   "retransmission timeout on the links, in the emulated GPU's time (real: this / --gpu-scale, set "
-                   "per route): the kernel's 200 ms dilated like every duration; it also decides when an idle "
-                   "connection restarts from its initial window. 0: the kernel's 200 ms of real time (rows record "
-                   "the real value as tcp_rto_min_ms)")
+    p.add_argument("--tcp-rto-min-gpu-ms", type=float, default=0.0, help="TCP's minimum retransmission timeout on "
+                   "the links in the emulated GPU's time (real: this / --gpu-scale, set per route; it also decides "
+                   f"when an idle connection restarts from its initial window); e.g. {link_shaping.KERNEL_RTO_MIN_MS:g}"
+                   " dilates the kernel's own. Default 0: the kernel's 200 ms of real time (dilating it did not help: "
+                   "results/cfs_period/summary.md; rows record a set value as tcp_rto_min_ms)")
 
 
 def host_cpus_from_args(args: argparse.Namespace) -> float | None:

@@ -35,7 +35,6 @@ from benchmarks.emulation import (
     emulated_cluster,
     emulated_compute,
     host_cpu,
-    link_shaping,
     proc_monitor,
     run_monitors,
     wire_bound,
@@ -92,11 +91,11 @@ class Point:
     link_rx: str = "softirq"  # how hosts receive: "softirq" (the kernel's way) or "napi" (link_napi.py)
     link_queue_ms: float = emulated_cluster.DEFAULT_QUEUE_MS  # each link direction's queue, in the GPU's own time
     # Durations in the GPU's own time (real: this / gpu_scale), dilated like compute: each link's token bucket (what
-    # it may send at once after an idle spell), TCP's minimum RTO on the links (the kernel's 200 ms; it also sets
-    # when an idle connection restarts from its initial window; None: 200 ms of real time), and the CFS period of
-    # the hosts' CPU quotas (cfs_bandwidth.py; None: a fixed real period).
+    # it may send at once after an idle spell), the CFS period of the hosts' CPU quotas (cfs_bandwidth.py; None: a
+    # fixed real period), and, when set, TCP's minimum RTO on the links (None, the default: the kernel's 200 ms of
+    # real time; dilating it did not help, results/cfs_period/summary.md).
     link_burst_gpu_ms: float = LINK_BURST_GPU_MS
-    tcp_rto_min_gpu_ms: float | None = link_shaping.KERNEL_RTO_MIN_MS
+    tcp_rto_min_gpu_ms: float | None = None
     cfs_period_gpu_ms: float | None = cfs_bandwidth.PERIOD_GPU_MS
 
     @property
