@@ -99,21 +99,23 @@ class Point:
     cfs_period_gpu_ms: float | None = cfs_bandwidth.PERIOD_GPU_MS
 
     @property
+    def dilation(self) -> float:  # a duration in the GPU's time over this is real time; real compute: undilated
+        return self.gpu_scale if self.compute == "emulated" else 1.0
+
+    @property
     def link_queue_real_ms(self) -> float:
         """The queue tc gets, in real time. Under dilation a link runs at gpu_scale times the P100-equivalent rate,
         and a queue of link_queue_ms at that rate would hold gpu_scale times the bytes the switch it stands for
         holds (and drain in link_queue_ms of real time, a gpu_scale-th of that in the GPU's time): the queue is
         dilated like every duration, so that it holds the same bytes at every dilation."""
-        return self.link_queue_ms / self.gpu_scale if self.compute == "emulated" else self.link_queue_ms
+        return self.link_queue_ms / self.dilation
 
     @property
-    def link_burst_real_ms(self) -> float:
-        """The bucket tc gets, in real ms (as link_queue_real_ms)."""
-        return self.link_burst_gpu_ms / self.gpu_scale if self.compute == "emulated" else self.link_burst_gpu_ms
+    def link_burst_real_ms(self) -> float:  # the bucket tc gets, in real ms (as link_queue_real_ms)
+        return self.link_burst_gpu_ms / self.dilation
 
     @property
-    def tcp_rto_min_real_ms(self) -> float | None:
-        """The links' minimum RTO in real ms (the row's tcp_rto_min_ms), None for the kernel's own."""
+    def tcp_rto_min_real_ms(self) -> float | None:  # the row's tcp_rto_min_ms; None: the kernel's own
         if self.tcp_rto_min_gpu_ms is None or self.compute != "emulated":
             return None
         return self.tcp_rto_min_gpu_ms / self.gpu_scale
@@ -130,8 +132,7 @@ class Point:
         """The quota's CFS period in real µs, or None for the fixed default."""
         if self.cfs_period_gpu_ms is None:
             return None
-        return cfs_bandwidth.dilated_period_us(self.cfs_period_gpu_ms,
-                                               self.gpu_scale if self.compute == "emulated" else 1.0)
+        return cfs_bandwidth.dilated_period_us(self.cfs_period_gpu_ms, self.dilation)
 
     @property
     def cfs_period_us(self) -> int | None:
