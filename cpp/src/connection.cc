@@ -70,7 +70,21 @@ bool Connection::ClaimWrites(double timeout_s) {
   if (torn_) return false;
   claimed_ = true;
   claim_owner_ = std::this_thread::get_id();
+  writing_ = FrameId();
   return true;
+}
+
+void Connection::NoteWriting(const Header& h) {
+  std::lock_guard<std::mutex> lock(claim_mu_);
+  writing_ = FrameId{h.key, h.slice, h.iteration, true};
+}
+
+void Connection::AwaitWritten(const Header& h) {
+  std::unique_lock<std::mutex> lock(claim_mu_);
+  claim_cv_.wait(lock, [&] {
+    return !claimed_ || !writing_.set || writing_.key != h.key || writing_.slice != h.slice ||
+           writing_.iteration != h.iteration;
+  });
 }
 
 bool Connection::TryClaimWrites() { return ClaimWrites(0); }
@@ -80,6 +94,7 @@ void Connection::ReleaseWrites(bool torn) {
     std::lock_guard<std::mutex> lock(claim_mu_);
     claimed_ = false;
     claim_owner_ = std::thread::id();
+    writing_ = FrameId();
     torn_ = torn_ || torn;
   }
   claim_cv_.notify_all();

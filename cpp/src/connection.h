@@ -53,6 +53,15 @@ class Connection {
   // `torn`: the frame was abandoned part-way, so the stream is garbage from here on and every later write
   // fails (or, for last words, is skipped) instead of sending a header the peer would read as payload.
   void ReleaseWrites(bool torn);
+  // Sender thread, holding the claim: the frame it now writes is (key, slice, iteration) of `h`.
+  void NoteWriting(const Header& h);
+  // Receiver thread, before writing a broadcast into the caller's memory: waits while the sender is still in the
+  // call that wrote the last bytes of this worker's push of the same slice. The server broadcasts a slice only
+  // after it has received the whole push, so the bytes were already copied into the kernel and the wait is short;
+  // but the sender's read of the caller's array ends only when that call returns, and a broadcast into the same
+  // array (in-place pushpull), or a caller who reuses the array on completion, must come after it. The claim's
+  // mutex makes that order a real happens-before (ThreadSanitizer cannot see the one through the sockets).
+  void AwaitWritten(const Header& h);
   // The error for a frame to this peer that could not progress for `stalled_s` seconds.
   Status SendStalled(const Header& h, double stalled_s) const;
   // Any thread. The SO_SNDTIMEO bound (0: none). The sender applies it per destination: a peer that takes no
@@ -118,6 +127,13 @@ class Connection {
   bool claimed_ = false;        // guarded by claim_mu_: a frame is being written
   std::thread::id claim_owner_;  // guarded by claim_mu_
   bool torn_ = false;            // guarded by claim_mu_: a frame was cut off, the stream is unusable
+  struct FrameId {
+    uint64_t key = 0;
+    uint32_t slice = 0;
+    uint64_t iteration = 0;
+    bool set = false;
+  };
+  FrameId writing_;  // guarded by claim_mu_: the claimed frame, once the sender named it (NoteWriting)
   std::atomic<bool> peer_paused_{false};
   std::atomic<uint64_t> pause_changes_{0};
 };

@@ -36,7 +36,8 @@ namespace p3 {
 // of the release: `on_release` then runs on whichever thread drops the last reference, possibly with the
 // sender's or the worker's mutex held, so it must only hand the news on (it may not call into the tracker).
 // An operation that succeeds does not wait for it: a server broadcasts a slice only once it received every
-// worker's push of that slice, so the sender reads no more of the gradient by then.
+// worker's push of that slice, and the receiver writes a broadcast only after the sender returned from writing
+// that push (Connection::AwaitWritten), so the sender reads no more of the gradient by then.
 class SendHold {
  public:
   // `on_release` is set before the first reference is handed to the sender.

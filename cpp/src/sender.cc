@@ -14,7 +14,6 @@
 #include <utility>
 
 #include "codec.h"
-#include "happens_before.h"
 
 namespace p3 {
 namespace {
@@ -143,11 +142,14 @@ void Sender::Write(Destination* d) {
       d->claim_busy = true;
       return;
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    d->frame = d->TakeNext();
-    --queued_;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      d->frame = d->TakeNext();
+      --queued_;
+    }
     EncodeHeader(d->frame->m.header, d->head);
     d->written = 0;
+    d->conn->NoteWriting(d->frame->m.header);  // a broadcast of this slice waits for its ReleaseWrites
   }
   const OutMessage& m = d->frame->m;
   const void* data = m.owned ? static_cast<const void*>(m.owned->data()) : m.data;
@@ -160,7 +162,6 @@ void Sender::Write(Destination* d) {
   if (d->written > before) d->stalled = false;
   if (d->written == kHeaderBytes + m.header.payload_bytes) {
     d->conn->ReleaseWrites(false);
-    if (!m.owned && m.data != nullptr) PayloadSent(m.data);
     const Header& h = m.header;
     trace_->Record(TraceEvent::kSend, h.key, h.slice, h.priority, h.iteration, m.peer_rank);
     d->frame.reset();

@@ -3,7 +3,6 @@
 // server's PAUSE and RESUME go to the connection's pause state, which the sender's stall check reads.
 #include "worker_node.h"
 
-#include "happens_before.h"
 #include "p3/log.h"
 
 namespace p3 {
@@ -57,8 +56,9 @@ Status WorkerNode::HandleBroadcast(int server, Connection* conn, const Header& h
     }
   }
   if (dst == nullptr) return conn->SkipPayload(h.payload_bytes);
-  // Straight from the socket into the caller's buffer: no copy of the parameter on the worker.
-  BroadcastArriving(dst);
+  // Straight from the socket into the caller's buffer: no copy of the parameter on the worker; but only once our
+  // sender has returned from writing this slice's push, which may have read the same memory.
+  conn->AwaitWritten(h);
   const Status st = conn->ReadPayload(dst, h.payload_bytes);
   RequestTracker::Completion c;
   bool wake;

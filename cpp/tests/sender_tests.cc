@@ -391,6 +391,39 @@ void TestLastWordsWaitForPartFrame() {
 }
 
 
+void TestBroadcastWaitsForTheWriteOfItsOwnSlice() {
+  // A broadcast of (key, slice, iteration) may arrive while the sender is still inside the call that wrote the
+  // last bytes of that slice's push from the same memory: AwaitWritten holds the receiver until the claim is
+  // released, and holds no one for any other frame.
+  p3::Counters counters;
+  Link link = MakeLink("server 0", &counters);
+  CHECK(link.conn->TryClaimWrites());
+  Header pushing;
+  pushing.command = Command::kPush;
+  pushing.key = 7;
+  pushing.slice = 2;
+  pushing.iteration = 3;
+  link.conn->NoteWriting(pushing);
+  Header other_slice = pushing, other_iteration = pushing;
+  other_slice.slice = 1;
+  other_iteration.iteration = 2;
+  link.conn->AwaitWritten(other_slice);  // returns at once: a different frame is being written
+  link.conn->AwaitWritten(other_iteration);
+  std::atomic<bool> through{false};
+  std::thread receiver([&] {
+    Header broadcast = pushing;
+    broadcast.command = Command::kBroadcast;
+    link.conn->AwaitWritten(broadcast);
+    through.store(true);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  CHECK(!through.load());  // still waiting for the push's write to end
+  link.conn->ReleaseWrites(false);
+  receiver.join();
+  CHECK(through.load());
+  link.conn->AwaitWritten(pushing);  // nothing claimed: at once
+}
+
 // Bytes a connection with these socket buffers takes from a writer while nobody reads: written until the socket
 // refuses more, twice 50 ms apart (loopback moves bytes to the peer's buffer meanwhile).
 uint64_t Capacity(int buffer_bytes) {
@@ -510,6 +543,7 @@ int main() {
        TestDeclaredPauseIsNotAStallAndResumeRestartsTheCount},
       {"large_frame_partially_written_arrives_intact", TestLargeFramePartiallyWrittenArrivesIntact},
       {"last_words_wait_for_part_frame", TestLastWordsWaitForPartFrame},
+      {"broadcast_waits_for_the_write_of_its_own_slice", TestBroadcastWaitsForTheWriteOfItsOwnSlice},
       {"part_frame_inherits_most_urgent_priority", TestPartFrameInheritsMostUrgentPriority},
   };
   return p3test::RunTests(tests);
