@@ -216,6 +216,38 @@ def test_comparisons_run_each_system_at_its_best_where_best_json_has_one(tmp_pat
 
 
 @pytest.mark.unit
+def test_a_point_tuned_at_one_dilation_runs_its_best_setting_at_every_dilation(tmp_path):
+    # The dilation sweep runs ResNet-50 at 4 Gbps-equivalent at 0.05, 0.075 and 0.1; `tune` tunes it at the sweeps'
+    # dilation (0.11: 440 Mbit links). Same comparison, so the same setting, and the label says where it was tuned.
+    best = tmp_path / "best.json"
+    best.write_text(json.dumps({
+        "resnet50_v1.440mbit.4h.x0.11.emulated": {
+            "dist_sync": {"setting": {"MXNET_KVSTORE_BIGARRAY_BOUND": "100000"},
+                          "label": "MXNET_KVSTORE_BIGARRAY_BOUND=100000 (tuned)"},
+            "p3": {"setting": {"P3_SLICE_SIZE": "25000"}, "label": "P3_SLICE_SIZE=25000 (tuned)"}},
+        "resnet50_v1.400mbit.4h.x0.1.emulated": {  # a point's own entry wins over another dilation's
+            "p3": {"setting": {"P3_SLICE_SIZE": "100000"}, "label": "P3_SLICE_SIZE=100000 (tuned)"}},
+        "resnet50_v1.1gbit.4h.x0.1.emulated": {  # 10 Gbps-equivalent: another comparison
+            "mxnet-p3": {"setting": {"MXNET_KVSTORE_SLICE_THRESHOLD": "100000"}, "label": "x (tuned)"}}}))
+    points = sweeps.sweep_points("dilation", sweeps.parse_args(
+        ["dilation", "--models", "resnet50_v1", "--kvstores", "dist_sync", "p3", "mxnet-p3", "--best", str(best)]))
+    by = {(p.kvstore, p.gpu_scale): p for p in points}
+    for scale in (0.05, 0.075, 0.1):
+        ds = by["dist_sync", scale]
+        assert dict(ds.setting_env) == {"MXNET_KVSTORE_BIGARRAY_BOUND": "100000"}
+        assert ds.baseline_setting == "MXNET_KVSTORE_BIGARRAY_BOUND=100000 (tuned at x0.11)"
+        assert baseline_settings.identity(ds.baseline_setting) == "MXNET_KVSTORE_BIGARRAY_BOUND=100000"
+        assert by["mxnet-p3", scale].setting_env == ()  # tuned only at another equivalent: defaults
+    assert dict(by["p3", 0.1].setting_env) == {"P3_SLICE_SIZE": "100000"}
+    assert by["p3", 0.1].baseline_setting == "P3_SLICE_SIZE=100000 (tuned)"
+    assert dict(by["p3", 0.05].setting_env) == {"P3_SLICE_SIZE": "25000"}  # the least dilated entry: x0.11's
+    assert by["p3", 0.05].baseline_setting == "P3_SLICE_SIZE=25000 (tuned at x0.11)"
+    assert baseline_settings.equivalent("resnet50_v1.440mbit.4h.x0.11.emulated.b64") == (
+        ("resnet50_v1", 4000.0, 4, "emulated.b64"), 0.11)
+    assert baseline_settings.equivalent("resnet50_v1.uncapped.4h.x1.emulated") is None
+
+
+@pytest.mark.unit
 def test_rows_carry_the_baseline_setting_column(tmp_path):
     assert "baseline_setting" in bench_rows.RUN_COLUMNS
     path = tmp_path / "runs.csv"

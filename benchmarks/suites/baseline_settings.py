@@ -1,6 +1,7 @@
 """Each system's own settings in the comparisons: the variables it is tuned by, their defaults as read in the
 source of the versions the benchmarks run, and the best setting per point that `python -m benchmarks tune`
-found (results/tuning/best.json), which the comparison suites (cluster_bench, sweeps, demo) apply.
+found (results/tuning/best.json), which the comparison suites (cluster_bench, sweeps, demo) apply: a point's own
+entry, else the entry of the same P100-equivalent comparison tuned at another dilation (the dilation sweep).
 
 The defaults, read in the source (not assumed):
 - Horovod 0.28.1 (tag v0.28.1, commit 1d217b5), horovod/common/operations.cc, InitializeHorovodOnce: the tensor
@@ -29,8 +30,10 @@ import dataclasses
 import json
 import logging
 import pathlib
+import re
 from collections.abc import Mapping, Sequence
 
+from benchmarks.emulation.link_shaping import parse_rate
 from benchmarks.paths import RESULTS
 from p3kv.core import config
 
@@ -83,9 +86,49 @@ def load_best(path: pathlib.Path | None = BEST) -> dict:
     return json.loads(path.read_text())
 
 
+# point_key's text: model, link, hosts, dilation, then compute and the extras.
+_KEY = re.compile(r"(?P<model>[^.]+)\.(?P<link>[^.]+)\.(?P<hosts>\d+)h\.x(?P<scale>\d+(?:\.\d+)?(?:e-?\d+)?)\."
+                  r"(?P<rest>.+)")
+
+
+def equivalent(key: str) -> tuple[tuple, float] | None:
+    """(the comparison a point key names at any dilation: model, P100-equivalent link in Mbit/s, hosts, compute and
+    extras; its dilation), or None for a key without a dilated link. A link of rate b at dilation s is the
+    cluster of links b / s: the same comparison, so the same best setting, on a faithful emulation."""
+    m = _KEY.fullmatch(key)
+    if m is None or m["link"] == "uncapped":
+        return None
+    try:
+        scale = float(m["scale"])
+        mbit = parse_rate(m["link"]) / scale / 1e6
+    except (ValueError, ZeroDivisionError):
+        return None
+    return (m["model"], round(mbit, 1), int(m["hosts"]), m["rest"]), scale
+
+
+def _entry(point, best: Mapping) -> tuple[dict | None, float | None]:
+    """The best.json entry of `point`'s system: its own point's, else the same comparison's tuned at another
+    dilation (the least dilated one), with that dilation; (None, None) when there is neither."""
+    key = point_key(point)
+    entry = best.get(key, {}).get(point.kvstore)
+    if entry is not None:
+        return entry, None
+    mine = equivalent(key)
+    if mine is None:
+        return None, None
+    found = [(other[1], systems[point.kvstore]) for k, systems in best.items()
+             if point.kvstore in systems and (other := equivalent(k)) is not None and other[0] == mine[0]]
+    if not found:
+        return None, None
+    scale, entry = max(found, key=lambda f: f[0])
+    return entry, scale
+
+
 def tuned(point, best: Mapping) -> tuple[tuple[tuple[str, str], ...], str] | None:
-    """(environment, label) of `point`'s system at its tuned best, or None (no entry: the default, untuned)."""
-    entry = best.get(point_key(point), {}).get(point.kvstore)
+    """(environment, label) of `point`'s system at its tuned best, or None (no entry: the default, untuned). A
+    point tuned only at another dilation (the dilation sweep) runs that setting, and its label says where it
+    was tuned ("(tuned at x0.11)")."""
+    entry, elsewhere = _entry(point, best)
     if entry is None:
         return None
     if entry.get("smoke"):
@@ -93,6 +136,8 @@ def tuned(point, best: Mapping) -> tuple[tuple[tuple[str, str], ...], str] | Non
         return None
     env = dict(entry["setting"])
     label = entry["label"]
+    if elsewhere is not None:
+        label = label.replace("(tuned", f"(tuned at x{elsewhere:g}", 1)
     if point.slice_size:
         kept = {k: v for k, v in env.items() if k not in SLICE_VARIABLES}
         if kept != env:
