@@ -163,6 +163,7 @@ def test_a_tuning_csv_resumes_and_its_best_setting_goes_to_best_json(tmp_path):
         bench_rows.write_run(csv_path, _row(p, seconds[bound], f"s{n}"),
                              {rank: list(rng.normal(seconds[bound], 0.01, size=p.iters)) for rank in range(4)})
     bench_rows.write_run(csv_path, _row(points[0], 0.01, "other-iters", iters=5))  # another grid's run: ignored
+    bench_rows.write_run(csv_path, _row(points[0], 0.01, "unfaithful", faithful=False))  # not a result: ignored
     assert sweeps.not_yet_run(points, csv_path) == []
     entries = tune.choose_best(csv_path, BASE, cells)
     entry = entries["dist_sync"]
@@ -171,6 +172,7 @@ def test_a_tuning_csv_resumes_and_its_best_setting_goes_to_best_json(tmp_path):
     assert entry["throughput"] == pytest.approx(128 / 0.8, rel=0.02) and entry["ci"][0] <= entry["throughput"]
     assert entry["grid"] == [c.label for c in cells] and len(entry["cells"]) == 3
     assert (entry["runs"], entry["repeats"], entry["commit"], entry["iters"]) == (9, 3, "abc", 20)
+    assert entry["unfaithful_left_out"] == 1
     best = tmp_path / "best.json"
     best.write_text(json.dumps({"other.point": {"p3": {"setting": {}}}}))
     merged = best_setting.merge_best(best, "resnet50_v1.2gbit.4h.x0.2.emulated", entries)

@@ -22,11 +22,11 @@ The grid per system (baseline_settings.py has the defaults and where in each pro
 
 Every cell is a job of cluster_job.py at the point, its setting in the job's environment and in the row's
 baseline_setting column; all cells of all systems run --repeats rounds, each round in a freshly shuffled order
-(seeded), under the run guard. Rows go through bench_rows.py into RESULTS_DIR/<point>.csv (every rank's
-iterations in <point>_iterations.csv); --resume runs only the cells and repeats the CSV lacks. Then, per system,
-the best setting (analysis/best_setting.py: the fastest cell, or the default when the fastest is within the 95%
-CI of it) goes into RESULTS_DIR/best.json with its CI, the grid, the date and the commit; the comparison suites
-read it (--best, --untuned).
+(seeded), under the run guard. Rows go through bench_rows.py into RESULTS_DIR/<point>.csv (every rank's iterations
+in <point>_iterations.csv); --resume runs only the cells and repeats the CSV lacks. Then, per system, over the runs
+the fidelity monitors judged faithful, the best setting (analysis/best_setting.py: the fastest cell, or the default
+when the fastest is within the 95% CI of it) goes into RESULTS_DIR/best.json with its CI, the grid, the date and the
+commit; the comparison suites read it (--best, --untuned).
 """
 
 from __future__ import annotations
@@ -136,9 +136,12 @@ def tuning_points(base: Point, cells: Sequence[Cell], repeats: int, seed: int, r
 def choose_best(csv_path: pathlib.Path, base: Point, cells: Sequence[Cell], include_smoke: bool = False
                 ) -> dict[str, dict]:
     """{system: best.json entry} from every ok row of the tuning CSV that belongs to one of `cells` at `base`'s
-    iterations (rows of other invocations included: a resumed grid pools its repeats)."""
+    iterations (rows of other invocations included: a resumed grid pools its repeats), except runs the fidelity
+    monitors judged unfaithful: a setting is chosen on the runs the tables would show (their count is recorded)."""
     rows = [r for r in bench_rows.read_runs(csv_path)
             if (include_smoke or str(r.get("smoke")) != "True") and int(r["iters"]) == base.iters]
+    unfaithful = [r for r in rows if bench_rows.verdict(r) is False]
+    rows = [r for r in rows if bench_rows.verdict(r) is not False]
     entries = {}
     for system in dict.fromkeys(c.system for c in cells):
         mine = [c for c in cells if c.system == system]
@@ -161,7 +164,8 @@ def choose_best(csv_path: pathlib.Path, base: Point, cells: Sequence[Cell], incl
         entries[system] = best_setting.entry(
             choice, env, label, [c.label for c in mine], csv=csv_path.name,
             date=time.strftime("%Y-%m-%dT%H:%M:%S%z"), commit=used[-1].get("git_commit", ""),
-            runs=len(used), repeats=max(int(r["repeat"]) for r in used) + 1, iters=base.iters,
+            runs=len(used), unfaithful_left_out=sum(r["kvstore"] == system for r in unfaithful),
+            repeats=max(int(r["repeat"]) for r in used) + 1, iters=base.iters,
             warmup=base.warmup, smoke=any(str(r.get("smoke")) == "True" for r in used))
     return entries
 
