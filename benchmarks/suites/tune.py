@@ -137,11 +137,13 @@ def choose_best(csv_path: pathlib.Path, base: Point, cells: Sequence[Cell], incl
                 ) -> dict[str, dict]:
     """{system: best.json entry} from every ok row of the tuning CSV that belongs to one of `cells` at `base`'s
     iterations (rows of other invocations included: a resumed grid pools its repeats), except runs the fidelity
-    monitors judged unfaithful: a setting is chosen on the runs the tables would show (their count is recorded)."""
+    monitors judged unfaithful: a setting is chosen on the runs the tables would show (their count is recorded).
+    A smoke grid (`include_smoke`) checks the machinery on a few iterations of a busy machine, where the monitors
+    often fail a run; it keeps those runs, and its entry is marked smoke, which the comparisons never read."""
     rows = [r for r in bench_rows.read_runs(csv_path)
             if (include_smoke or str(r.get("smoke")) != "True") and int(r["iters"]) == base.iters]
-    unfaithful = [r for r in rows if bench_rows.verdict(r) is False]
-    rows = [r for r in rows if bench_rows.verdict(r) is not False]
+    unfaithful = [] if include_smoke else [r for r in rows if bench_rows.verdict(r) is False]
+    rows = [r for r in rows if all(r is not u for u in unfaithful)]
     entries = {}
     for system in dict.fromkeys(c.system for c in cells):
         mine = [c for c in cells if c.system == system]
