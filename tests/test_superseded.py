@@ -1,6 +1,8 @@
 """Older rows move to results/legacy/ only where a faithful rerun of the same point and system replaces them
 (benchmarks/analysis/superseded.py); the rest stay where the tables read them."""
 
+import csv
+
 import pytest
 
 from benchmarks.analysis import bench_rows, superseded
@@ -40,3 +42,24 @@ def test_files_without_verdicts_never_move(tmp_path):
     sweep.write_text("run_id,status,model\nx,ok,vgg19\n")
     assert superseded.move(sweep, tmp_path / "legacy") == 0
     assert sweep.read_text() == "run_id,status,model\nx,ok,vgg19\n"
+
+
+def test_a_retired_sweeps_unjudged_rows_move_once_its_new_comparison_has_a_faithful_row(tmp_path):
+    assert "dilation" in superseded.RETIRED
+    sweep = tmp_path / "sweeps" / "dilation.csv"
+    sweep.parent.mkdir()
+    before = list(bench_rows.RUN_COLUMNS[:bench_rows.RUN_COLUMNS.index("faithful")])  # the file before verdicts
+    with sweep.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=before, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows([_row("p3", 10.0, "old-p3"), _row("horovod", 10.0, "old-hvd")])
+    assert superseded.move(sweep, tmp_path / "legacy") == 0  # nothing faithful yet: they stay
+    bench_rows.write_run(sweep, _row("horovod", 4.0, "unfaithful", faithful="False", scale=0.1))  # judged: stays
+    assert superseded.move(sweep, tmp_path / "legacy") == 0
+    bench_rows.write_run(sweep, _row("p3", 4.0, "new-p3", faithful="True", scale=0.1))
+    rows = bench_rows.read_runs(sweep)
+    assert [bench_rows.verdict(r) for r in rows] == [None, None, False, True]  # short rows have no verdict
+    assert superseded.move(sweep, tmp_path / "legacy") == 2
+    assert [r["run_id"] for r in bench_rows.read_runs(sweep)] == ["unfaithful", "new-p3"]
+    assert [r["run_id"] for r in bench_rows.read_runs(tmp_path / "legacy" / "superseded_dilation.csv")] == [
+        "old-p3", "old-hvd"]

@@ -4,6 +4,7 @@ rows' baseline_setting column, resuming a tuning CSV, the comparison suites appl
 of `python -m benchmarks tune` on 2 emulated hosts (system tier)."""
 
 import csv
+import dataclasses
 import json
 import subprocess
 import sys
@@ -224,15 +225,19 @@ def test_a_point_tuned_at_one_dilation_runs_its_best_setting_at_every_dilation(t
     # The dilation sweep runs ResNet-50 at 4 Gbps-equivalent at 0.05, 0.075 and 0.1; `tune` tunes it at the sweeps'
     # dilation (0.11: 440 Mbit links). Same comparison, so the same setting, and the label says where it was tuned.
     best = tmp_path / "best.json"
+    at_4_gbps = {"comparison": "resnet50_v1.4000mbit-p100.4h.emulated"}  # what tune writes into every entry
     best.write_text(json.dumps({
         "resnet50_v1.440mbit.4h.x0.11.emulated": {
             "dist_sync": {"setting": {"MXNET_KVSTORE_BIGARRAY_BOUND": "100000"},
-                          "label": "MXNET_KVSTORE_BIGARRAY_BOUND=100000 (tuned)"},
-            "p3": {"setting": {"P3_SLICE_SIZE": "25000"}, "label": "P3_SLICE_SIZE=25000 (tuned)"}},
+                          "label": "MXNET_KVSTORE_BIGARRAY_BOUND=100000 (tuned)", **at_4_gbps, "gpu_scale": 0.11},
+            "p3": {"setting": {"P3_SLICE_SIZE": "25000"}, "label": "P3_SLICE_SIZE=25000 (tuned)", **at_4_gbps,
+                   "gpu_scale": 0.11}},
         "resnet50_v1.400mbit.4h.x0.1.emulated": {  # a point's own entry wins over another dilation's
-            "p3": {"setting": {"P3_SLICE_SIZE": "100000"}, "label": "P3_SLICE_SIZE=100000 (tuned)"}},
+            "p3": {"setting": {"P3_SLICE_SIZE": "100000"}, "label": "P3_SLICE_SIZE=100000 (tuned)", **at_4_gbps,
+                   "gpu_scale": 0.1}},
         "resnet50_v1.1gbit.4h.x0.1.emulated": {  # 10 Gbps-equivalent: another comparison
-            "mxnet-p3": {"setting": {"MXNET_KVSTORE_SLICE_THRESHOLD": "100000"}, "label": "x (tuned)"}}}))
+            "mxnet-p3": {"setting": {"MXNET_KVSTORE_SLICE_THRESHOLD": "100000"}, "label": "x (tuned)",
+                         "comparison": "resnet50_v1.10000mbit-p100.4h.emulated", "gpu_scale": 0.1}}}))
     points = sweeps.sweep_points("dilation", sweeps.parse_args(
         ["dilation", "--models", "resnet50_v1", "--kvstores", "dist_sync", "p3", "mxnet-p3", "--best", str(best)]))
     by = {(p.kvstore, p.gpu_scale): p for p in points}
@@ -246,9 +251,9 @@ def test_a_point_tuned_at_one_dilation_runs_its_best_setting_at_every_dilation(t
     assert by["p3", 0.1].baseline_setting == "P3_SLICE_SIZE=100000 (tuned)"
     assert dict(by["p3", 0.05].setting_env) == {"P3_SLICE_SIZE": "25000"}  # the least dilated entry: x0.11's
     assert by["p3", 0.05].baseline_setting == "P3_SLICE_SIZE=25000 (tuned at x0.11)"
-    assert baseline_settings.equivalent("resnet50_v1.440mbit.4h.x0.11.emulated.b64") == (
-        ("resnet50_v1", 4000.0, 4, "emulated.b64"), 0.11)
-    assert baseline_settings.equivalent("resnet50_v1.uncapped.4h.x1.emulated") is None
+    tuned_at = cluster_job.Point(model="resnet50_v1", kvstore="p3", bandwidth="440mbit", gpu_scale=0.11, batch_size=64)
+    assert baseline_settings.comparison_key(tuned_at) == "resnet50_v1.4000mbit-p100.4h.emulated.b64"
+    assert baseline_settings.comparison_key(dataclasses.replace(tuned_at, bandwidth="")) is None
 
 
 @pytest.mark.unit
@@ -293,5 +298,6 @@ def test_tune_smoke_two_cells_of_dist_sync_on_two_hosts(tmp_path):
     best = json.loads((tmp_path / "best.json").read_text())
     assert "dist_sync" in best.get(key, {}), (best, done.stderr[-3000:])
     entry = best[key]["dist_sync"]
+    assert (entry["comparison"], entry["gpu_scale"]) == ("resnet50_v1.2000mbit-p100.2h.none.b4", 1.0)
     assert entry["smoke"] and len(entry["grid"]) == 2 and entry["ci"][0] <= entry["throughput"] <= entry["ci"][1]
     assert entry["default"] and "too few repeats" in entry["reason"] or "default is the fastest" in entry["reason"]

@@ -58,8 +58,10 @@ def read_frame(sock: socket.socket) -> tuple[dict, bytes]:
 class FakeServer:
     """Registers with the scheduler as a server, then accepts the one worker's data connection."""
 
-    def __init__(self, scheduler_port: int):
+    def __init__(self, scheduler_port: int, rcvbuf: int | None = None):
         self.listener = socket.create_server((HOST, 0))
+        if rcvbuf:  # the accepted connection inherits it: the worker's sends fill it sooner
+            self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         self.listener.settimeout(STEP)
         self.scheduler = socket.create_connection((HOST, scheduler_port), timeout=STEP)
         p3auth.authenticate(self.scheduler, SECRET)
@@ -103,11 +105,14 @@ class FakeServer:
 
 
 @pytest.fixture
-def job(nodes, monkeypatch):
+def job(nodes, monkeypatch, request):
     """A scheduler (1 worker, 2 servers), two FakeServers by rank, and this process's P3Worker on the first key
-    (key 0: 2 * SLICE float32 elements, initialised with zeros)."""
+    (key 0: 2 slices of float32 elements, initialised with zeros). Parametrised indirectly with {"slice": elements,
+    "rcvbuf": the fake servers' receive buffer}; by default slices of SLICE and the kernel's buffers."""
+    options = getattr(request, "param", {})
+    slice_size = options.get("slice", SLICE)
     port = free_port()
-    env = node_env("worker", port, workers=1, servers=2, P3_SLICE_SIZE=str(SLICE), P3_HEARTBEAT_TIMEOUT="60",
+    env = node_env("worker", port, workers=1, servers=2, P3_SLICE_SIZE=str(slice_size), P3_HEARTBEAT_TIMEOUT="60",
                    P3_HEARTBEAT_INTERVAL="1")
     scheduler = Node("scheduler", [sys.executable, "-m", "p3kv.core.scheduler"], {**env, "P3_ROLE": "scheduler"})
     nodes.append(scheduler)
@@ -118,7 +123,7 @@ def job(nodes, monkeypatch):
     servers = []
     while len(servers) < 2:  # the scheduler may not listen yet
         try:
-            servers.append(FakeServer(port))
+            servers.append(FakeServer(port, options.get("rcvbuf")))
         except ConnectionRefusedError:
             assert time.monotonic() < deadline, scheduler.output
             time.sleep(0.05)
@@ -130,7 +135,7 @@ def job(nodes, monkeypatch):
         t.join(STEP)
     servers.sort(key=lambda s: s.rank)
     assert [s.rank for s in servers] == [0, 1] and all(s.worker for s in servers)
-    value = np.zeros(2 * SLICE, np.float32)
+    value = np.zeros(2 * slice_size, np.float32)
     worker.init(0, value)
     inits = [s.serve_init() for s in servers]
     worker.wait(0, timeout=STEP)
@@ -175,6 +180,38 @@ def test_a_rejection_waits_for_a_broadcast_still_landing_in_the_callers_buffer(j
     with pytest.raises(P3Error, match="scripted rejection"):
         worker.wait(0, timeout=STEP)
     assert (out[:SLICE] == 7).all()  # the slice landed before the operation completed
+
+
+BIG_SLICE = 1 << 20  # 4 MiB of float32 per slice: far more than the socket buffers hold
+
+
+@pytest.mark.parametrize("job", [{"slice": BIG_SLICE, "rcvbuf": 1 << 16}], indirect=True)
+def test_a_broadcast_of_a_slice_whose_push_is_still_being_sent_fails_the_worker_at_once(job):
+    # A server broadcasts a slice only once it has every worker's push of it. One that broadcasts while this
+    # worker's push of that slice is still part-written (its sender waiting for room in a socket the server no
+    # longer reads) breaks the protocol: the worker must fail with an error saying so, not wait for a write the
+    # server will never take, and must not write the broadcast into the caller's array.
+    worker, servers, inits = job
+    grad = np.ones(2 * BIG_SLICE, np.float32)
+    out = np.zeros(2 * BIG_SLICE, np.float32)
+    worker.push(0, grad, out=out)
+    h = dict(zip(("magic", "version", "command"), HEADER.unpack(p3auth.recv_exactly(servers[0].worker,
+                                                                                 HEADER.size))[:3], strict=True))
+    assert h["command"] == PUSH, h  # server 0 takes the header and stops reading: the payload stays part-written
+    time.sleep(0.3)  # the sender fills the buffers and waits for room
+    value = np.full(BIG_SLICE, 7, np.float32).tobytes()
+
+    def broadcast() -> None:  # the worker reads its header only, so sendall may block until the socket closes
+        with contextlib.suppress(OSError):
+            servers[0].broadcast(inits[0], value, iteration=1)
+
+    early = threading.Thread(target=broadcast, daemon=True)
+    started = time.monotonic()
+    early.start()
+    with pytest.raises(P3Error, match="still sending its PUSH of that slice: the server broadcast before it had"):
+        worker.wait(0, timeout=STEP)
+    assert time.monotonic() - started < STEP / 2
+    assert not out.any()  # nothing of the early broadcast landed in the caller's array
 
 
 def test_close_with_a_timeout_returns_when_a_server_stopped_reading(job):

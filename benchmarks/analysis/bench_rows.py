@@ -85,7 +85,7 @@ def write_run(csv_path: pathlib.Path, row: dict, iterations: dict[int, Sequence[
 
 def verdict(row: dict) -> bool | None:
     """A run's fidelity verdict: True, False, or None for rows from before the monitors (no verdict)."""
-    value = str(row.get("faithful", "")).strip()
+    value = str(row.get("faithful") or "").strip()  # None: a row shorter than a header that gained the column
     return None if value == "" else value == "True"
 
 

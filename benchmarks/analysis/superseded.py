@@ -3,8 +3,10 @@
 A row of results/sweeps/<name>.csv is superseded when it has no fidelity verdict (it predates the monitors) or was
 judged unfaithful, and a row of the same point and system that the monitors judged faithful exists in the same
 file. Only those move, to results/legacy/superseded_<name>.csv (their iterations to its _iterations file): a row
-that nothing faithful replaces stays where the tables read it, however old. A run's iterations are copied with it
-and left in place while a kept row shares its run_id (older sweeps repeated run_ids after --resume).
+that nothing faithful replaces stays where the tables read it, however old, except in a sweep whose comparison
+changed (RETIRED): there every row without a verdict moves once a faithful row exists. A run's iterations are
+copied with it and left in place while a kept row shares its run_id (older sweeps repeated run_ids after
+--resume).
 
     python -m benchmarks.analysis.superseded            # what would move, per sweep
     python -m benchmarks.analysis.superseded --move     # move it; then python -m benchmarks.report
@@ -24,6 +26,10 @@ from benchmarks.analysis.points import equivalent_gbps, key_value, optimizer_lab
 from benchmarks.paths import RESULTS
 
 LOG = logging.getLogger("superseded")
+# Sweeps whose comparison changed: every row without a verdict is from the old one, which nothing reruns, so it
+# moves once the file holds faithful rows of the new one (a rerun of the old comparison could not be told apart).
+RETIRED = {"dilation": "the comparison moved from 10 Gbit/s P100-equivalent without CPU limits to 4 Gbit/s with "
+                       "them (the dilation must scale CPU like compute and links)"}
 # A point and system, whatever its dilation, CPU limit or run: what a faithful rerun replaces.
 SAME = ("tag", "model", "kvstore", "hosts", "layout", "compute", "batch_size", "efficiency_factor", "slice_size",
         "link_queue_ms")
@@ -35,11 +41,13 @@ def point_of(row: dict) -> tuple:
             round(gbps, 3) if gbps else row.get("bandwidth"))
 
 
-def superseded(rows: Sequence[dict]) -> list[int]:
-    """The positions of the rows (ok or not) that a faithful row of the same point and system replaces."""
+def superseded(rows: Sequence[dict], retired: bool = False) -> list[int]:
+    """The positions of the rows (ok or not) that a faithful row of the same point and system replaces; in a
+    retired sweep's file (RETIRED) with any faithful row, every row without a verdict as well."""
     replaced = {point_of(r) for r in rows if r.get("status") == "ok" and bench_rows.verdict(r) is True
                 and str(r.get("smoke")) != "True"}
-    return [i for i, r in enumerate(rows) if bench_rows.verdict(r) is not True and point_of(r) in replaced]
+    return [i for i, r in enumerate(rows) if bench_rows.verdict(r) is not True and (
+        point_of(r) in replaced or (retired and replaced and bench_rows.verdict(r) is None))]
 
 
 def _read(path: pathlib.Path) -> tuple[list[str], list[dict]]:
@@ -72,7 +80,7 @@ def move(sweep_csv: pathlib.Path, legacy_dir: pathlib.Path, dry_run: bool = Fals
     fields, rows = _read(sweep_csv)
     if "faithful" not in fields:
         return 0  # nothing in it was judged: nothing can have been replaced
-    gone = set(superseded(rows))
+    gone = set(superseded(rows, retired=sweep_csv.stem in RETIRED))
     if not gone or dry_run:
         return len(gone)
     moved = [r for i, r in enumerate(rows) if i in gone]

@@ -11,19 +11,13 @@ import numpy as np
 
 from benchmarks.analysis import bench_rows, bootstrap
 from benchmarks.analysis.points import equivalent_gbps, number, shown
+from benchmarks.analysis.ratio_table import job_array
 
 BASELINE = "ddp"
 SYSTEMS = ("ddp", "torch-p3kv", "torch-p3kv-server")  # suites/torch_systems.py's, in the table's order
 LABEL = {"ddp": "DDP (gloo)", "torch-p3kv": "p3kv.torch, worker placement",
          "torch-p3kv-server": "p3kv.torch, server placement"}
 POINT = ("model", "hosts", "bandwidth", "gpu_scale", "batch_size", "efficiency_factor", "host_cpus", "tag")
-
-
-def job_array(row: dict) -> np.ndarray:
-    """A run's timed iterations as (iterations, ranks) seconds, cut to the shortest rank."""
-    ranks = bench_rows.rank_iterations(row)
-    n = min(len(r) for r in ranks)
-    return np.array([r[:n] for r in ranks], dtype=float).T
 
 
 def _runs(rows: Sequence[dict], include_smoke: bool) -> dict[tuple, dict[str, list[dict]]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pathlib
 
-from benchmarks.analysis import bench_rows, torch_comparison
+from benchmarks.analysis import bench_rows, ratio_table, torch_comparison
 from benchmarks.analysis.points import (
     aggregate,
     fidelity_sentence,
@@ -81,8 +81,11 @@ def reviewed_block(name: str, results: pathlib.Path) -> str:
         extra += slice_sentences(points)
     rows = [r for r in _rows(path) if str(r.get("smoke")) != "True"]
     cpus = int(number(rows[0].get("cpus"), 2)) if rows else 2
-    if name == "dilation":
+    if name == "dilation":  # p3kv's ratios with their CIs, and whether the dilation changed them
+        found = ratio_table.ratios(rows)
         extra = dilation_sentences(points, cpus)
+        if found:
+            extra += ["", ratio_table.table(found), "", *ratio_table.invariance_sentences(found)]
     else:
         extra += saturation_sentences(points, cpus)
     if name == "utilisation":

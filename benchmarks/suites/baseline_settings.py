@@ -30,7 +30,6 @@ import dataclasses
 import json
 import logging
 import pathlib
-import re
 from collections.abc import Mapping, Sequence
 
 from benchmarks.emulation.link_shaping import parse_rate
@@ -69,14 +68,29 @@ def identity(label: str) -> str:
     return label.split(" (")[0]
 
 
+def _extras(point) -> list[str]:
+    """What differs from the suites' defaults, in a point key's text."""
+    extras = [(point.batch_size != 32, f"b{point.batch_size}"), (point.optimizer != "sgd", point.optimizer),
+              (point.layout != "colocated", point.layout),
+              (point.efficiency_factor != 1.0, f"e{point.efficiency_factor:g}")]
+    return [text for differs, text in extras if differs]
+
+
 def point_key(point) -> str:
     """The name of a comparison point (a cluster_job.Point, any system): model, link, hosts, dilation, compute,
     and what else differs from the suites' defaults. best.json and the tuning CSVs are keyed by it."""
     key = f"{point.model}.{point.bandwidth or 'uncapped'}.{point.hosts}h.x{point.gpu_scale:g}.{point.compute}"
-    extras = [(point.batch_size != 32, f"b{point.batch_size}"), (point.optimizer != "sgd", point.optimizer),
-              (point.layout != "colocated", point.layout),
-              (point.efficiency_factor != 1.0, f"e{point.efficiency_factor:g}")]
-    return ".".join([key, *(text for differs, text in extras if differs)])
+    return ".".join([key, *_extras(point)])
+
+
+def comparison_key(point) -> str | None:
+    """The comparison a point emulates, at any dilation: its key with the link as the P100-equivalent rate (a link
+    of rate b at --gpu-scale s emulates links of b / s) and no dilation; None for an uncapped link. tune writes it
+    into every best.json entry, so that one dilation's best setting serves the same comparison at the others."""
+    if not point.bandwidth:
+        return None
+    mbit = round(parse_rate(point.bandwidth) / point.gpu_scale / 1e6, 1)
+    return ".".join([f"{point.model}.{mbit:g}mbit-p100.{point.hosts}h.{point.compute}", *_extras(point)])
 
 
 def load_best(path: pathlib.Path | None = BEST) -> dict:
@@ -86,38 +100,15 @@ def load_best(path: pathlib.Path | None = BEST) -> dict:
     return json.loads(path.read_text())
 
 
-# point_key's text: model, link, hosts, dilation, then compute and the extras.
-_KEY = re.compile(r"(?P<model>[^.]+)\.(?P<link>[^.]+)\.(?P<hosts>\d+)h\.x(?P<scale>\d+(?:\.\d+)?(?:e-?\d+)?)\."
-                  r"(?P<rest>.+)")
-
-
-def equivalent(key: str) -> tuple[tuple, float] | None:
-    """(the comparison a point key names at any dilation: model, P100-equivalent link in Mbit/s, hosts, compute and
-    extras; its dilation), or None for a key without a dilated link. A link of rate b at dilation s is the
-    cluster of links b / s: the same comparison, so the same best setting, on a faithful emulation."""
-    m = _KEY.fullmatch(key)
-    if m is None or m["link"] == "uncapped":
-        return None
-    try:
-        scale = float(m["scale"])
-        mbit = parse_rate(m["link"]) / scale / 1e6
-    except (ValueError, ZeroDivisionError):
-        return None
-    return (m["model"], round(mbit, 1), int(m["hosts"]), m["rest"]), scale
-
-
 def _entry(point, best: Mapping) -> tuple[dict | None, float | None]:
     """The best.json entry of `point`'s system: its own point's, else the same comparison's tuned at another
     dilation (the least dilated one), with that dilation; (None, None) when there is neither."""
-    key = point_key(point)
-    entry = best.get(key, {}).get(point.kvstore)
+    entry = best.get(point_key(point), {}).get(point.kvstore)
     if entry is not None:
         return entry, None
-    mine = equivalent(key)
-    if mine is None:
-        return None, None
-    found = [(other[1], systems[point.kvstore]) for k, systems in best.items()
-             if point.kvstore in systems and (other := equivalent(k)) is not None and other[0] == mine[0]]
+    mine = comparison_key(point)
+    found = [(float(e["gpu_scale"]), e) for systems in best.values() if (e := systems.get(point.kvstore))
+             and mine is not None and e.get("comparison") == mine]
     if not found:
         return None, None
     scale, entry = max(found, key=lambda f: f[0])

@@ -262,6 +262,8 @@ def tune_point(base: Point, args: argparse.Namespace) -> int:
     LOG.info("%s: %d jobs (%d cells x %d repeats)", key, len(points), len(cells), args.repeats)
     rows = cluster_bench.run_points(points, csv_path, cluster_bench.conditions_from_args(args))
     entries = choose_best(csv_path, base, [c for c in cells if c.system not in skipped], include_smoke=args.smoke)
+    for entry in entries.values():  # what another dilation of the same comparison looks its setting up by
+        entry.update(comparison=baseline_settings.comparison_key(base), gpu_scale=base.gpu_scale)
     best_setting.merge_best(args.results_dir / "best.json", key, entries)
     text = summary(key, entries)
     (args.results_dir / f"{key}.md").write_text(text)

@@ -79,12 +79,40 @@ void Connection::NoteWriting(const Header& h) {
   writing_ = FrameId{h.key, h.slice, h.iteration, true};
 }
 
-void Connection::AwaitWritten(const Header& h) {
+Status Connection::AwaitWritten(const Header& h) {
   std::unique_lock<std::mutex> lock(claim_mu_);
-  claim_cv_.wait(lock, [&] {
-    return !claimed_ || !writing_.set || writing_.key != h.key || writing_.slice != h.slice ||
-           writing_.iteration != h.iteration;
-  });
+  const auto mine = [&] {
+    return claimed_ && writing_.set && writing_.key == h.key && writing_.slice == h.slice &&
+           writing_.iteration == h.iteration;
+  };
+  ++awaiting_;
+  claim_cv_.wait(lock, [&] { return !mine() || !in_call_; });  // a non-blocking call: it returns
+  --awaiting_;
+  if (!mine()) return Status::Ok();
+  return Status::Invalid("a BROADCAST of key " + std::to_string(h.key) + " slice " + std::to_string(h.slice) +
+                         " iteration " + std::to_string(h.iteration) +
+                         " arrived while this worker was still sending its PUSH of that slice: the server broadcast "
+                         "before it had every worker's push (a faulty or foreign server)");
+}
+
+bool Connection::EnterWriteCall(const Header& h) {
+  std::lock_guard<std::mutex> lock(claim_mu_);
+  if (!writing_.set || writing_.key != h.key || writing_.slice != h.slice || writing_.iteration != h.iteration) {
+    return false;
+  }
+  in_call_ = true;
+  return true;
+}
+
+void Connection::LeaveWriteCall(bool all_written) {
+  bool wake;
+  {
+    std::lock_guard<std::mutex> lock(claim_mu_);
+    in_call_ = false;
+    if (all_written) writing_ = FrameId();  // the caller's array is read no more: a broadcast into it may land
+    wake = awaiting_ > 0;
+  }
+  if (wake) claim_cv_.notify_all();
 }
 
 bool Connection::TryClaimWrites() { return ClaimWrites(0); }
@@ -95,6 +123,7 @@ void Connection::ReleaseWrites(bool torn) {
     claimed_ = false;
     claim_owner_ = std::thread::id();
     writing_ = FrameId();
+    in_call_ = false;
     torn_ = torn_ || torn;
   }
   claim_cv_.notify_all();
@@ -112,9 +141,11 @@ Status Connection::WriteSome(const Header& h, const uint8_t* head, const void* p
     iov[n++] = {const_cast<char*>(static_cast<const char*>(payload)) + done, h.payload_bytes - done};
   }
   size_t wrote = 0;
+  const bool noted = EnterWriteCall(h);
   Status st = socket_.SendSome(iov, n, &wrote);
+  if (st.ok()) *written += wrote;
+  if (noted) LeaveWriteCall(st.ok() && *written == total);
   if (!st.ok()) return FrameError(h, st);
-  *written += wrote;
   if (*written == total) counters_->CountSent(h.command, total);
   return st;
 }

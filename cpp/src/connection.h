@@ -57,11 +57,13 @@ class Connection {
   void NoteWriting(const Header& h);
   // Receiver thread, before writing a broadcast into the caller's memory: waits while the sender is still in the
   // call that wrote the last bytes of this worker's push of the same slice. The server broadcasts a slice only
-  // after it has received the whole push, so the bytes were already copied into the kernel and the wait is short;
-  // but the sender's read of the caller's array ends only when that call returns, and a broadcast into the same
-  // array (in-place pushpull), or a caller who reuses the array on completion, must come after it. The claim's
-  // mutex makes that order a real happens-before (ThreadSanitizer cannot see the one through the sockets).
-  void AwaitWritten(const Header& h);
+  // after it has received the whole push, so the bytes were already copied into the kernel and the wait is one
+  // non-blocking call; but the sender's read of the caller's array ends only when that call returns, and a
+  // broadcast into the same array (in-place pushpull), or a caller who reuses the array on completion, must come
+  // after it. The claim's mutex makes that order a real happens-before (ThreadSanitizer cannot see the one
+  // through the sockets). A broadcast of a slice whose push is not yet all written (the sender is between calls,
+  // waiting for room) breaks the protocol: that is an error at once, never a wait on a peer that may not read.
+  Status AwaitWritten(const Header& h);
   // The error for a frame to this peer that could not progress for `stalled_s` seconds.
   Status SendStalled(const Header& h, double stalled_s) const;
   // Any thread. The SO_SNDTIMEO bound (0: none). The sender applies it per destination: a peer that takes no
@@ -111,6 +113,10 @@ class Connection {
   // the caller itself holds the claim (its frame cannot finish while it waits) or the stream is torn.
   bool ClaimWrites(double timeout_s);
   Status FrameError(const Header& h, const Status& st) const;
+  // Around WriteSome's call: marks the noted frame's write call (false when h is not the noted frame), then ends
+  // it, and forgets the frame once `all_written` (AwaitWritten).
+  bool EnterWriteCall(const Header& h);
+  void LeaveWriteCall(bool all_written);
 
   // RecvAll bounded by the current frame's deadline (when there is one).
   Status RecvFrameBytes(void* dst, uint64_t len, bool first);
@@ -133,7 +139,9 @@ class Connection {
     uint64_t iteration = 0;
     bool set = false;
   };
-  FrameId writing_;  // guarded by claim_mu_: the claimed frame, once the sender named it (NoteWriting)
+  FrameId writing_;  // guarded by claim_mu_: the claimed frame, once the sender named it, until all written
+  bool in_call_ = false;  // guarded by claim_mu_: the sender is inside a write call of writing_
+  int awaiting_ = 0;      // guarded by claim_mu_: receivers in AwaitWritten (the sender notifies only then)
   std::atomic<bool> peer_paused_{false};
   std::atomic<uint64_t> pause_changes_{0};
 };

@@ -58,8 +58,8 @@ Status WorkerNode::HandleBroadcast(int server, Connection* conn, const Header& h
   if (dst == nullptr) return conn->SkipPayload(h.payload_bytes);
   // Straight from the socket into the caller's buffer: no copy of the parameter on the worker; but only once our
   // sender has returned from writing this slice's push, which may have read the same memory.
-  conn->AwaitWritten(h);
-  const Status st = conn->ReadPayload(dst, h.payload_bytes);
+  const Status written = conn->AwaitWritten(h);
+  const Status st = written.ok() ? conn->ReadPayload(dst, h.payload_bytes) : written;
   RequestTracker::Completion c;
   bool wake;
   {

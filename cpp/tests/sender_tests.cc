@@ -393,35 +393,37 @@ void TestLastWordsWaitForPartFrame() {
 
 void TestBroadcastWaitsForTheWriteOfItsOwnSlice() {
   // A broadcast of (key, slice, iteration) may arrive while the sender is still inside the call that wrote the
-  // last bytes of that slice's push from the same memory: AwaitWritten holds the receiver until the claim is
-  // released, and holds no one for any other frame.
+  // last bytes of that slice's push from the same memory: AwaitWritten holds the receiver until that call has
+  // returned. A broadcast of a slice whose push is not all written (the sender between calls) breaks the
+  // protocol: an error at once. Any other frame passes.
   p3::Counters counters;
   Link link = MakeLink("server 0", &counters);
   CHECK(link.conn->TryClaimWrites());
+  std::vector<char> payload(64, 'x');
   Header pushing;
   pushing.command = Command::kPush;
   pushing.key = 7;
   pushing.slice = 2;
   pushing.iteration = 3;
+  pushing.payload_bytes = payload.size();
   link.conn->NoteWriting(pushing);
-  Header other_slice = pushing, other_iteration = pushing;
+  Header other_slice = pushing, other_iteration = pushing, broadcast = pushing;
   other_slice.slice = 1;
   other_iteration.iteration = 2;
-  link.conn->AwaitWritten(other_slice);  // returns at once: a different frame is being written
-  link.conn->AwaitWritten(other_iteration);
-  std::atomic<bool> through{false};
-  std::thread receiver([&] {
-    Header broadcast = pushing;
-    broadcast.command = Command::kBroadcast;
-    link.conn->AwaitWritten(broadcast);
-    through.store(true);
-  });
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  CHECK(!through.load());  // still waiting for the push's write to end
+  broadcast.command = Command::kBroadcast;
+  CHECK(link.conn->AwaitWritten(other_slice).ok());  // at once: a different frame is being written
+  CHECK(link.conn->AwaitWritten(other_iteration).ok());
+  const Status early = link.conn->AwaitWritten(broadcast);  // nothing of the push written yet
+  CHECK(early.code() == Status::Code::kInvalid);
+  CHECK(early.message().find("still sending its PUSH of that slice") != std::string::npos);
+  uint8_t head[p3::kHeaderBytes];
+  p3::EncodeHeader(pushing, head);
+  uint64_t written = 0;
+  CHECK(link.conn->WriteSome(pushing, head, payload.data(), &written).ok());
+  CHECK(written == p3::kHeaderBytes + payload.size());  // all of it: the socket had room
+  CHECK(link.conn->AwaitWritten(broadcast).ok());  // the claim is still held, but the push is all written
   link.conn->ReleaseWrites(false);
-  receiver.join();
-  CHECK(through.load());
-  link.conn->AwaitWritten(pushing);  // nothing claimed: at once
+  CHECK(link.conn->AwaitWritten(pushing).ok());  // nothing claimed: at once
 }
 
 // Bytes a connection with these socket buffers takes from a writer while nobody reads: written until the socket
