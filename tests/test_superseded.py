@@ -63,3 +63,12 @@ def test_a_retired_sweeps_unjudged_rows_move_once_its_new_comparison_has_a_faith
     assert [r["run_id"] for r in bench_rows.read_runs(sweep)] == ["unfaithful", "new-p3"]
     assert [r["run_id"] for r in bench_rows.read_runs(tmp_path / "legacy" / "superseded_dilation.csv")] == [
         "old-p3", "old-hvd"]
+
+
+def test_in_the_dilation_sweep_a_faithful_run_replaces_only_runs_at_its_own_dilation(tmp_path):
+    assert "dilation" in superseded.BY_DILATION
+    rows = [_row("dist_sync", 4.0, "ok-0.1", faithful="True", scale=0.1),
+            _row("dist_sync", 4.0, "bad-0.1", faithful="False", scale=0.1),
+            _row("dist_sync", 4.0, "bad-0.05", faithful="False", scale=0.05)]  # 0.05's own verdict: it stays
+    assert superseded.superseded(rows, by_dilation=True) == [1]
+    assert superseded.superseded(rows) == [1, 2]  # elsewhere a faithful rerun at any dilation replaces both

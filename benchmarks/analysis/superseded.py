@@ -35,19 +35,25 @@ SAME = ("tag", "model", "kvstore", "hosts", "layout", "compute", "batch_size", "
         "link_queue_ms")
 
 
-def point_of(row: dict) -> tuple:
+# Sweeps whose variable is the dilation itself: there a run at one --gpu-scale replaces none at another (an
+# unfaithful run at 0.05 is that dilation's verdict, not an old row).
+BY_DILATION = ("dilation",)
+
+
+def point_of(row: dict, by_dilation: bool = False) -> tuple:
     gbps = equivalent_gbps(row)
     return (*(key_value(row, k) for k in SAME), optimizer_label(row.get("optimizer")),
-            round(gbps, 3) if gbps else row.get("bandwidth"))
+            round(gbps, 3) if gbps else row.get("bandwidth"), key_value(row, "gpu_scale") if by_dilation else "")
 
 
-def superseded(rows: Sequence[dict], retired: bool = False) -> list[int]:
-    """The positions of the rows (ok or not) that a faithful row of the same point and system replaces; in a
-    retired sweep's file (RETIRED) with any faithful row, every row without a verdict as well."""
-    replaced = {point_of(r) for r in rows if r.get("status") == "ok" and bench_rows.verdict(r) is True
+def superseded(rows: Sequence[dict], retired: bool = False, by_dilation: bool = False) -> list[int]:
+    """The positions of the rows (ok or not) that a faithful row of the same point and system replaces (at the
+    same --gpu-scale only, with `by_dilation`); in a retired sweep's file (RETIRED) with any faithful row, every
+    row without a verdict as well."""
+    replaced = {point_of(r, by_dilation) for r in rows if r.get("status") == "ok" and bench_rows.verdict(r) is True
                 and str(r.get("smoke")) != "True"}
     return [i for i, r in enumerate(rows) if bench_rows.verdict(r) is not True and (
-        point_of(r) in replaced or (retired and replaced and bench_rows.verdict(r) is None))]
+        point_of(r, by_dilation) in replaced or (retired and replaced and bench_rows.verdict(r) is None))]
 
 
 def _read(path: pathlib.Path) -> tuple[list[str], list[dict]]:
@@ -80,7 +86,7 @@ def move(sweep_csv: pathlib.Path, legacy_dir: pathlib.Path, dry_run: bool = Fals
     fields, rows = _read(sweep_csv)
     if "faithful" not in fields:
         return 0  # nothing in it was judged: nothing can have been replaced
-    gone = set(superseded(rows, retired=sweep_csv.stem in RETIRED))
+    gone = set(superseded(rows, retired=sweep_csv.stem in RETIRED, by_dilation=sweep_csv.stem in BY_DILATION))
     if not gone or dry_run:
         return len(gone)
     moved = [r for i, r in enumerate(rows) if i in gone]
