@@ -9,9 +9,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from benchmarks.analysis import bench_rows, bootstrap
-from benchmarks.analysis.points import equivalent_gbps, number, shown
-from benchmarks.analysis.ratio_table import job_array
+from benchmarks.analysis import bootstrap
+from benchmarks.analysis.points import equivalent_gbps, number
+from benchmarks.analysis.ratio_table import job_array, point_runs
 
 BASELINE = "ddp"
 SYSTEMS = ("ddp", "torch-p3kv", "torch-p3kv-server")  # suites/torch_systems.py's, in the table's order
@@ -21,12 +21,7 @@ POINT = ("model", "hosts", "bandwidth", "gpu_scale", "batch_size", "efficiency_f
 
 
 def _runs(rows: Sequence[dict], include_smoke: bool) -> dict[tuple, dict[str, list[dict]]]:
-    points: dict[tuple, dict[str, list[dict]]] = {}
-    for r in rows:
-        if r.get("kvstore") in SYSTEMS and r.get("status") == "ok" and shown(r) and (
-                include_smoke or str(r.get("smoke")) != "True") and bench_rows.rank_iterations(r):
-            points.setdefault(tuple(str(r.get(k, "")) for k in POINT), {}).setdefault(r["kvstore"], []).append(r)
-    return points
+    return point_runs(rows, SYSTEMS, key=lambda r: tuple(str(r.get(k, "")) for k in POINT), include_smoke=include_smoke)
 
 
 def _jobs(by_system: dict[str, list[dict]], system: str) -> tuple[list[np.ndarray], float]:
