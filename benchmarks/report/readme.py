@@ -47,6 +47,8 @@ SUMMARIES = {
     "startup": ("startup.md", "make bench-startup"),
     "link-overhead": ("link_overhead.md", "sudo .venv/bin/python -m benchmarks.suites.link_overhead"),
     "soak": ("soak.md", "python -m benchmarks.suites.soak_bench --iters 3000"),
+    "torch-loopback": ("torch_loopback.md", "python -m benchmarks torch_loopback --model resnet50_v1 --workers 2 "
+                       "--repeats 5 --csv benchmarks/results/torch_loopback.csv"),
 }
 
 
