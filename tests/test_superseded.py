@@ -72,3 +72,17 @@ def test_in_the_dilation_sweep_a_faithful_run_replaces_only_runs_at_its_own_dila
             _row("dist_sync", 4.0, "bad-0.05", faithful="False", scale=0.05)]  # 0.05's own verdict: it stays
     assert superseded.superseded(rows, by_dilation=True) == [1]
     assert superseded.superseded(rows) == [1, 2]  # elsewhere a faithful rerun at any dilation replaces both
+
+
+def test_a_horovod_run_from_before_its_cycle_was_dilated_moves_once_a_current_faithful_run_exists(tmp_path):
+    sweep = tmp_path / "sweeps" / "bandwidth.csv"
+    old = [_row("horovod", 15.0, "old-hvd", faithful="True"), _row("dist_sync", 15.0, "ds", faithful="True")]
+    for r in old:
+        bench_rows.write_run(sweep, r, {0: [1.0]})
+    legacy = tmp_path / "legacy"
+    assert superseded.outdated(old[0]) and not superseded.outdated(old[1])
+    assert superseded.move(sweep, legacy) == 0  # an outdated row stays until a current one replaces it
+    bench_rows.write_run(sweep, {**_row("horovod", 15.0, "new-hvd", faithful="True"), "horovod_cycle_ms": "2.0"},
+                         {0: [1.0]})
+    assert superseded.move(sweep, legacy) == 1
+    assert [r["run_id"] for r in bench_rows.read_runs(sweep)] == ["ds", "new-hvd"]

@@ -220,6 +220,33 @@ def test_the_table_gives_each_systems_rate_and_its_ratio_to_ddp_with_cis():
     assert torch_comparison.table([{**rows[0], "kvstore": "p3"}]) == ""
 
 
+def test_the_readme_lines_give_ddps_rate_each_placements_ratio_and_count_what_the_monitors_left_out():
+    rng = np.random.default_rng(2)
+    rows = [_row(kv, s, r, rng) for r in range(5) for kv, s in (("ddp", 1.0), ("torch-p3kv", 0.5))]
+    rows += [{**_row("torch-p3kv-server", 0.4, r, rng), "faithful": "False", "throttled_max_pct": "14.2"}
+             for r in range(2)]
+    text = torch_comparison.headline(rows, resamples=500)
+    line = next(x for x in text.splitlines() if x.startswith("| resnet50_v1"))
+    cells = [c.strip() for c in line.split("|")[1:-1]]
+    assert float(cells[2].split()[0]) == pytest.approx(320, rel=0.01)  # DDP: 64 images / 1 s / 0.2
+    value, ci = cells[3].split(" ", 1)
+    low, high = (float(x) for x in ci.strip("()").split("–"))
+    assert float(value.rstrip("×")) == pytest.approx(2.0, rel=0.02) and low <= 2.0 <= high
+    assert cells[4] == "no faithful run (2 left out: a host's CPU throttled up to 14% of the timed window)"
+    assert cells[6] == "10 of 12"
+    assert torch_comparison.headline([{**rows[0], "kvstore": "p3"}]) == ""
+
+
+def test_ddps_tuning_grid_becomes_a_sentence_with_each_cell_against_the_chosen_one():
+    entry = {"throughput": 40.0, "repeats": 3, "csv": "grid.csv", "label": "default (tuned: DDP_BUCKET_CAP_MB=25)",
+             "reason": "the default is the fastest cell", "comparison": "resnet50_v1.4000mbit-p100.4h.emulated",
+             "cells": {"DDP_BUCKET_CAP_MB=5": {"throughput": 38.0}, "DDP_BUCKET_CAP_MB=25 (default)":
+                       {"throughput": 40.0}}}
+    (sentence,) = torch_comparison.tuning_sentences({"k": {"ddp": entry, "p3": {}}, "s": {"ddp": {"smoke": True}}})
+    assert "DDP_BUCKET_CAP_MB=5 5.0% slower" in sentence and "3 repeats per cell" in sentence
+    assert sentence.startswith("DDP's tuning grid at resnet50_v1.4000mbit-p100.4h.emulated")
+
+
 def test_the_torch_sweeps_figure_draws_each_model_against_the_rate(tmp_path):
     rng = np.random.default_rng(1)
     rows = [{**_row(kv, s * rate_s, r, rng), "model": model, "bandwidth": f"{rate}mbit",

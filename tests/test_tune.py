@@ -104,6 +104,27 @@ def test_every_cells_variables_reach_every_process_of_its_job(system, kvstore):
         assert {s.name.split()[0] for s in specs} == {"scheduler", "server", "worker"}
 
 
+@pytest.mark.unit
+def test_horovods_cycle_time_is_dilated_like_every_timer_of_the_emulation():
+    """Horovod's background thread negotiates once per cycle even when idle: at --gpu-scale 0.1 its 1 ms default
+    (or a grid cell's value) is 10 ms of real time, in the environment every rank gets and in the row."""
+    point = cluster_job.Point(model="resnet50_v1", kvstore="horovod", compute="emulated", gpu_scale=0.1)
+    assert point.horovod_cycle_real_ms == pytest.approx(10.0)
+    env = cluster_job._environment(point, cluster_job.KVSTORES["horovod"][1])
+    assert float(env["HOROVOD_CYCLE_TIME"]) == pytest.approx(10.0)
+    cell = dataclasses.replace(point, gpu_scale=0.075, setting_env=(("HOROVOD_CYCLE_TIME", "5"),))
+    assert float(cluster_job._environment(cell, {})["HOROVOD_CYCLE_TIME"]) == pytest.approx(5 / 0.075, rel=1e-6)
+    assert dataclasses.replace(point, compute="real").horovod_cycle_real_ms == 1.0  # a real cluster: as set
+    assert dataclasses.replace(point, kvstore="p3").horovod_cycle_real_ms is None
+    assert "HOROVOD_CYCLE_TIME" not in cluster_job._environment(dataclasses.replace(point, kvstore="p3"), {})
+    # --resume tells a row of the dilated cycle from one before it (which ran Horovod's 1 ms undilated)
+    fields = {k: ("" if v is None else str(v)) for k, v in dataclasses.asdict(cell).items()}
+    row = {**fields, "horovod_cycle_ms": str(cell.horovod_cycle_real_ms), "cfs_period_us": "",
+           "link_burst_bytes": str(cell.link_burst_bytes)}
+    assert sweeps._signature(row) == sweeps._signature(sweeps._settings(cell))
+    assert sweeps._signature({**row, "horovod_cycle_ms": ""}) != sweeps._signature(sweeps._settings(cell))
+
+
 def _cell(label, seconds, default=False, reference=False, jobs=3, spread=0.01, seed=0):
     rng = np.random.default_rng(seed)
     return best_setting.Cell(label, tuple(rng.normal(seconds, spread * seconds, size=(20, 2)) for _ in range(jobs)),

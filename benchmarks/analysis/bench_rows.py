@@ -52,6 +52,8 @@ RUN_COLUMNS = (
     "vgpu_late_us_per_iter", "steal_pct",
     "link_burst_bytes",  # each link's bucket (emulated_cluster.burst_bytes); "": uncapped, or a row from before it
     "tcp_rto_min_ms",  # the links' TCP minimum RTO in real ms (link_shaping.dilated_rto_min_ms); "": the kernel's 200
+    "horovod_cycle_ms",  # Horovod's cycle time in real ms, dilated (cluster_job.Point); "": another system, or a
+    # Horovod row from before the dilated cycle (its 1 ms default, undilated)
 )
 ITERATION_COLUMNS = ("run_id", "tag", "model", "kvstore", "hosts", "bandwidth", "gpu_scale", "repeat", "rank",
                      "iteration", "time_s")

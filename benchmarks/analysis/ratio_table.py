@@ -7,7 +7,7 @@ monitors judged unfaithful, smoke runs and runs without iterations are left out 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -25,14 +25,18 @@ def job_array(row: dict) -> np.ndarray:
     return np.array([r[:n] for r in ranks], dtype=float).T
 
 
-def point_runs(rows: Sequence[dict], systems: Sequence[str]) -> dict[tuple, dict[str, list[dict]]]:
-    """{point key: {system: its shown, ok, non-smoke runs}} for `systems`, in the order the points first appear."""
+def point_runs(rows: Sequence[dict], systems: Sequence[str], key: Callable[[dict], tuple] | None = None,
+               include_smoke: bool = False) -> dict[tuple, dict[str, list[dict]]]:
+    """{point key: {system: its shown, ok runs with iterations}} for `systems`, in the order the points first
+    appear. `key`: a row's point (default: points.POINT_KEY's columns); smoke runs only with `include_smoke`."""
+    def default_key(r: dict) -> tuple:
+        return tuple(key_value(r, c) for c in POINT_KEY)
+
     points: dict[tuple, dict[str, list[dict]]] = {}
     for r in rows:
         if (r.get("kvstore") in systems and r.get("status") == "ok" and shown(r)
-                and str(r.get("smoke")) != "True" and bench_rows.rank_iterations(r)):
-            key = tuple(key_value(r, c) for c in POINT_KEY)
-            points.setdefault(key, {}).setdefault(r["kvstore"], []).append(r)
+                and (include_smoke or str(r.get("smoke")) != "True") and bench_rows.rank_iterations(r)):
+            points.setdefault((key or default_key)(r), {}).setdefault(r["kvstore"], []).append(r)
     return points
 
 

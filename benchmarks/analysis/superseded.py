@@ -1,12 +1,12 @@
 """Older rows a faithful rerun replaces, moved out of the reviewed sweeps into results/legacy/ (issue 26 item 8).
 
-A row of results/sweeps/<name>.csv is superseded when it has no fidelity verdict (it predates the monitors) or was
-judged unfaithful, and a row of the same point and system that the monitors judged faithful exists in the same
-file. Only those move, to results/legacy/superseded_<name>.csv (their iterations to its _iterations file): a row
-that nothing faithful replaces stays where the tables read it, however old, except in a sweep whose comparison
-changed (RETIRED): there every row without a verdict moves once a faithful row exists. A run's iterations are
-copied with it and left in place while a kept row shares its run_id (older sweeps repeated run_ids after
---resume).
+A row of results/sweeps/<name>.csv is superseded when it has no fidelity verdict (it predates the monitors), was
+judged unfaithful or ran under conditions since found unfaithful (`outdated`), and a current row of the same point
+and system that the monitors judged faithful exists in the same file. Only those move, to
+results/legacy/superseded_<name>.csv (their iterations to its _iterations file): a row that nothing faithful
+replaces stays where the tables read it, however old, except in a sweep whose comparison changed (RETIRED): there
+every row without a verdict moves once a faithful row exists. A run's iterations are copied with it and left in
+place while a kept row shares its run_id (older sweeps repeated run_ids after --resume).
 
     python -m benchmarks.analysis.superseded            # what would move, per sweep
     python -m benchmarks.analysis.superseded --move     # move it; then python -m benchmarks.report
@@ -46,13 +46,20 @@ def point_of(row: dict, by_dilation: bool = False) -> tuple:
             round(gbps, 3) if gbps else row.get("bandwidth"), key_value(row, "gpu_scale") if by_dilation else "")
 
 
+def outdated(row: dict) -> bool:
+    """A row the monitors passed under conditions since found unfaithful: an emulated Horovod run from before its
+    cycle time was dilated (no horovod_cycle_ms; cluster_job.Point.horovod_cycle_real_ms). A rerun replaces it as
+    it replaces an unfaithful one."""
+    return row.get("kvstore") == "horovod" and row.get("compute") == "emulated" and not row.get("horovod_cycle_ms")
+
+
 def superseded(rows: Sequence[dict], retired: bool = False, by_dilation: bool = False) -> list[int]:
-    """The positions of the rows (ok or not) that a faithful row of the same point and system replaces (at the
-    same --gpu-scale only, with `by_dilation`); in a retired sweep's file (RETIRED) with any faithful row, every
-    row without a verdict as well."""
+    """The positions of the rows (ok or not) that a faithful, current row of the same point and system replaces
+    (at the same --gpu-scale only, with `by_dilation`): those without a faithful verdict, and outdated ones; in a
+    retired sweep's file (RETIRED) with any faithful row, every row without a verdict as well."""
     replaced = {point_of(r, by_dilation) for r in rows if r.get("status") == "ok" and bench_rows.verdict(r) is True
-                and str(r.get("smoke")) != "True"}
-    return [i for i, r in enumerate(rows) if bench_rows.verdict(r) is not True and (
+                and str(r.get("smoke")) != "True" and not outdated(r)}
+    return [i for i, r in enumerate(rows) if (bench_rows.verdict(r) is not True or outdated(r)) and (
         point_of(r, by_dilation) in replaced or (retired and replaced and bench_rows.verdict(r) is None))]
 
 

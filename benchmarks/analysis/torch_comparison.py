@@ -9,9 +9,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from benchmarks.analysis import bench_rows, bootstrap
-from benchmarks.analysis.points import equivalent_gbps, number, shown
-from benchmarks.analysis.ratio_table import job_array
+from benchmarks.analysis import bootstrap
+from benchmarks.analysis.points import equivalent_gbps, number
+from benchmarks.analysis.ratio_table import job_array, point_runs
 
 BASELINE = "ddp"
 SYSTEMS = ("ddp", "torch-p3kv", "torch-p3kv-server")  # suites/torch_systems.py's, in the table's order
@@ -21,12 +21,7 @@ POINT = ("model", "hosts", "bandwidth", "gpu_scale", "batch_size", "efficiency_f
 
 
 def _runs(rows: Sequence[dict], include_smoke: bool) -> dict[tuple, dict[str, list[dict]]]:
-    points: dict[tuple, dict[str, list[dict]]] = {}
-    for r in rows:
-        if r.get("kvstore") in SYSTEMS and r.get("status") == "ok" and shown(r) and (
-                include_smoke or str(r.get("smoke")) != "True") and bench_rows.rank_iterations(r):
-            points.setdefault(tuple(str(r.get(k, "")) for k in POINT), {}).setdefault(r["kvstore"], []).append(r)
-    return points
+    return point_runs(rows, SYSTEMS, key=lambda r: tuple(str(r.get(k, "")) for k in POINT), include_smoke=include_smoke)
 
 
 def _jobs(by_system: dict[str, list[dict]], system: str) -> tuple[list[np.ndarray], float]:
@@ -64,3 +59,80 @@ def table(rows: Sequence[dict], include_smoke: bool = False, resamples: int = bo
                          f"{first.get('unit', 'images')}/s | {versus} | "
                          f"{by_system[system][0].get('update_placement', '')} |")
     return "\n".join(lines) + "\n"
+
+
+def _point_rows(rows: Sequence[dict]) -> dict[tuple, list[dict]]:
+    """Every ok, non-smoke run of a torch system per point, faithful or not (for the counts)."""
+    found: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r.get("kvstore") in SYSTEMS and r.get("status") == "ok" and str(r.get("smoke")) != "True":
+            found.setdefault(tuple(str(r.get(k, "")) for k in POINT), []).append(r)
+    return found
+
+
+def _left_out(runs: Sequence[dict]) -> str:
+    """Why a system has no faithful run at a point: the count and the most throttled host's share."""
+    throttled = max((number(r.get("throttled_max_pct")) for r in runs), default=0.0)
+    if not runs:
+        return "not run yet"
+    why = f": a host's CPU throttled up to {throttled:.0f}% of the timed window" if throttled > 0 else ""
+    return f"no faithful run ({len(runs)} left out{why})"
+
+
+def tuning_sentences(best: dict) -> list[str]:
+    """One sentence per tuning grid DDP ran (results/tuning/best.json, suites/tune.py): each cell's throughput
+    against the chosen one, and why it was chosen."""
+    found = []
+    for comparison, entries in best.items():
+        entry = entries.get(BASELINE) if isinstance(entries, dict) else None
+        if not entry or entry.get("smoke"):
+            continue
+        chosen = entry["throughput"]
+        others = [f"{cell} {100 * (1 - cell_result['throughput'] / chosen):.1f}% slower"
+                  for cell, cell_result in entry.get("cells", {}).items() if cell_result["throughput"] < chosen]
+        found.append(f"DDP's tuning grid at {entry.get('comparison', comparison)} ({entry['repeats']} repeats per "
+                     f"cell, `{entry['csv']}`): {entry['label']}; {', '.join(others) or 'no cell slower'} "
+                     f"({entry['reason']}).")
+    return found
+
+
+def headline(rows: Sequence[dict], resamples: int = bootstrap.RESAMPLES) -> str:
+    """The README's PyTorch lines: per point of the torch sweep, DDP's P100-equivalent throughput, each p3kv.torch
+    placement's ratio to it with its 95% CI, DDP's setting and how many runs were faithful. "" without torch rows."""
+    every = _point_rows(rows)
+    if not every:
+        return ""
+    shown_runs = _runs(rows, include_smoke=False)
+    lines = ["| model | P100-equivalent link | DDP (gloo) | p3kv.torch, worker placement | p3kv.torch, server "
+             "placement | DDP's setting | faithful runs |", "|---|---|---|---|---|---|---|"]
+    for key, runs in every.items():
+        first = runs[0]
+        by_system = shown_runs.get(key, {})
+        scale = number(first.get("gpu_scale"), 1.0) or 1.0
+        base_jobs, base_samples = _jobs(by_system, BASELINE)
+        cells = []
+        if base_jobs:
+            rate = bootstrap.throughput(base_jobs, base_samples, resamples=resamples)
+            cells.append(f"{rate.value / scale:.1f} {first.get('unit', 'images')}/s")
+        else:
+            cells.append(_left_out([r for r in runs if r["kvstore"] == BASELINE]))
+        for system in SYSTEMS[1:]:
+            mine, samples = _jobs(by_system, system)
+            if mine and base_jobs:
+                r = bootstrap.ratio(mine, base_jobs, samples, base_samples, resamples=resamples)
+                cells.append(f"{r.value:.2f}× ({r.low:.2f}–{r.high:.2f})")
+            elif mine:
+                cells.append("- (no faithful DDP run to compare with)")
+            else:
+                cells.append(_left_out([r for r in runs if r["kvstore"] == system]))
+        settings = sorted({str(r.get("baseline_setting") or "default") for r in by_system.get(BASELINE, [])})
+        faithful = sum(len(v) for v in by_system.values())
+        equivalent = equivalent_gbps(first)
+        lines.append(f"| {first['model']} | {f'{equivalent:g} Gbps' if equivalent else 'uncapped'} | "
+                     f"{' | '.join(cells)} | {', '.join(settings) or '-'} | {faithful} of {len(runs)} |")
+    conditions = ", ".join(sorted({f"{r['hosts']} emulated hosts of {number(r.get('host_cpus')):g} CPUs each"
+                                   for runs in every.values() for r in runs}))
+    return ("\n".join(lines) + "\n\nRatios: p3kv.torch's throughput over DDP's, with the 95% CI of the hierarchical "
+            "bootstrap over jobs, then iterations (benchmarks/analysis/bootstrap.py), from "
+            f"`benchmarks/results/sweeps/torch.csv` ({conditions}, CPU, compute and links dilated alike; runs the "
+            "fidelity monitors failed are left out and counted).")

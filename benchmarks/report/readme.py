@@ -15,13 +15,14 @@ optimizer "none" and n=1. Rows marked smoke are never shown.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import pathlib
 import re
 import sys
 from collections.abc import Callable, Sequence
 
-from benchmarks.analysis import bench_rows
+from benchmarks.analysis import bench_rows, torch_comparison
 from benchmarks.paths import RESULTS, ROOT
 from benchmarks.report.headline import headline_block
 from benchmarks.report.loopback_blocks import server_slice_block, startup_sentences, summary_block
@@ -46,6 +47,8 @@ SUMMARIES = {
     "startup": ("startup.md", "make bench-startup"),
     "link-overhead": ("link_overhead.md", "sudo .venv/bin/python -m benchmarks.suites.link_overhead"),
     "soak": ("soak.md", "python -m benchmarks.suites.soak_bench --iters 3000"),
+    "torch-loopback": ("torch_loopback.md", "python -m benchmarks torch_loopback --model resnet50_v1 --workers 2 "
+                       "--repeats 5 --csv benchmarks/results/torch_loopback.csv"),
 }
 
 
@@ -55,11 +58,23 @@ def _estimate_block(results: pathlib.Path) -> str:
     return sweeps.estimate_block(results / "sweeps")
 
 
+def _torch_headline(results: pathlib.Path) -> str:
+    """p3kv.torch against DDP per point of the torch sweep, and DDP's tuning grids."""
+    table = torch_comparison.headline(bench_rows.read_runs(results / "sweeps" / "torch.csv"))
+    if not table:
+        return ("Not measured yet: `python -m benchmarks.suites.sweeps torch` writes "
+                "`benchmarks/results/sweeps/torch.csv`.")
+    best = results / "tuning" / "best.json"
+    grids = torch_comparison.tuning_sentences(json.loads(best.read_text())) if best.exists() else []
+    return "\n".join([table, *([""] + grids if grids else [])])
+
+
 def blocks(results: pathlib.Path = RESULTS) -> dict[str, Callable[[], str]]:
     named: dict[str, Callable[[], str]] = {"status": lambda: status_block(results),
                                            "legacy": lambda: legacy_block(results)}
     named["estimate"] = lambda: _estimate_block(results)
     named["headline"] = lambda: headline_block(results)
+    named["torch-headline"] = lambda: _torch_headline(results)
     named["paper-comparison"] = lambda: paper_table_block(results)
     named["sim-validation"] = lambda: sim_validation_block(results)
     named["sim-paper"] = lambda: sim_paper_block(results)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pathlib
 
-from benchmarks.analysis import bench_rows, ratio_table, torch_comparison
+from benchmarks.analysis import bench_rows, ratio_table, torch_comparison, undilated_cpu
 from benchmarks.analysis.points import (
     aggregate,
     fidelity_sentence,
@@ -86,6 +86,8 @@ def reviewed_block(name: str, results: pathlib.Path) -> str:
         extra = dilation_sentences(points, cpus)
         if found:
             extra += ["", ratio_table.table(found), "", *ratio_table.invariance_sentences(found)]
+        undilated = undilated_cpu.sentences(undilated_cpu.fits(rows))
+        extra += ["", *undilated] if undilated else []
     else:
         extra += saturation_sentences(points, cpus)
     if name == "utilisation":

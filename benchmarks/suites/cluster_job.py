@@ -121,6 +121,17 @@ class Point:
         return self.tcp_rto_min_gpu_ms / self.gpu_scale
 
     @property
+    def horovod_cycle_real_ms(self) -> float | None:
+        """Horovod's cycle time in real ms (the row's horovod_cycle_ms; None for other systems). Its background
+        thread wakes and negotiates with every rank once per cycle even when idle: a timer like the links' and the
+        CPU quota's, so it is dilated like them (HOROVOD_CYCLE_TIME is read in the GPU's own time)."""
+        if self.kvstore != "horovod":
+            return None
+        cycle = dict(self.setting_env).get("HOROVOD_CYCLE_TIME", baseline_settings.DEFAULTS["horovod"][
+            "HOROVOD_CYCLE_TIME"])
+        return round(float(cycle) / self.dilation, 6)  # the row's text reads back as the same number (--resume)
+
+    @property
     def link_burst_bytes(self) -> int | None:
         """The bucket's bytes (the row's link_burst_bytes), None for an uncapped link."""
         if not self.bandwidth:
@@ -238,6 +249,8 @@ def _environment(point: Point, extra: dict) -> dict:
     env.update(OMP_NUM_THREADS="1", MXNET_CPU_WORKER_NTHREADS="1", PYTHONUNBUFFERED="1")
     env.update(extra)
     env.update(point.setting_env)  # the system's tuned (or grid) setting: reaches every process through the launcher
+    if point.horovod_cycle_real_ms is not None:  # Horovod reads it with strtof: a fraction of a ms is fine
+        env["HOROVOD_CYCLE_TIME"] = str(point.horovod_cycle_real_ms)
     return env
 
 
@@ -330,7 +343,8 @@ def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: 
            "baseline_setting": point.baseline_setting or baseline_settings.DEFAULT_UNTUNED,
            "link_queue_ms": point.link_queue_ms if cluster.rate_bps else "",
            "link_burst_bytes": emulated_cluster.burst_bytes(cluster.rate_bps, cluster.burst_ms) if cluster.rate_bps
-           else "", "tcp_rto_min_ms": round(cluster.rto_min_ms) if cluster.rto_min_ms else ""}
+           else "", "tcp_rto_min_ms": round(cluster.rto_min_ms) if cluster.rto_min_ms else "",
+           "horovod_cycle_ms": point.horovod_cycle_real_ms if point.horovod_cycle_real_ms is not None else ""}
     files = sorted(scratch.glob(f"{name}.rank*.json"))
     results = [json.loads(p.read_text()) for p in files]
     every = [t for r in results for t in r.get("iter_s") or []]

@@ -212,6 +212,7 @@ def _signature(settings: dict) -> tuple:
             number(settings.get("cfs_period_us")),  # the CFS period the hosts got ("" / None: no quota)
             link_burst(settings),  # the links' bucket in bytes (None: uncapped)
             number(settings.get("tcp_rto_min_ms")) or KERNEL_RTO_MIN_MS,  # "" / None: the kernel's 200 ms
+            number(settings.get("horovod_cycle_ms")),  # Horovod's dilated cycle ("": other systems, older rows)
             baseline_settings.identity(str(settings.get("baseline_setting") or "")))
 
 
@@ -225,7 +226,8 @@ def not_yet_run(points: Sequence[cluster_bench.Point], csv_path: pathlib.Path) -
 def _settings(point: cluster_bench.Point) -> dict:
     """A point's fields with the conditions its row records as derived columns (period, bucket)."""
     return {**dataclasses.asdict(point), "cfs_period_us": point.cfs_period_us,
-            "link_burst_bytes": point.link_burst_bytes, "tcp_rto_min_ms": point.tcp_rto_min_real_ms}
+            "link_burst_bytes": point.link_burst_bytes, "tcp_rto_min_ms": point.tcp_rto_min_real_ms,
+            "horovod_cycle_ms": point.horovod_cycle_real_ms}
 
 
 def sweep_points(name: str, args: argparse.Namespace) -> list[cluster_bench.Point]:

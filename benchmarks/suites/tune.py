@@ -143,7 +143,7 @@ def choose_best(csv_path: pathlib.Path, base: Point, cells: Sequence[Cell], incl
     rows = [r for r in bench_rows.read_runs(csv_path)
             if (include_smoke or str(r.get("smoke")) != "True") and int(r["iters"]) == base.iters]
     unfaithful = [] if include_smoke else [r for r in rows if bench_rows.verdict(r) is False]
-    rows = [r for r in rows if all(r is not u for u in unfaithful)]
+    rows = [r for r in rows if include_smoke or bench_rows.verdict(r) is not False]
     entries = {}
     for system in dict.fromkeys(c.system for c in cells):
         mine = [c for c in cells if c.system == system]

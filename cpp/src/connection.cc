@@ -76,15 +76,12 @@ bool Connection::ClaimWrites(double timeout_s) {
 
 void Connection::NoteWriting(const Header& h) {
   std::lock_guard<std::mutex> lock(claim_mu_);
-  writing_ = FrameId{h.key, h.slice, h.iteration, true};
+  writing_ = FrameId::Of(h);
 }
 
 Status Connection::AwaitWritten(const Header& h) {
   std::unique_lock<std::mutex> lock(claim_mu_);
-  const auto mine = [&] {
-    return claimed_ && writing_.set && writing_.key == h.key && writing_.slice == h.slice &&
-           writing_.iteration == h.iteration;
-  };
+  const auto mine = [&] { return claimed_ && writing_.Is(h); };
   ++awaiting_;
   claim_cv_.wait(lock, [&] { return !mine() || !in_call_; });  // a non-blocking call: it returns
   --awaiting_;
@@ -97,9 +94,7 @@ Status Connection::AwaitWritten(const Header& h) {
 
 bool Connection::EnterWriteCall(const Header& h) {
   std::lock_guard<std::mutex> lock(claim_mu_);
-  if (!writing_.set || writing_.key != h.key || writing_.slice != h.slice || writing_.iteration != h.iteration) {
-    return false;
-  }
+  if (!writing_.Is(h)) return false;
   in_call_ = true;
   return true;
 }

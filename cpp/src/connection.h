@@ -138,6 +138,8 @@ class Connection {
     uint32_t slice = 0;
     uint64_t iteration = 0;
     bool set = false;
+    static FrameId Of(const Header& h) { return FrameId{h.key, h.slice, h.iteration, true}; }
+    bool Is(const Header& h) const { return set && key == h.key && slice == h.slice && iteration == h.iteration; }
   };
   FrameId writing_;  // guarded by claim_mu_: the claimed frame, once the sender named it, until all written
   bool in_call_ = false;  // guarded by claim_mu_: the sender is inside a write call of writing_
