@@ -86,3 +86,23 @@ def test_a_horovod_run_from_before_its_cycle_was_dilated_moves_once_a_current_fa
                          {0: [1.0]})
     assert superseded.move(sweep, legacy) == 1
     assert [r["run_id"] for r in bench_rows.read_runs(sweep)] == ["ds", "new-hvd"]
+
+
+def test_rows_with_a_column_the_legacy_file_lacks_move_into_it_and_it_gains_the_column(tmp_path):
+    sweep = tmp_path / "sweeps" / "dilation.csv"
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    with (legacy / "superseded_dilation.csv").open("w", newline="") as f:  # written before the column existed
+        writer = csv.DictWriter(f, fieldnames=["run_id", "kvstore", "faithful"])
+        writer.writeheader()
+        writer.writerow({"run_id": "older", "kvstore": "p3", "faithful": ""})
+    bench_rows.write_run(sweep, {**_row("horovod", 4.0, "old-hvd", faithful="False"), "horovod_cycle_ms": ""},
+                         {0: [1.0]})
+    bench_rows.write_run(sweep, {**_row("horovod", 4.0, "new-hvd", faithful="True"), "horovod_cycle_ms": "20.0"},
+                         {0: [1.0]})
+    assert superseded.move(sweep, legacy) == 1
+    with (legacy / "superseded_dilation.csv").open(newline="") as f:
+        reader = csv.DictReader(f)
+        moved = list(reader)
+    assert reader.fieldnames[:3] == ["run_id", "kvstore", "faithful"] and "horovod_cycle_ms" in reader.fieldnames
+    assert [r["run_id"] for r in moved] == ["older", "old-hvd"] and moved[0]["horovod_cycle_ms"] == ""

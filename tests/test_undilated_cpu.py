@@ -18,7 +18,9 @@ def test_the_line_through_the_runs_gives_the_cpu_that_does_not_scale():
     # dist_sync: 0.6 cores per unit of scale plus 0.03 cores paid per real second; p3kv: all of it dilated
     rows = [_row("dist_sync", s, 0.6 * s + 0.03, faithful=str(s > 0.05)) for s in (0.05, 0.075, 0.1) for _ in "ab"]
     rows += [_row("p3", s, 0.9 * s) for s in (0.05, 0.1)]
-    rows += [_row("horovod", 0.1, 0.5), {**_row("p3", 0.1, 0.2), "status": "failed"},  # one scale; not ok
+    rows += [{**_row("horovod", 0.1, 0.5), "compute": "emulated", "horovod_cycle_ms": "10"},  # one scale
+             {**_row("horovod", 0.05, 0.3), "compute": "emulated"},  # before its cycle was dilated: apart
+             {**_row("p3", 0.1, 0.2), "status": "failed"},  # not ok
              {**_row("p3", 0.1, 0.2), "host_cpus": ""}]  # no CPU limit: no quota to dilate
     found = {f["system"]: f for f in undilated_cpu.fits(rows)}
     assert set(found) == {"dist_sync", "p3"}

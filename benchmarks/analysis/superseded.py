@@ -81,11 +81,12 @@ def _write(path: pathlib.Path, fields: Sequence[str], rows: Sequence[dict]) -> N
 
 
 def _append(path: pathlib.Path, fields: Sequence[str], rows: Sequence[dict]) -> None:
+    """Adds `rows` to the file; where the schema gained columns since its rows were written, the file gets them
+    (empty in its older rows, as bench_rows.write_run does)."""
     old_fields, old = _read(path)
-    if old and old_fields != list(fields):
-        raise SystemExit(f"{path} has other columns than the rows moved there; move it aside and run again")
+    union = [*old_fields, *(f for f in fields if f not in old_fields)] if old else list(fields)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _write(path, fields, [*old, *rows])
+    _write(path, union, [*old, *rows])
 
 
 def move(sweep_csv: pathlib.Path, legacy_dir: pathlib.Path, dry_run: bool = False) -> int:

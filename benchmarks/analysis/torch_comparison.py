@@ -105,7 +105,7 @@ def headline(rows: Sequence[dict], resamples: int = bootstrap.RESAMPLES) -> str:
     shown_runs = _runs(rows, include_smoke=False)
     lines = ["| model | P100-equivalent link | DDP (gloo) | p3kv.torch, worker placement | p3kv.torch, server "
              "placement | DDP's setting | faithful runs |", "|---|---|---|---|---|---|---|"]
-    for key, runs in every.items():
+    for key, runs in sorted(every.items(), key=lambda item: (item[1][0]["model"], equivalent_gbps(item[1][0]) or 0)):
         first = runs[0]
         by_system = shown_runs.get(key, {})
         scale = number(first.get("gpu_scale"), 1.0) or 1.0

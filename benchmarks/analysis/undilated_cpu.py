@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from benchmarks.analysis.points import LABEL, number
+from benchmarks.analysis.superseded import outdated
 
 
 def _host_cores(row: dict) -> float | None:
@@ -24,7 +25,8 @@ def _host_cores(row: dict) -> float | None:
 
 
 def fits(rows: Sequence[dict]) -> list[dict]:
-    """Per (model, system, host_cpus) measured at two or more scales: the line's slope (cores per unit of scale),
+    """Per (model, system, host_cpus, whether its rows are outdated: superseded.outdated) measured at two or more
+    scales: the line's slope (cores per unit of scale),
     its intercept c0 (cores), the scales, the run count and how many of the runs the monitors failed."""
     groups: dict[tuple, list[tuple[float, float, bool]]] = {}
     for r in rows:
@@ -32,16 +34,16 @@ def fits(rows: Sequence[dict]) -> list[dict]:
         if r.get("status") != "ok" or str(r.get("smoke")) == "True" or not cores or not scale or not host_cpus:
             continue
         failed = str(r.get("faithful")).strip() == "False"
-        groups.setdefault((r["model"], r["kvstore"], host_cpus), []).append((scale, cores, failed))
+        groups.setdefault((r["model"], r["kvstore"], host_cpus, outdated(r)), []).append((scale, cores, failed))
     found = []
-    for (model, system, host_cpus), runs in groups.items():
+    for (model, system, host_cpus, old), runs in groups.items():
         scales = sorted({s for s, _, _ in runs})
         if len(scales) < 2:
             continue
         slope, intercept = np.polyfit([s for s, _, _ in runs], [c for _, c, _ in runs], 1)
         found.append({"model": model, "system": system, "host_cpus": host_cpus, "slope": float(slope),
                       "c0": float(intercept), "scales": scales, "runs": len(runs),
-                      "unfaithful": sum(f for _, _, f in runs)})
+                      "unfaithful": sum(f for _, _, f in runs), "outdated": old})
     return found
 
 
@@ -51,7 +53,9 @@ def sentences(found: Sequence[dict]) -> list[str]:
     for f in found:
         low, high = f["scales"][0], f["scales"][-1]
         share = [100 * f["c0"] / (f["host_cpus"] * s) for s in (low, high)]
-        lines.append(f"  - {f['model']}, {LABEL.get(f['system'], f['system'])}: {100 * f['c0']:.1f}% of a core per "
+        name = LABEL.get(f["system"], f["system"]) + (" (runs from before its timers were dilated)" if f.get("outdated")
+                                                      else "")
+        lines.append(f"  - {f['model']}, {name}: {100 * f['c0']:.1f}% of a core per "
                      f"host does not scale with the dilation ({share[0]:.0f}% of the quota at --gpu-scale {low:g}, "
                      f"{share[1]:.0f}% at {high:g}; {f['runs']} runs, {f['unfaithful']} of them failed by the "
                      "monitors).")
