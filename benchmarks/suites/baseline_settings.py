@@ -54,6 +54,14 @@ DEFAULTS: dict[str, dict[str, str]] = {
 SLICE_VARIABLES = ("P3_SLICE_SIZE", "MXNET_KVSTORE_SLICE_THRESHOLD")
 
 
+def horovod_cycle_real_ms(setting_env: Sequence[tuple[str, str]], dilation: float) -> float:
+    """Horovod's cycle time in real ms: its background thread wakes and negotiates with every rank once per cycle
+    even when idle, a timer like the links' and the CPU quota's, so the setting (default or tuned) is read in the
+    GPU's own time and dilated like them. Rounded so that a row's text reads back as the same number (--resume)."""
+    cycle = dict(setting_env).get("HOROVOD_CYCLE_TIME", DEFAULTS["horovod"]["HOROVOD_CYCLE_TIME"])
+    return round(float(cycle) / dilation, 6)
+
+
 def env_text(env: Mapping[str, str]) -> str:
     """"A=1 B=2": a setting as the rows and best.json show it."""
     return " ".join(f"{k}={v}" for k, v in env.items())

@@ -1,16 +1,15 @@
 """One job of the emulated-cluster benchmark: a system's processes on every emulated host, and its row.
 
 A parameter-server system (p3kv, dist_sync, MXNet's P3, p3kv's ablations) runs the paper's layout: on every host
-`python -m p3kv.launch` starts that host's worker and server inside its namespace, the scheduler on host 0.
-Horovod runs through the same launcher (`--kvstore horovod`): one rank per host, no servers, Horovod's rendezvous
-on host 0; each host's launcher runs in a UTS namespace of its own named by its address, because Gloo finds a
-rank's address from its hostname and the namespaces would otherwise share this machine's. Every host's output
-goes to a log, host
-0's also to the terminal; the CPU each host's processes use is sampled while the job runs (host_cpu.py). With
-CPU limits (Point.host_cpus) every host's processes run in its CPU group at host_cpus × gpu_scale cores
-(cpu_limit.py), and the run's monitors give its fidelity verdict (run_monitors.py, fidelity.py). The
-row carries the measurement, the bound with headers (wire_bound.py) and the conditions; cluster_bench.py adds
-the columns common to a whole invocation and writes it through bench_rows.py.
+`python -m p3kv.launch` starts that host's worker and server inside its namespace, the scheduler on host 0. Horovod
+runs through the same launcher (`--kvstore horovod`): one rank per host, no servers, Horovod's rendezvous on host 0;
+each host's launcher runs in a UTS namespace of its own named by its address, because Gloo finds a rank's address
+from its hostname and the namespaces would otherwise share this machine's. Every host's output goes to a log, host
+0's also to the terminal; the CPU each host's processes use is sampled while the job runs (host_cpu.py). With CPU
+limits (Point.host_cpus) every host's processes run in its CPU group at host_cpus × gpu_scale cores (cpu_limit.py),
+and the run's monitors give its fidelity verdict (run_monitors.py, fidelity.py). The row carries the measurement,
+the bound with headers (wire_bound.py) and the conditions; cluster_bench.py adds the columns common to a whole
+invocation and writes it through bench_rows.py.
 """
 
 from __future__ import annotations
@@ -90,10 +89,9 @@ class Point:
     host_cpus: float | None = None  # CPUs of one emulated host, dilated by gpu_scale; None: no CPU limit
     link_rx: str = "softirq"  # how hosts receive: "softirq" (the kernel's way) or "napi" (link_napi.py)
     link_queue_ms: float = emulated_cluster.DEFAULT_QUEUE_MS  # each link direction's queue, in the GPU's own time
-    # Durations in the GPU's own time (real: this / gpu_scale), dilated like compute: each link's token bucket (what
-    # it may send at once after an idle spell), the CFS period of the hosts' CPU quotas (cfs_bandwidth.py; None: a
-    # fixed real period), and, when set, TCP's minimum RTO on the links (None, the default: the kernel's 200 ms of
-    # real time; dilating it did not help, results/cfs_period/summary.md).
+    # Durations in the GPU's own time (real: this / gpu_scale), dilated like compute (so is Horovod's cycle time):
+    # each link's token bucket (what it sends at once after an idle spell), the hosts' CFS period (None: a fixed
+    # real one), TCP's minimum RTO if set (None: the kernel's 200 ms real; results/cfs_period/summary.md).
     link_burst_gpu_ms: float = LINK_BURST_GPU_MS
     tcp_rto_min_gpu_ms: float | None = None
     cfs_period_gpu_ms: float | None = cfs_bandwidth.PERIOD_GPU_MS
@@ -105,8 +103,7 @@ class Point:
     @property
     def link_queue_real_ms(self) -> float:
         """The queue tc gets, in real time. Under dilation a link runs at gpu_scale times the P100-equivalent rate,
-        and a queue of link_queue_ms at that rate would hold gpu_scale times the bytes the switch it stands for
-        holds (and drain in link_queue_ms of real time, a gpu_scale-th of that in the GPU's time): the queue is
+        and a queue of link_queue_ms at that rate would hold gpu_scale times the switch's bytes: the queue is
         dilated like every duration, so that it holds the same bytes at every dilation."""
         return self.link_queue_ms / self.dilation
 
@@ -116,34 +113,23 @@ class Point:
 
     @property
     def tcp_rto_min_real_ms(self) -> float | None:  # the row's tcp_rto_min_ms; None: the kernel's own
-        if self.tcp_rto_min_gpu_ms is None or self.compute != "emulated":
-            return None
-        return self.tcp_rto_min_gpu_ms / self.gpu_scale
+        emulated = self.tcp_rto_min_gpu_ms is not None and self.compute == "emulated"
+        return self.tcp_rto_min_gpu_ms / self.gpu_scale if emulated else None
 
     @property
-    def horovod_cycle_real_ms(self) -> float | None:
-        """Horovod's cycle time in real ms (the row's horovod_cycle_ms; None for other systems). Its background
-        thread wakes and negotiates with every rank once per cycle even when idle: a timer like the links' and the
-        CPU quota's, so it is dilated like them (HOROVOD_CYCLE_TIME is read in the GPU's own time)."""
-        if self.kvstore != "horovod":
-            return None
-        cycle = dict(self.setting_env).get("HOROVOD_CYCLE_TIME", baseline_settings.DEFAULTS["horovod"][
-            "HOROVOD_CYCLE_TIME"])
-        return round(float(cycle) / self.dilation, 6)  # the row's text reads back as the same number (--resume)
+    def horovod_cycle_real_ms(self) -> float | None:  # the row's horovod_cycle_ms; None: not Horovod
+        return baseline_settings.horovod_cycle_real_ms(self.setting_env, self.dilation) \
+            if self.kvstore == "horovod" else None
 
     @property
-    def link_burst_bytes(self) -> int | None:
-        """The bucket's bytes (the row's link_burst_bytes), None for an uncapped link."""
-        if not self.bandwidth:
-            return None
-        return emulated_cluster.burst_bytes(emulated_cluster.parse_rate(self.bandwidth), self.link_burst_real_ms)
+    def link_burst_bytes(self) -> int | None:  # the bucket's bytes (the row's link_burst_bytes); None: uncapped
+        return emulated_cluster.burst_bytes(emulated_cluster.parse_rate(self.bandwidth), self.link_burst_real_ms) \
+            if self.bandwidth else None
 
     @property
-    def cfs_period_real_us(self) -> int | None:
-        """The quota's CFS period in real µs, or None for the fixed default."""
-        if self.cfs_period_gpu_ms is None:
-            return None
-        return cfs_bandwidth.dilated_period_us(self.cfs_period_gpu_ms, self.dilation)
+    def cfs_period_real_us(self) -> int | None:  # the quota's CFS period in real µs; None: the fixed default
+        return None if self.cfs_period_gpu_ms is None else cfs_bandwidth.dilated_period_us(self.cfs_period_gpu_ms,
+                                                                                          self.dilation)
 
     @property
     def cfs_period_us(self) -> int | None:
@@ -249,8 +235,8 @@ def _environment(point: Point, extra: dict) -> dict:
     env.update(OMP_NUM_THREADS="1", MXNET_CPU_WORKER_NTHREADS="1", PYTHONUNBUFFERED="1")
     env.update(extra)
     env.update(point.setting_env)  # the system's tuned (or grid) setting: reaches every process through the launcher
-    if point.horovod_cycle_real_ms is not None:  # Horovod reads it with strtof: a fraction of a ms is fine
-        env["HOROVOD_CYCLE_TIME"] = str(point.horovod_cycle_real_ms)
+    if point.horovod_cycle_real_ms is not None:  # dilated; Horovod reads it with strtof (fractions are fine)
+        env["HOROVOD_CYCLE_TIME"] = f"{point.horovod_cycle_real_ms:.6g}"
     return env
 
 
