@@ -20,8 +20,12 @@ LABEL = {"ddp": "DDP (gloo)", "torch-p3kv": "p3kv.torch, worker placement",
 POINT = ("model", "hosts", "bandwidth", "gpu_scale", "batch_size", "efficiency_factor", "host_cpus", "tag")
 
 
+def _point_key(row: dict) -> tuple:
+    return tuple(str(row.get(k, "")) for k in POINT)
+
+
 def _runs(rows: Sequence[dict], include_smoke: bool) -> dict[tuple, dict[str, list[dict]]]:
-    return point_runs(rows, SYSTEMS, key=lambda r: tuple(str(r.get(k, "")) for k in POINT), include_smoke=include_smoke)
+    return point_runs(rows, SYSTEMS, key=_point_key, include_smoke=include_smoke)
 
 
 def _jobs(by_system: dict[str, list[dict]], system: str) -> tuple[list[np.ndarray], float]:
@@ -66,15 +70,15 @@ def _point_rows(rows: Sequence[dict]) -> dict[tuple, list[dict]]:
     found: dict[tuple, list[dict]] = {}
     for r in rows:
         if r.get("kvstore") in SYSTEMS and r.get("status") == "ok" and str(r.get("smoke")) != "True":
-            found.setdefault(tuple(str(r.get(k, "")) for k in POINT), []).append(r)
+            found.setdefault(_point_key(r), []).append(r)
     return found
 
 
 def _left_out(runs: Sequence[dict]) -> str:
     """Why a system has no faithful run at a point: the count and the most throttled host's share."""
-    throttled = max((number(r.get("throttled_max_pct")) for r in runs), default=0.0)
     if not runs:
         return "not run yet"
+    throttled = max(number(r.get("throttled_max_pct")) for r in runs)
     why = f": a host's CPU throttled up to {throttled:.0f}% of the timed window" if throttled > 0 else ""
     return f"no faithful run ({len(runs)} left out{why})"
 
