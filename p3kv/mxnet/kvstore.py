@@ -95,7 +95,7 @@ class P3(mx.kvstore.KVStoreBase):
         self._hyper: dict | None = None  # the optimizer's hyperparameters as the servers have them
         self._pushed: set = set()  # keys pushed in this step (a key pushed again starts the next step)
         self._closed = False
-        atexit.register(self.close)
+        atexit.register(self._close_at_exit)
 
     # -- facts -----------------------------------------------------------------------------------------
     @property
@@ -390,6 +390,15 @@ class P3(mx.kvstore.KVStoreBase):
                 pass  # the same failure, reported above
             return
         self._worker.close()
+
+    def _close_at_exit(self) -> None:
+        # At exit a raised error only adds "Exception ignored in atexit" and a second traceback after the one the
+        # script printed; when MXNet already rethrew the failure, waitall is quiet and the core's close raises it.
+        try:
+            self.close()
+        except P3Error as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            log.warning("kvstore 'p3' closes after a failed operation: %s", first)
 
     def _known(self, key) -> _Key:
         info = self._keys.get(key)
