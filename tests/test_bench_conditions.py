@@ -326,7 +326,9 @@ def test_resume_skips_the_runs_already_in_the_csv(tmp_path):
            "efficiency_factor": "1.0", "slice_size": first.slice_size, "warmup": 2, "iters": 20,
            "optimizer": "sgd(lr=0.01,momentum=0.9,wd=0.0001,rescale_grad=1/4)", "repeat": first.repeat,
            "status": "ok", "smoke": False, "link_burst_bytes": first.link_burst_bytes,
-           "tcp_rto_min_ms": first.tcp_rto_min_real_ms}
+           "tcp_rto_min_ms": first.tcp_rto_min_real_ms, "priority_hold_ms": 1000.0}
+    bench_rows.write_run(csv_path, {**row, "priority_hold_ms": ""})  # p3kv before the sender's hold: run again
+    assert sweeps.not_yet_run(points, csv_path) == points
     bench_rows.write_run(csv_path, row)
     bench_rows.write_run(csv_path, {**row, "repeat": 1, "status": "failed(1)"})  # a failed run is run again
     bench_rows.write_run(csv_path, {**row, "repeat": 1, "smoke": True})  # and a smoke run does not count

@@ -14,4 +14,4 @@ pytestmark = pytest.mark.unit
 def test_cpp_sender_tests_pass():
     result = cpp_build.run("sender_tests", timeout=120)
     assert result.returncode == 0, result.stdout
-    assert "12 passed, 0 failed" in result.stdout, result.stdout
+    assert "15 passed, 0 failed" in result.stdout, result.stdout

@@ -83,7 +83,8 @@ def test_the_links_bucket_is_dilated_so_it_holds_the_same_bytes_at_every_dilatio
     assert point_stats.key_value({"bandwidth_bps": ""}, "link_burst_bytes") == ""
     point = at[0.05]
     fields = {k: ("" if v is None else str(v)) for k, v in dataclasses.asdict(point).items()}
-    new_row = {**fields, "bandwidth_bps": "200000000.0", "link_burst_bytes": "500000", "cfs_period_us": "20000"}
+    new_row = {**fields, "bandwidth_bps": "200000000.0", "link_burst_bytes": "500000", "cfs_period_us": "20000",
+               "priority_hold_ms": "1000.0"}
     old_row = {**new_row, "link_burst_bytes": ""}  # 250,000 bytes: another run for --resume
     assert sweeps._signature(new_row) == sweeps._signature(sweeps._settings(point))
     assert sweeps._signature(old_row) != sweeps._signature(sweeps._settings(point))
@@ -107,6 +108,7 @@ def test_tcps_minimum_rto_is_the_kernels_200_ms_dilated():
     assert point_stats.key_value({"tcp_rto_min_ms": ""}, "tcp_rto_min_ms") == "200"
     assert point_stats.key_value({"tcp_rto_min_ms": "4000"}, "tcp_rto_min_ms") == "4000"
     fields = {k: ("" if v is None else str(v)) for k, v in dataclasses.asdict(point).items()}
-    row = {**fields, "link_burst_bytes": "500000", "cfs_period_us": "20000", "tcp_rto_min_ms": "4000"}
+    row = {**fields, "link_burst_bytes": "500000", "cfs_period_us": "20000", "tcp_rto_min_ms": "4000",
+           "priority_hold_ms": "1000.0"}
     assert sweeps._signature(row) == sweeps._signature(sweeps._settings(point))
     assert sweeps._signature({**row, "tcp_rto_min_ms": ""}) != sweeps._signature(sweeps._settings(point))

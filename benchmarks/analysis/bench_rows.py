@@ -54,6 +54,7 @@ RUN_COLUMNS = (
     "tcp_rto_min_ms",  # the links' TCP minimum RTO in real ms (link_shaping.dilated_rto_min_ms); "": the kernel's 200
     "horovod_cycle_ms",  # Horovod's cycle time in real ms, dilated (cluster_job.Point); "": another system, or a
     # Horovod row from before the dilated cycle (its 1 ms default, undilated)
+    "priority_hold_ms",  # p3kv's P3_PRIORITY_HOLD_MS (sender.h); "": another system, or a p3kv row from before it
 )
 ITERATION_COLUMNS = ("run_id", "tag", "model", "kvstore", "hosts", "bandwidth", "gpu_scale", "repeat", "rank",
                      "iteration", "time_s")

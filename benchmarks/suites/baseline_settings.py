@@ -62,6 +62,11 @@ def horovod_cycle_real_ms(setting_env: Sequence[tuple[str, str]], dilation: floa
     return round(float(cycle) / dilation, 6)
 
 
+def priority_hold_ms(env: Mapping[str, str]) -> float:
+    """The P3_PRIORITY_HOLD_MS a p3kv job's environment gives its nodes (the rows' priority_hold_ms)."""
+    return float(config.get("P3_PRIORITY_HOLD_MS", env))
+
+
 def env_text(env: Mapping[str, str]) -> str:
     """"A=1 B=2": a setting as the rows and best.json show it."""
     return " ".join(f"{k}={v}" for k, v in env.items())

@@ -232,8 +232,7 @@ def _environment(point: Point, extra: dict) -> dict:
     if point.kvstore not in NO_SERVERS:
         env["P3_SECRET"] = secrets.token_hex(32)  # one per job, the same on every host
     # Hosts share 2 cores: one compute thread per process (the real-compute mode's fairness).
-    env.update(OMP_NUM_THREADS="1", MXNET_CPU_WORKER_NTHREADS="1", PYTHONUNBUFFERED="1")
-    env.update(extra)
+    env.update(OMP_NUM_THREADS="1", MXNET_CPU_WORKER_NTHREADS="1", PYTHONUNBUFFERED="1", **extra)
     env.update(point.setting_env)  # the system's tuned (or grid) setting: reaches every process through the launcher
     if point.horovod_cycle_real_ms is not None:  # dilated; Horovod reads it with strtof (fractions are fine)
         env["HOROVOD_CYCLE_TIME"] = f"{point.horovod_cycle_real_ms:.6g}"
@@ -330,7 +329,8 @@ def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: 
            "link_queue_ms": point.link_queue_ms if cluster.rate_bps else "",
            "link_burst_bytes": emulated_cluster.burst_bytes(cluster.rate_bps, cluster.burst_ms) if cluster.rate_bps
            else "", "tcp_rto_min_ms": round(cluster.rto_min_ms) if cluster.rto_min_ms else "",
-           "horovod_cycle_ms": point.horovod_cycle_real_ms if point.horovod_cycle_real_ms is not None else ""}
+           "horovod_cycle_ms": point.horovod_cycle_real_ms if point.horovod_cycle_real_ms is not None else "",
+           "priority_hold_ms": baseline_settings.priority_hold_ms(env) if launcher_kvstore == "p3" else ""}
     files = sorted(scratch.glob(f"{name}.rank*.json"))
     results = [json.loads(p.read_text()) for p in files]
     every = [t for r in results for t in r.get("iter_s") or []]

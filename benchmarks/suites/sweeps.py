@@ -213,6 +213,7 @@ def _signature(settings: dict) -> tuple:
             link_burst(settings),  # the links' bucket in bytes (None: uncapped)
             number(settings.get("tcp_rto_min_ms")) or KERNEL_RTO_MIN_MS,  # "" / None: the kernel's 200 ms
             number(settings.get("horovod_cycle_ms")),  # Horovod's dilated cycle ("": other systems, older rows)
+            number(settings.get("priority_hold_ms")),  # p3kv's sender hold ("": other systems, older p3kv rows)
             baseline_settings.identity(str(settings.get("baseline_setting") or "")))
 
 
@@ -227,7 +228,9 @@ def _settings(point: cluster_bench.Point) -> dict:
     """A point's fields with the conditions its row records as derived columns (period, bucket)."""
     return {**dataclasses.asdict(point), "cfs_period_us": point.cfs_period_us,
             "link_burst_bytes": point.link_burst_bytes, "tcp_rto_min_ms": point.tcp_rto_min_real_ms,
-            "horovod_cycle_ms": point.horovod_cycle_real_ms}
+            "horovod_cycle_ms": point.horovod_cycle_real_ms,
+            "priority_hold_ms": baseline_settings.priority_hold_ms(os.environ)
+            if cluster_bench.KVSTORES[point.kvstore][0] == "p3" else None}
 
 
 def sweep_points(name: str, args: argparse.Namespace) -> list[cluster_bench.Point]:

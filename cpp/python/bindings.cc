@@ -227,6 +227,7 @@ PYBIND11_MODULE(_p3, m) {
       .def_readwrite("port", &p3::NodeConfig::port)
       .def_readwrite("slice_size", &p3::NodeConfig::slice_size)
       .def_readwrite("socket_buffer", &p3::NodeConfig::socket_buffer)
+      .def_readwrite("priority_hold", &p3::NodeConfig::priority_hold)
       .def_readwrite("connect_timeout", &p3::NodeConfig::connect_timeout)
       .def_readwrite("timeout", &p3::NodeConfig::timeout)
       .def_readwrite("max_message_bytes", &p3::NodeConfig::max_message_bytes)

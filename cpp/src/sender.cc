@@ -44,6 +44,7 @@ struct Sender::Destination {
   uint8_t head[kHeaderBytes] = {};
   uint64_t written = 0;        // bytes of the frame (header first) already in the socket
   bool writable = true;        // false from a full buffer until poll() reports POLLOUT
+  Clock::time_point blocked_at;  // when `writable` last became false
   bool claim_busy = false;     // another thread is writing a frame here
   bool stalled = false;        // the peer has taken no byte since stalled_since
   Clock::time_point stalled_since;
@@ -79,7 +80,8 @@ Sender::~Sender() {
   close(wakeup_fd_);
 }
 
-void Sender::Start() {
+void Sender::Start(double priority_hold_s) {
+  hold_ = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(std::max(0.0, priority_hold_s)));
   thread_ = std::thread([this] {
     while (RunOnce()) {
     }
@@ -115,6 +117,7 @@ size_t Sender::Queued() const {
 
 bool Sender::RunOnce() {
   Destination* next = nullptr;
+  Destination* urgent = nullptr;  // the most urgent of all (writable or not) whose peer has not paused
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (aborted_) return false;
@@ -122,10 +125,22 @@ bool Sender::RunOnce() {
     for (auto& [conn, d] : destinations_) {
       if (!d->HasWork()) continue;
       work = true;
+      if (!d->conn->PeerPaused() && (urgent == nullptr || Destination::LessUrgent()(urgent->Rank(), d->Rank()))) {
+        urgent = d.get();
+      }
       if (!d->writable) continue;
       if (next == nullptr || Destination::LessUrgent()(next->Rank(), d->Rank())) next = d.get();
     }
     if (!work && closed_) return false;  // drained
+  }
+  held_until_.reset();
+  if (next != nullptr && hold_ > Clock::duration::zero() && urgent != nullptr && !urgent->writable &&
+      !urgent->claim_busy && Clock::now() < urgent->blocked_at + hold_) {
+    // The node's most urgent frame waits for its destination's buffer: what goes to the others now would
+    // overtake it on the NIC, and the destinations' progress would drift apart (a server then waits for the
+    // last worker's slice while links idle). Wait for it, up to the hold.
+    held_until_ = urgent->blocked_at + hold_;
+    next = nullptr;
   }
   if (next != nullptr) {
     Write(next);
@@ -171,6 +186,7 @@ void Sender::Write(Destination* d) {
   // Full buffer: wait for POLLOUT. A frame with no byte out yet goes back to the queue, so a more urgent
   // frame for this destination queued meanwhile can still go first, and others may use the connection.
   d->writable = false;
+  d->blocked_at = Clock::now();
   if (!d->stalled) {
     d->stalled = true;
     d->stalled_since = Clock::now();
@@ -211,6 +227,11 @@ void Sender::Wait() {
       }
       if (ms >= 0) timeout_ms = timeout_ms < 0 ? ms : std::min(timeout_ms, ms);
     }
+  }
+  if (held_until_) {  // RunOnce held writable destinations back: look again when the hold ends
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*held_until_ - now).count() + 1;
+    const int hold_ms = static_cast<int>(std::max<int64_t>(0, left));
+    timeout_ms = timeout_ms < 0 ? hold_ms : std::min(timeout_ms, hold_ms);
   }
   int rc;
   do {

@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -50,8 +51,11 @@ class Sender {
   Sender(const Sender&) = delete;
   Sender& operator=(const Sender&) = delete;
 
-  // Owner thread, once.
-  void Start();
+  // Owner thread, once. `priority_hold_s` > 0: while the node's most urgent frame waits for its destination to take
+  // bytes, frames to other destinations wait too, for at most that long from when it blocked (strict priority
+  // across destinations, as one blocking send thread gives; per-destination progress stays even). 0: a blocked
+  // destination never holds the others back (work-conserving). A paused peer (SetPeerPaused) holds no one.
+  void Start(double priority_hold_s = 0);
   // Any thread. False if the sender is stopped, or the message's connection already failed (its error went to
   // on_error then): the frame will never be sent, and the caller must say what that means for its operation.
   [[nodiscard]] bool Enqueue(OutMessage m);
@@ -98,6 +102,9 @@ class Sender {
   size_t queued_ = 0;
   bool closed_ = false;    // no more Enqueue; the thread ends once nothing is left to send
   bool aborted_ = false;   // the thread ends now
+  // Sender thread only.
+  std::chrono::steady_clock::duration hold_{};                  // Start's priority_hold_s
+  std::optional<std::chrono::steady_clock::time_point> held_until_;  // RunOnce held the others back until then
   bool signaled_ = false;  // a wakeup is pending in wakeup_fd_ (saves a write per Enqueue)
 };
 

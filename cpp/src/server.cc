@@ -83,7 +83,7 @@ Status ServerNode::Start() {
       if (n.role == Role::kWorker && n.rank >= 0 && n.rank < config_.num_worker) worker_hosts_[n.rank] = n.host;
     }
   }
-  sender_.Start();
+  sender_.Start(config_.priority_hold);
   consumer_ = std::thread([this] { ConsumeLoop(); });
   st = gate_.Start(&listener_, Name());
   if (!st.ok()) return st;

@@ -63,7 +63,7 @@ Status WorkerNode::Start() {
   for (size_t i = 0; i < servers_.size(); ++i) {
     if (!servers_[i]) return Status::Invalid("the node table has no server " + std::to_string(i));
   }
-  sender_.Start();
+  sender_.Start(config_.priority_hold);
   release_thread_ = std::thread([this] { ReleaseLoop(); });
   for (int s = 0; s < config_.num_server; ++s) receivers_.emplace_back([this, s] { ReceiveLoop(s); });
   scheduler_.Start({[] {}, [this](const Status& st) { Fail(st, /*from_scheduler=*/true); }});

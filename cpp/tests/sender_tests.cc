@@ -1,6 +1,7 @@
 // Tests of the Sender over loopback TCP: per-destination (priority, FIFO) order, node-wide priority across
 // destinations, a peer that stops reading stalls no one else (and fails unless it declared a pause), large frames
-// written in pieces arrive intact, Drain/Abort, and write errors. Built and run by tests/test_cpp_sender.py.
+// written in pieces arrive intact, Drain/Abort, write errors, and the priority hold (strict order across
+// destinations, bounded by the hold, a paused peer exempt). Built and run by tests/test_cpp_sender.py.
 #include <sys/socket.h>
 
 #include <atomic>
@@ -532,6 +533,75 @@ void TestPartFrameInheritsMostUrgentPriority() {
 }
 }  // namespace
 
+void TestHoldKeepsOthersBehindTheBlockedMostUrgentDestination() {
+  // With a priority hold, a destination whose buffer is full and which holds the node's most urgent frames keeps
+  // the less urgent frames to another destination waiting, up to the hold from when it blocked; then they go.
+  p3::Counters counters;
+  p3::Trace trace(true);
+  Errors errors;
+  Link stuck = MakeLink("worker 0", &counters, 16384), fast = MakeLink("worker 1", &counters, 16384);
+  Sender sender(&trace, errors.Handler());
+  sender.Start(/*priority_hold_s=*/0.5);
+  for (uint64_t k = 0; k < 64; ++k) CHECK(sender.Enqueue(Frame(stuck, 1000 + k, 10, 65536, 0)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // its buffers fill: it blocks
+  const auto start = Clock::now();
+  CHECK(sender.Enqueue(Frame(fast, 1, 0, 1000, 1)));
+  CHECK(ReadFrame(fast.peer.get()) == 1);
+  const double waited = SecondsSince(start);
+  CHECK(waited > 0.3);  // held: the stuck destination blocked about 0.1 s before the frame was queued
+  CHECK(waited < 5.0);  // ... but not beyond the hold
+  // Once the hold has run out, the stuck destination holds no one back until it takes bytes again.
+  const auto later = Clock::now();
+  CHECK(sender.Enqueue(Frame(fast, 2, 0, 1000, 1)));
+  CHECK(ReadFrame(fast.peer.get()) == 2);
+  CHECK(SecondsSince(later) < 0.3);
+  sender.Abort();
+  CHECK(errors.Count() == 0);
+}
+
+void TestHoldLetsEveryDestinationGoInNodeWidePriorityOrder() {
+  // Both destinations slow readers with small buffers: with the hold, frames leave in the node-wide priority
+  // order (the trace's sends), although the destination of the less urgent frames could take bytes sooner.
+  p3::Counters counters;
+  p3::Trace trace(true);
+  Errors errors;
+  Link x = MakeLink("worker 0", &counters, 16384), y = MakeLink("worker 1", &counters, 16384);
+  Sender sender(&trace, errors.Handler());
+  sender.Start(/*priority_hold_s=*/5.0);
+  for (uint64_t k = 0; k < 8; ++k) CHECK(sender.Enqueue(Frame(x, 100 + k, 100 - static_cast<int32_t>(k), 262144, 0)));
+  for (uint64_t k = 0; k < 8; ++k) CHECK(sender.Enqueue(Frame(y, 200 + k, 50 - static_cast<int32_t>(k), 262144, 1)));
+  std::thread reader_y([&] {  // y reads at once; x only after a pause: without the hold y's frames would go first
+    CHECK(ReadFrames(y.peer.get(), 8).size() == 8);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  CHECK(ReadFrames(x.peer.get(), 8).size() == 8);
+  reader_y.join();
+  sender.Drain();
+  const std::vector<uint64_t> sent = SentKeys(trace);
+  CHECK(sent.size() == 16);
+  for (size_t i = 0; i < sent.size(); ++i) CHECK(sent[i] == (i < 8 ? 100 + i : 200 + (i - 8)));
+  CHECK(errors.Count() == 0);
+}
+
+void TestAPausedPeerHoldsNoOneBack() {
+  // A peer that declared a pause (a server's PAUSE) is expected to take no bytes for a while: it holds no one.
+  p3::Counters counters;
+  p3::Trace trace(true);
+  Errors errors;
+  Link paused = MakeLink("worker 0", &counters, 16384), fast = MakeLink("worker 1", &counters, 16384);
+  Sender sender(&trace, errors.Handler());
+  sender.Start(/*priority_hold_s=*/5.0);
+  paused.conn->SetPeerPaused(true);
+  for (uint64_t k = 0; k < 64; ++k) CHECK(sender.Enqueue(Frame(paused, 1000 + k, 10, 65536, 0)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const auto start = Clock::now();
+  CHECK(sender.Enqueue(Frame(fast, 1, 0, 1000, 1)));
+  CHECK(ReadFrame(fast.peer.get()) == 1);
+  CHECK(SecondsSince(start) < 2.0);
+  sender.Abort();
+  CHECK(errors.Count() == 0);
+}
+
 int main() {
   const std::vector<std::pair<const char*, void (*)()>> tests = {
       {"per_destination_priority_then_fifo", TestPerDestinationPriorityThenFifo},
@@ -547,6 +617,11 @@ int main() {
       {"last_words_wait_for_part_frame", TestLastWordsWaitForPartFrame},
       {"broadcast_waits_for_the_write_of_its_own_slice", TestBroadcastWaitsForTheWriteOfItsOwnSlice},
       {"part_frame_inherits_most_urgent_priority", TestPartFrameInheritsMostUrgentPriority},
+      {"hold_keeps_others_behind_the_blocked_most_urgent_destination",
+       TestHoldKeepsOthersBehindTheBlockedMostUrgentDestination},
+      {"hold_lets_every_destination_go_in_node_wide_priority_order",
+       TestHoldLetsEveryDestinationGoInNodeWidePriorityOrder},
+      {"a_paused_peer_holds_no_one_back", TestAPausedPeerHoldsNoOneBack},
   };
   return p3test::RunTests(tests);
 }

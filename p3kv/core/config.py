@@ -70,6 +70,11 @@ VARIABLES: tuple[Variable, ...] = (
              "none (first come, first served: the slicing-only ablation of the benchmarks)."),
     Variable("P3_SOCKET_BUFFER", int, 131_072, "Kernel send/receive buffer per data socket in bytes. Small "
              "buffers let an urgent slice overtake queued ones (the paper's send high-water mark of 1)."),
+    Variable("P3_PRIORITY_HOLD_MS", float, 1000.0, "While a node's most urgent slice waits for its destination's "
+             "socket buffer, less urgent slices to other destinations wait too, for at most this long after it "
+             "blocked (strict priority across destinations: every server receives slices in the same order, so "
+             "no server waits for one worker's late slice while links idle). A peer that declared a pause holds "
+             "no one. 0 lets the others go at once (work-conserving, the behaviour before this variable)."),
     Variable("P3_CONNECT_TIMEOUT", float, 60.0, "Seconds to wait for the scheduler and for all nodes to "
              "register before failing."),
     Variable("P3_TIMEOUT", float, 600.0, "Seconds a blocking wait (init, push, barrier) may take before it "
@@ -146,6 +151,7 @@ class Config:
     slice_size: int = 50_000
     priority: str = "forward"
     socket_buffer: int = 131_072
+    priority_hold_ms: float = 1000.0
     connect_timeout: float = 60.0
     timeout: float = 600.0
     max_message_bytes: int = 1 << 30
@@ -225,6 +231,9 @@ def load(environ: Mapping[str, str] | None = None, role: Role | None = None, **o
     for name in ("num_worker", "num_server", "slice_size", "socket_buffer", "max_message_bytes",
                  "server_queue_bytes"):
         _positive("P3_" + name.upper(), int(values[name]))
+    if float(values["priority_hold_ms"]) < 0:
+        raise ConfigError(f"P3_PRIORITY_HOLD_MS={values['priority_hold_ms']} must be 0 (no hold) or a positive "
+                          "number of milliseconds")
     if int(values["server_slice_bytes"]) < 0:
         raise ConfigError(f"P3_SERVER_SLICE_BYTES={values['server_slice_bytes']} must be 0 (half the memory) or "
                           "a positive number of bytes")

@@ -43,6 +43,7 @@ def node_config(config: Config) -> _p3.NodeConfig:
     node.port = config.port
     node.slice_size = config.slice_size
     node.socket_buffer = config.socket_buffer
+    node.priority_hold = config.priority_hold_ms / 1000.0
     node.connect_timeout = config.connect_timeout
     node.timeout = config.timeout
     node.max_message_bytes = config.max_message_bytes

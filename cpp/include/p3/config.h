@@ -16,6 +16,8 @@ struct NodeConfig {
   uint16_t port = 0;               // server listen port; 0 picks a free one
   uint64_t slice_size = 50000;     // elements per slice (paper: 50,000)
   int socket_buffer = 131072;      // SO_SNDBUF/SO_RCVBUF of data sockets; small keeps priorities honest
+  double priority_hold = 1.0;      // seconds the sender holds less urgent frames while the most urgent one's
+                                   // destination takes no bytes (0: never; Sender::Start)
   double connect_timeout = 60.0;   // seconds for rendezvous
   double timeout = 600.0;          // seconds any blocking wait may take
   uint64_t max_message_bytes = 1ull << 30;
