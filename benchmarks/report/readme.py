@@ -47,6 +47,10 @@ SUMMARIES = {
     "startup": ("startup.md", "make bench-startup"),
     "link-overhead": ("link_overhead.md", "sudo .venv/bin/python -m benchmarks.suites.link_overhead"),
     "soak": ("soak.md", "python -m benchmarks.suites.soak_bench --iters 3000"),
+    "priority-hold": ("priority_hold/summary.md", "the runs in benchmarks/analysis/priority_hold.py's docstring, "
+                      "then python -m benchmarks.analysis.priority_hold"),
+    "priority-hold-traces": ("priority_hold/traces.md", "P3_TRACE=PREFIX on one run of each, then python -m "
+                             "benchmarks.analysis.trace_anatomy PREFIX ..."),
     "torch-loopback": ("torch_loopback.md", "python -m benchmarks torch_loopback --model resnet50_v1 --workers 2 "
                        "--repeats 5 --csv benchmarks/results/torch_loopback.csv"),
 }
