@@ -1,8 +1,9 @@
 // Internal. The send half of P3: the node's outgoing slices and the one thread that writes them, the most
 // urgent sendable frame of the whole node first. Each destination (connection) keeps its own queue in
 // (priority, arrival) order and at most one frame in progress, which finishes before the next frame to that
-// destination starts. Writes never block: a destination whose socket buffer is full waits for POLLOUT while
-// the thread serves the others, so one slow peer cannot hold back the rest.
+// destination starts. Writes never block: a destination whose socket buffer is full waits for POLLOUT. While it
+// holds the node's most urgent frame, the others wait too, for at most the priority hold (Start) from when it
+// blocked, so a stuck peer holds the rest back at most that long, and a peer that declared a pause not at all.
 // Why one thread and not one per destination: the destinations share the NIC, and P3's point is that the
 // node's most urgent slice goes first; with small socket buffers, a slice queued now overtakes every less
 // urgent one still queued for any destination that can take bytes (at most one partly written frame per
