@@ -79,7 +79,10 @@ class NetnsConnection(fabric.Connection):
 
     def __init__(self, netns: str, *args, **kwargs):
         super().__init__(*args, gateway="netns", **kwargs)
-        self.netns = netns
+        # Not `self.netns = ...`: a Connection stores attributes it does not know in its Config, which every
+        # connection shares, and re-merges that Config, so a thread making another connection meanwhile reads it
+        # empty (Fabric: "No attribute or config key found for 'forward_agent'").
+        self._set(netns=netns)
 
     def open_gateway(self):
         return socket_in_netns(self.netns, (self.host, self.port), self.connect_timeout)
@@ -95,6 +98,14 @@ def connector(netns: str, key: str, timeout: int = 5):
                                connect_kwargs={"key_filename": key, "look_for_keys": False, "allow_agent": False})
 
     return connect
+
+
+def test_connections_leave_the_config_they_share_alone():
+    """Connections are made in parallel threads from one Config: making one must not write into that Config."""
+    [host] = parse_hosts("root@10.77.0.1", "test hosts")
+    conn = connector("p3kv-test-none", "/nonexistent-key")(host)
+    assert conn.netns == "p3kv-test-none"
+    assert "netns" not in conn.config, "the connection wrote its namespace into the shared Config"
 
 
 class Sshd:
