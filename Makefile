@@ -50,7 +50,7 @@ lint: setup
 
 # bench-setup first: Horovod (the allreduce baseline) is in the launcher's and the benchmarks' tests.
 test: lint bench-setup
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=25 tests
 
 # One tier of tests/ (`pytest -m unit`; the tiers are in pyproject.toml and tests/README.md).
 test-unit: setup

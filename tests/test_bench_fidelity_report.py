@@ -123,3 +123,31 @@ def test_steal_is_read_from_the_cpu_line_of_proc_stat(tmp_path):
     assert run_monitors.steal_share(before, (45, 1100)) == pytest.approx(0.1)
     assert run_monitors.steal_share(before, before) is None  # no time passed: no share
     assert run_monitors.steal_times(str(tmp_path / "absent")) is None
+
+
+def test_the_headline_reads_a_rerun_point_from_its_new_runs_only(tmp_path):
+    """A point rerun with dilated CPUs is read from its new runs alone: a baseline not yet rerun is said to be so,
+    never pooled with the old runs; each row says how it was emulated and how many runs were faithful."""
+    path = tmp_path / "sweeps" / "bandwidth.csv"
+    old = {"cpu_limit": "", "cpu_quota_cores": ""}
+    rows = [_row("p3", 0, "", [[0.5, 0.5]], **old), _row("dist_sync", 0, "", [[1.0, 1.0]], **old),
+            _row("horovod", 0, "", [[1.0, 1.0]], **old),
+            _row("p3", 0, "True", [[1.0, 1.0], [1.0, 1.0]], host_cpus="2"),
+            _row("dist_sync", 0, "True", [[2.0, 2.0], [2.0, 2.0]], host_cpus="2"),
+            _row("dist_sync", 1, "False", [[9.0, 9.0], [9.0, 9.0]], "cpu: host 1 throttled 8.0%", host_cpus="2")]
+    for r in rows:
+        bench_rows.write_run(path, {k: v for k, v in r.items() if k in bench_rows.RUN_COLUMNS})
+    text = headline.headline_block(tmp_path)
+    line = next(x for x in text.splitlines() if x.startswith("| ResNet-50"))
+    # p3kv: 2 x 32 images / 1.0 s over gpu_scale 0.1; dist_sync 2.0 s (the old 1.0 s runs and the 9 s one are out).
+    assert "| 640 images/s | 2.00×" in line, line
+    assert "| not rerun yet |" in line and line.count("| - |") == 1, line  # Horovod was not rerun; MXNet's P3 never ran
+    assert line.endswith("| CPUs dilated (0.2 cores per host); 2 of 3 runs faithful |"), line
+    assert "Each host's CPUs were slowed with compute and links" in text
+    # Only old runs: the row says so, and the conditions sentence warns about the baselines' CPU.
+    older = tmp_path / "old"
+    for r in rows[:3]:
+        bench_rows.write_run(older / "sweeps" / "bandwidth.csv",
+                             {k: v for k, v in r.items() if k in bench_rows.RUN_COLUMNS})
+    text = headline.headline_block(older)
+    assert "| CPUs not dilated (older runs, no verdict) |" in text and "overstate p3kv's lead" in text, text

@@ -20,8 +20,8 @@ def _row(kvstore, gbps, run_id, faithful="", scale=0.5):
 def test_only_rows_a_faithful_rerun_replaces_move_with_their_iterations(tmp_path):
     sweep = tmp_path / "sweeps" / "bandwidth.csv"
     rows = [_row("p3", 15.0, "old-p3"), _row("dist_sync", 15.0, "old-ds"), _row("p3", 5.0, "old-p3-5"),
-            _row("p3", 15.0, "bad-p3", faithful="False", scale=0.2), _row("p3", 15.0, "new-p3", faithful="True",
-                                                                          scale=0.2)]
+            _row("p3", 15.0, "bad-p3", faithful="False", scale=0.2), {**_row("p3", 15.0, "new-p3", faithful="True",
+                                                                             scale=0.2), "priority_hold_ms": "1000"}]
     for r in rows:
         bench_rows.write_run(sweep, r, {0: [1.0, 1.0]})
     bench_rows.write_run(sweep, _row("p3", 5.0, "old-p3"), {0: [2.0]})  # a run_id repeated by an older --resume
@@ -56,7 +56,7 @@ def test_a_retired_sweeps_unjudged_rows_move_once_its_new_comparison_has_a_faith
     assert superseded.move(sweep, tmp_path / "legacy") == 0  # nothing faithful yet: they stay
     bench_rows.write_run(sweep, _row("horovod", 4.0, "unfaithful", faithful="False", scale=0.1))  # judged: stays
     assert superseded.move(sweep, tmp_path / "legacy") == 0
-    bench_rows.write_run(sweep, _row("p3", 4.0, "new-p3", faithful="True", scale=0.1))
+    bench_rows.write_run(sweep, {**_row("p3", 4.0, "new-p3", faithful="True", scale=0.1), "priority_hold_ms": "1000"})
     rows = bench_rows.read_runs(sweep)
     assert [bench_rows.verdict(r) for r in rows] == [None, None, False, True]  # short rows have no verdict
     assert superseded.move(sweep, tmp_path / "legacy") == 2
@@ -86,6 +86,30 @@ def test_a_horovod_run_from_before_its_cycle_was_dilated_moves_once_a_current_fa
                          {0: [1.0]})
     assert superseded.move(sweep, legacy) == 1
     assert [r["run_id"] for r in bench_rows.read_runs(sweep)] == ["ds", "new-hvd"]
+
+
+def test_a_p3kv_run_from_before_the_priority_hold_moves_once_a_faithful_run_with_it_exists(tmp_path):
+    from benchmarks.suites import cluster_job, torch_systems
+
+    # Every system whose launcher runs p3kv is p3kv's here, and no other.
+    systems = {**cluster_job.KVSTORES, **torch_systems.KVSTORES}
+    assert {k for k in systems if superseded.is_p3kv(k)} == {k for k, v in systems.items() if v[0] == "p3"}
+    sweep = tmp_path / "sweeps" / "dilation.csv"
+    old = [_row("p3", 4.0, "no-hold", faithful="True", scale=0.1), _row("dist_sync", 4.0, "ds", faithful="True",
+                                                                        scale=0.1)]
+    for r in old:
+        bench_rows.write_run(sweep, r, {0: [1.0]})
+    assert superseded.outdated(old[0]) and not superseded.outdated(old[1])
+    assert not superseded.outdated({**old[0], "priority_hold_ms": "0"})  # the hold measured off is current
+    legacy = tmp_path / "legacy"
+    assert superseded.move(sweep, legacy) == 0  # no run with the hold yet: the old row stays
+    bench_rows.write_run(sweep, {**_row("p3", 4.0, "hold-0.05", faithful="True", scale=0.05),
+                                 "priority_hold_ms": "1000"}, {0: [1.0]})
+    assert superseded.move(sweep, legacy) == 0  # dilation: only a run at its own dilation replaces it
+    bench_rows.write_run(sweep, {**_row("p3", 4.0, "hold", faithful="True", scale=0.1), "priority_hold_ms": "1000"},
+                         {0: [1.0]})
+    assert superseded.move(sweep, legacy) == 1
+    assert [r["run_id"] for r in bench_rows.read_runs(sweep)] == ["ds", "hold-0.05", "hold"]
 
 
 def test_rows_with_a_column_the_legacy_file_lacks_move_into_it_and_it_gains_the_column(tmp_path):

@@ -60,3 +60,12 @@ def test_estimate_prints_each_sweeps_slices_for_the_window(tmp_path, capsys):
     for name, full, _ in rows:  # a sweep longer than the window needs more than one slice
         n = int(plan[name].split("N =")[1].split()[0])
         assert (n > 1) == (full > 2 * 3600) or "longer than the window" in plan[name], plan[name]
+
+
+def test_the_bandwidth_sweep_runs_only_the_rates_asked_for():
+    args = sweeps.parse_args(["bandwidth", "--models", "resnet50_v1", "--equivalents", "4"])
+    points = sweeps.SWEEPS["bandwidth"](args)
+    assert {(p.model, p.kvstore) for p in points} == {("resnet50_v1", kv) for kv in sweeps.SYSTEMS}
+    assert {p.bandwidth for p in points} == {sweeps.link(4, points[0].gpu_scale)}
+    with pytest.raises(SystemExit):  # 15 Gbps is VGG-19's point, not ResNet-50's
+        sweeps.parse_args(["bandwidth", "--models", "resnet50_v1", "--equivalents", "15"])

@@ -191,6 +191,14 @@ def test_the_torch_sweep_has_both_models_at_three_rates_five_repeats_and_an_esti
     assert seconds > len(points) * 30
 
 
+def test_the_torch_sweep_runs_only_the_rates_and_systems_asked_for():
+    args = sweeps.parse_args(["torch", "--models", "resnet50_v1", "--equivalents", "2",
+                              "--kvstores", "torch-p3kv", "torch-p3kv-server"])
+    points = sweeps.SWEEPS["torch"](args)
+    assert {(p.model, p.kvstore) for p in points} == {("resnet50_v1", kv) for kv in ("torch-p3kv", "torch-p3kv-server")}
+    assert {p.bandwidth for p in points} == {sweeps.link(2, points[0].gpu_scale)}
+
+
 def _row(kvstore: str, seconds: float, repeat: int, rng) -> dict:
     times = rng.normal(seconds, 0.01 * seconds, size=(2, 20)).tolist()
     return {"kvstore": kvstore, "status": "ok", "faithful": "True", "smoke": "False", "model": "resnet50_v1",

@@ -46,11 +46,21 @@ def point_of(row: dict, by_dilation: bool = False) -> tuple:
             round(gbps, 3) if gbps else row.get("bandwidth"), key_value(row, "gpu_scale") if by_dilation else "")
 
 
+def is_p3kv(kvstore: str) -> bool:
+    """Whether a row's system is p3kv (MXNet's kvstore 'p3', its ablations p3-*, p3kv.torch torch-p3kv*)."""
+    return kvstore == "p3" or kvstore.startswith(("p3-", "torch-p3kv"))
+
+
 def outdated(row: dict) -> bool:
-    """A row the monitors passed under conditions since found unfaithful: an emulated Horovod run from before its
-    cycle time was dilated (no horovod_cycle_ms; cluster_job.Point.horovod_cycle_real_ms). A rerun replaces it as
-    it replaces an unfaithful one."""
-    return row.get("kvstore") == "horovod" and row.get("compute") == "emulated" and not row.get("horovod_cycle_ms")
+    """A row the monitors passed that no longer measures what a rerun would: an emulated Horovod run from before
+    its cycle time was dilated (no horovod_cycle_ms; cluster_job.Point.horovod_cycle_real_ms), under conditions
+    since found unfaithful; an emulated p3kv run from before the sender's priority hold (no priority_hold_ms;
+    sender.h), whose transport has since changed. A rerun replaces it as it replaces an unfaithful one."""
+    if row.get("compute") != "emulated":
+        return False
+    if row.get("kvstore") == "horovod":
+        return not row.get("horovod_cycle_ms")
+    return is_p3kv(str(row.get("kvstore", ""))) and not row.get("priority_hold_ms")
 
 
 def superseded(rows: Sequence[dict], retired: bool = False, by_dilation: bool = False) -> list[int]:

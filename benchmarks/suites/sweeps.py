@@ -18,23 +18,22 @@
     python -m benchmarks.suites.sweeps plot NAME     # redraw a figure from its CSV
     python -m benchmarks.suites.sweeps rebound       # rewrite the rows' bound columns after a change to wire_bound.py
 
-Every run trains with SGD (momentum 0.9, wd 1e-4: on the servers for p3kv and dist_sync, on the workers for MXNet's
-P3 and Horovod), 3 repeats in a freshly shuffled order, 2 warm-up + 20 timed iterations, under the run guard (clean
-tree, idle machine; see cluster_bench.py). Each sweep appends to results/sweeps/<name>.csv (and
-<name>_iterations.csv; delete them to start over; --resume runs only the runs they lack; --slice K/N runs the
-K-th of N parts of whole comparisons, see sweep_slices.py) and draws
-results/sweeps/fig_<name>.png with the IQR as error bars; `python -m benchmarks.report` then rewrites the tables
-of docs/benchmarks.md. Compute is emulated with each model's calibrated P100 efficiency
-(benchmarks/workloads/shapes/*.json) and time dilated by --gpu-scale: a P100 at scale s on links of rate b has the
-compute/network ratio of real P100s on links of rate b/s ("P100-equivalent"), which is how every point below is
-chosen. Each point uses the least dilation its link allows: links up to --link-max (2 Gbit: what 2 cores move
-without saturating, see `dilation`) run undilated (scale 1, link = equivalent), faster equivalents at scale =
-link-max / equivalent on a link-max link; and no larger than the hosts' CPU quotas allow: each host's processes
-get --host-cpus x scale cores (benchmarks/emulation/cpu_limit.py), and the quotas of a point may add up to 90% of
-the machine, so on 2 cores 4 hosts run at scale 0.22 or less, 8 hosts at 0.11, 2 hosts at 0.45. Every row records
-its scale, the quota, each host's CPU and throttled time and the run's fidelity verdict (fidelity.py).
-Each system runs at its tuned best setting for the point where results/tuning/best.json has one
-(`python -m benchmarks tune`; --untuned: the defaults), recorded in every row's baseline_setting column.
+Every run trains with SGD (momentum 0.9, wd 1e-4: on the servers for p3kv and dist_sync, on the workers for MXNet's P3
+and Horovod), 3 repeats in a freshly shuffled order, 2 warm-up + 20 timed iterations, under the run guard (clean tree,
+idle machine; see cluster_bench.py). Each sweep appends to results/sweeps/<name>.csv (and <name>_iterations.csv;
+delete them to start over; --resume runs only the runs they lack; --slice K/N runs the K-th of N parts of whole
+comparisons, see sweep_slices.py) and draws results/sweeps/fig_<name>.png with the IQR as error bars; `python -m
+benchmarks.report` then rewrites the tables of docs/benchmarks.md. Compute is emulated with each model's calibrated
+P100 efficiency (benchmarks/workloads/shapes/*.json) and time dilated by --gpu-scale: a P100 at scale s on links of
+rate b has the compute/network ratio of real P100s on links of rate b/s ("P100-equivalent"), which is how every point
+below is chosen. Each point uses the least dilation its link allows: links up to --link-max (2 Gbit: what 2 cores move
+without saturating, see `dilation`) run undilated (scale 1, link = equivalent), faster equivalents at scale = link-max
+/ equivalent on a link-max link; and no larger than the hosts' CPU quotas allow: each host's processes get --host-cpus
+x scale cores (benchmarks/emulation/cpu_limit.py), and the quotas of a point may add up to 90% of the machine, so on 2
+cores with --host-cpus 4 (the default) 4 hosts run at 0.11 or less, 8 at 0.05, 2 at 0.22. Every row records its scale,
+the quota, each host's CPU and throttled time and the run's fidelity verdict (fidelity.py).
+Each system runs at its tuned best setting for the point where results/tuning/best.json has one (`python -m benchmarks
+tune`; --untuned: the defaults), recorded in every row's baseline_setting column.
 """
 
 
@@ -69,13 +68,10 @@ from benchmarks.suites.sweep_plots import SYSTEM_COLORS, plot, plot_links  # noq
 LOG = logging.getLogger("sweeps")
 RESULTS = cluster_bench.RESULTS / "sweeps"
 
-
 SYSTEMS = list(cluster_bench.SYSTEMS)
 MODELS = ["resnet50_v1", "inceptionv3", "sockeye", "vgg19"]  # the bandwidth sweep's, and the README block's
 
-
 LINK_MAX_GBPS = 2.0  # the fastest emulated link; faster P100-equivalents are reached by dilation
-
 
 # P100-equivalent Gbps per model: >= 6 points over 1-30, ResNet-50 at 4 (the paper's headline) and VGG-19 at 15.
 EQUIVALENTS = {"resnet50_v1": [1, 2, 4, 10, 20, 30], "inceptionv3": [1, 2, 4, 10, 20, 30],
@@ -84,7 +80,6 @@ EQUIVALENTS = {"resnet50_v1": [1, 2, 4, 10, 20, 30], "inceptionv3": [1, 2, 4, 10
 
 SLICE_POINT = ("resnet50_v1", 2)  # link-bound: 0.62 s of traffic vs 0.16 s of compute per iteration, 4 hosts
 SLICE_SIZES = [5_000, 20_000, 50_000, 200_000, 1_000_000]
-
 
 ABLATION = ("vgg19", 30, ["dist_sync", "p3-priority-split", "p3-slicing-only", "p3"])
 SCALE = (["resnet50_v1", "sockeye", "vgg19"], 10, [2, 4, 8])
@@ -302,6 +297,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("sweep", choices=[*SWEEPS, "estimate", "plot", "rebound"])
     parser.add_argument("name", nargs="?", help="with plot: which sweep's figure to redraw")
     parser.add_argument("--models", nargs="+", default=MODELS, help="bandwidth sweep: which models")
+    parser.add_argument("--equivalents", dest="only_equivalents", nargs="+", type=float, metavar="GBPS",
+                        help="bandwidth sweep: only these P100-equivalent rates of each model's (4: ResNet-50's)")
     parser.add_argument("--kvstores", nargs="+", default=SYSTEMS, choices=list(cluster_bench.KVSTORES))
     parser.add_argument("--hosts", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=32)
@@ -325,6 +322,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.models = [cluster_bench.MODEL_ALIASES.get(m, m) for m in args.models]
     args.equivalents = EQUIVALENTS
+    if args.only_equivalents:
+        args.equivalents = {m: [g for g in gs if g in args.only_equivalents] for m, gs in EQUIVALENTS.items()}
+        if not any(args.equivalents.get(m) for m in args.models):
+            parser.error(f"--equivalents: no point of {', '.join(args.models)} at those rates (sweeps.EQUIVALENTS)")
     if args.host_cpus <= 0:
         parser.error("--host-cpus must be positive")
     if args.sweep == "plot" and args.name not in SWEEPS:

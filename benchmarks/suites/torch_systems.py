@@ -44,6 +44,9 @@ def torchrun_argv(python: str, hosts: int, node_rank: int, master: str, port: in
 
 def sweep(args, point) -> list:
     """The sweep's points (sweeps.py's `_point(name, args, model, kvstore, equivalent)` makes each); --models picks
-    among its two models."""
+    among its two models, --equivalents among their rates, --kvstores among its systems."""
     chosen = [(m, eqs) for m, eqs in SWEEP if m in args.models] or SWEEP
-    return [point("torch", args, m, kv, eq) for m, eqs in chosen for eq in eqs for kv in SYSTEMS]
+    only = getattr(args, "only_equivalents", None)
+    systems = [kv for kv in SYSTEMS if kv in getattr(args, "kvstores", SYSTEMS)] or SYSTEMS
+    return [point("torch", args, m, kv, eq) for m, eqs in chosen for eq in eqs if not only or eq in only
+            for kv in systems]
