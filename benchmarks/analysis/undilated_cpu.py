@@ -53,8 +53,8 @@ def sentences(found: Sequence[dict]) -> list[str]:
     for f in found:
         low, high = f["scales"][0], f["scales"][-1]
         share = [100 * f["c0"] / (f["host_cpus"] * s) for s in (low, high)]
-        name = LABEL.get(f["system"], f["system"]) + (" (runs from before its timers were dilated)" if f.get("outdated")
-                                                      else "")
+        before = "the priority hold" if f["system"] != "horovod" else "its cycle time was dilated"
+        name = LABEL.get(f["system"], f["system"]) + (f" (runs from before {before})" if f.get("outdated") else "")
         lines.append(f"  - {f['model']}, {name}: {100 * f['c0']:.1f}% of a core per "
                      f"host does not scale with the dilation ({share[0]:.0f}% of the quota at --gpu-scale {low:g}, "
                      f"{share[1]:.0f}% at {high:g}; {f['runs']} runs, {f['unfaithful']} of them failed by the "
