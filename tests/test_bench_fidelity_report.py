@@ -142,6 +142,10 @@ def test_the_headline_reads_a_rerun_point_from_its_new_runs_only(tmp_path):
     # p3kv: 2 x 32 images / 1.0 s over gpu_scale 0.1; dist_sync 2.0 s (the old 1.0 s runs and the 9 s one are out).
     assert "| 640 images/s | 2.00×" in line, line
     assert "| not rerun yet |" in line and line.count("| - |") == 1, line  # Horovod was not rerun; MXNet's P3 never ran
+    # A baseline rerun whose runs the monitors all failed says so; its older runs stay out.
+    bench_rows.write_run(path, {k: v for k, v in _row("horovod", 0, "False", [[1.0]], "cpu: x", host_cpus="2").items()
+                                if k in bench_rows.RUN_COLUMNS})
+    assert "| no faithful run (1 left out) |" in headline.headline_block(tmp_path)
     assert line.endswith("| CPUs dilated (0.2 cores per host); 2 of 3 runs faithful |"), line
     assert "Each host's CPUs were slowed with compute and links" in text
     # Only old runs: the row says so, and the conditions sentence warns about the baselines' CPU.

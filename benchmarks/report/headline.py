@@ -122,8 +122,9 @@ def headline_block(results: pathlib.Path) -> str:
         for baseline in BASELINES:
             other = _runs(everything, model, gbps, baseline)
             if not other:
+                failed = sum(r["kvstore"] == baseline for r in point)  # rerun, but no run judged faithful
                 older = any(r["kvstore"] == baseline for r in mine if conditions(r) != conditions(first))
-                cells.append("not rerun yet" if older else "-")
+                cells.append(f"no faithful run ({failed} left out)" if failed else "not rerun yet" if older else "-")
                 continue
             repeats += [len(p3), len(other)]
             r = ratio(p3, other)
