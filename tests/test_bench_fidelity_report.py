@@ -146,6 +146,11 @@ def test_the_headline_reads_a_rerun_point_from_its_new_runs_only(tmp_path):
     bench_rows.write_run(path, {k: v for k, v in _row("horovod", 0, "False", [[1.0]], "cpu: x", host_cpus="2").items()
                                 if k in bench_rows.RUN_COLUMNS})
     assert "| no faithful run (1 left out) |" in headline.headline_block(tmp_path)
+    # Unfaithful runs of the point that superseded.py moved to results/legacy/ still count as run.
+    bench_rows.write_run(tmp_path / "legacy" / "superseded_bandwidth.csv",
+                         {k: v for k, v in _row("p3", 1, "False", [[9.0]], "cpu: x", host_cpus="2").items()
+                          if k in bench_rows.RUN_COLUMNS})
+    assert "; 2 of 5 runs faithful |" in headline.headline_block(tmp_path)
     assert line.endswith("| CPUs dilated (0.2 cores per host); 2 of 3 runs faithful |"), line
     assert "Each host's CPUs were slowed with compute and links" in text
     # Only old runs: the row says so, and the conditions sentence warns about the baselines' CPU.

@@ -51,16 +51,23 @@ def is_p3kv(kvstore: str) -> bool:
     return kvstore == "p3" or kvstore.startswith(("p3-", "torch-p3kv"))
 
 
-def outdated(row: dict) -> bool:
-    """A row the monitors passed that no longer measures what a rerun would: an emulated Horovod run from before
-    its cycle time was dilated (no horovod_cycle_ms; cluster_job.Point.horovod_cycle_real_ms), under conditions
-    since found unfaithful; an emulated p3kv run from before the sender's priority hold (no priority_hold_ms;
-    sender.h), whose transport has since changed. A rerun replaces it as it replaces an unfaithful one."""
+def outdated_by(row: dict) -> str:
+    """What a row the monitors passed predates, if it no longer measures what a rerun would ("" if current): an
+    emulated Horovod run from before its cycle time was dilated (no horovod_cycle_ms;
+    cluster_job.Point.horovod_cycle_real_ms), under conditions since found unfaithful; an emulated p3kv run from
+    before the sender's priority hold (no priority_hold_ms; sender.h), whose transport has since changed."""
     if row.get("compute") != "emulated":
-        return False
-    if row.get("kvstore") == "horovod":
-        return not row.get("horovod_cycle_ms")
-    return is_p3kv(str(row.get("kvstore", ""))) and not row.get("priority_hold_ms")
+        return ""
+    if row.get("kvstore") == "horovod" and not row.get("horovod_cycle_ms"):
+        return "its cycle time was dilated"
+    if is_p3kv(str(row.get("kvstore", ""))) and not row.get("priority_hold_ms"):
+        return "the priority hold"
+    return ""
+
+
+def outdated(row: dict) -> bool:
+    """Whether a row is outdated (outdated_by): a rerun replaces it as it replaces an unfaithful one."""
+    return bool(outdated_by(row))
 
 
 def superseded(rows: Sequence[dict], retired: bool = False, by_dilation: bool = False) -> list[int]:

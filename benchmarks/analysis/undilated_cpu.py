@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from benchmarks.analysis.points import LABEL, number
-from benchmarks.analysis.superseded import outdated
+from benchmarks.analysis.superseded import outdated_by
 
 
 def _host_cores(row: dict) -> float | None:
@@ -25,16 +25,16 @@ def _host_cores(row: dict) -> float | None:
 
 
 def fits(rows: Sequence[dict]) -> list[dict]:
-    """Per (model, system, host_cpus, whether its rows are outdated: superseded.outdated) measured at two or more
-    scales: the line's slope (cores per unit of scale),
-    its intercept c0 (cores), the scales, the run count and how many of the runs the monitors failed."""
+    """Per (model, system, host_cpus, what its rows predate: superseded.outdated_by, "" if current) measured at two
+    or more scales: the line's slope (cores per unit of scale), its intercept c0 (cores), the scales, the run count
+    and how many of the runs the monitors failed."""
     groups: dict[tuple, list[tuple[float, float, bool]]] = {}
     for r in rows:
         cores, scale, host_cpus = _host_cores(r), number(r.get("gpu_scale")), number(r.get("host_cpus"))
         if r.get("status") != "ok" or str(r.get("smoke")) == "True" or not cores or not scale or not host_cpus:
             continue
         failed = str(r.get("faithful")).strip() == "False"
-        groups.setdefault((r["model"], r["kvstore"], host_cpus, outdated(r)), []).append((scale, cores, failed))
+        groups.setdefault((r["model"], r["kvstore"], host_cpus, outdated_by(r)), []).append((scale, cores, failed))
     found = []
     for (model, system, host_cpus, old), runs in groups.items():
         scales = sorted({s for s, _, _ in runs})
@@ -53,8 +53,7 @@ def sentences(found: Sequence[dict]) -> list[str]:
     for f in found:
         low, high = f["scales"][0], f["scales"][-1]
         share = [100 * f["c0"] / (f["host_cpus"] * s) for s in (low, high)]
-        before = "the priority hold" if f["system"] != "horovod" else "its cycle time was dilated"
-        name = LABEL.get(f["system"], f["system"]) + (f" (runs from before {before})" if f.get("outdated") else "")
+        name = LABEL.get(f["system"], f["system"]) + (f" (runs from before {f['outdated']})" if f["outdated"] else "")
         lines.append(f"  - {f['model']}, {name}: {100 * f['c0']:.1f}% of a core per "
                      f"host does not scale with the dilation ({share[0]:.0f}% of the quota at --gpu-scale {low:g}, "
                      f"{share[1]:.0f}% at {high:g}; {f['runs']} runs, {f['unfaithful']} of them failed by the "

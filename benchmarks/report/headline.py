@@ -11,9 +11,11 @@ import numpy as np
 from benchmarks.analysis import bench_rows, bootstrap
 from benchmarks.analysis.points import (
     LABEL,
+    POINT_KEY,
     equivalent_gbps,
     fidelity_count,
     fidelity_sentence,
+    key_value,
     number,
     ranks_phrase,
     shown,
@@ -37,22 +39,26 @@ def job_iterations(row: dict) -> np.ndarray:
     return np.asarray([r[:shortest] for r in ranks], dtype=float).T
 
 
-def conditions(row: dict) -> tuple:
-    """What keeps runs of one point apart in the table: the CPU quota per host (none in rows from before the CPUs
-    were dilated) and the dilation. A point rerun under new conditions is read from its newest runs only; older
-    runs of a system not yet rerun are never pooled with them."""
-    return (str(row.get("cpu_limit", "")).startswith("cgroup"), number(row.get("host_cpus")) or None,
-            number(row.get("gpu_scale"), 1.0))
+def dilated(row: dict) -> bool:
+    """Whether a run's hosts had CPU quotas (rows from before the CPUs were dilated have none, and no verdict)."""
+    return str(row.get("cpu_limit", "")).startswith("cgroup")
+
+
+def point_key(row: dict) -> tuple:
+    """A row's point as the tables compare it (points.POINT_KEY: link, dilation, CPU quota, queues, ...)."""
+    return tuple(key_value(row, c) for c in POINT_KEY)
 
 
 def _point_rows(rows: Sequence[dict], model: str, gbps: float) -> list[dict]:
-    """The point's rows under its newest conditions: those of the last p3kv row in the file (rows are appended)."""
+    """The point's rows under its newest conditions: those whose point_key is the last p3kv row's (rows are
+    appended). A point rerun under new conditions is read from its newest runs only; older runs of a system not
+    yet rerun are never pooled with them."""
     mine = [r for r in rows if r["model"] == model and equivalent_gbps(r) == gbps]
     p3 = [r for r in mine if r["kvstore"] == "p3"]
     if not p3:
         return []
-    newest = conditions(p3[-1])
-    return [r for r in mine if conditions(r) == newest]
+    newest = point_key(p3[-1])
+    return [r for r in mine if point_key(r) == newest]
 
 
 def _runs(rows: Sequence[dict], model: str, gbps: float, kvstore: str) -> list[np.ndarray]:
@@ -68,13 +74,15 @@ def _gain(rows: Sequence[dict], model: str, gbps: float) -> float:
     return ratio(p3, dist, resamples=1).value if p3 and dist else float("-inf")
 
 
-def emulation_cell(point: Sequence[dict]) -> str:
-    """How the point's runs were emulated and judged: the CPU quota per host and how many runs were faithful, or
-    that they predate the dilated CPUs (and so the fidelity monitors)."""
-    if not point or not conditions(point[0])[0]:
+def emulation_cell(point: Sequence[dict], moved: Sequence[dict]) -> str:
+    """How the point's runs were emulated and judged: the CPU quota per host and how many runs were faithful (its
+    unfaithful runs that superseded.py moved to results/legacy/, `moved`, counted too), or that they predate the
+    dilated CPUs (and so the fidelity monitors)."""
+    if not point or not dilated(point[0]):
         return "CPUs not dilated (older runs, no verdict)"
     quotas = sorted({number(r.get("cpu_quota_cores")) for r in point})
-    count = fidelity_count(point)
+    key = point_key(point[0])
+    count = fidelity_count([*point, *(r for r in moved if point_key(r) == key and bench_rows.verdict(r) is False)])
     return (f"CPUs dilated ({'/'.join(f'{q:g}' for q in quotas)} cores per host); {count['faithful']} of "
             f"{count['all']} runs faithful")
 
@@ -90,6 +98,7 @@ def _span(values: Sequence[int]) -> str:
 def headline_block(results: pathlib.Path) -> str:
     path = results / "sweeps" / "bandwidth.csv"
     everything = bench_rows.read_runs(path)
+    moved = bench_rows.read_runs(results / "legacy" / "superseded_bandwidth.csv")  # counted in the emulation column
     rows = [r for r in everything if shown(r)]
     if everything and not rows:
         return f"No faithful runs yet in `benchmarks/results/sweeps/bandwidth.csv`: {fidelity_sentence(everything)}"
@@ -123,14 +132,14 @@ def headline_block(results: pathlib.Path) -> str:
             other = _runs(everything, model, gbps, baseline)
             if not other:
                 failed = sum(r["kvstore"] == baseline for r in point)  # rerun, but no run judged faithful
-                older = any(r["kvstore"] == baseline for r in mine if conditions(r) != conditions(first))
+                older = any(r["kvstore"] == baseline for r in mine if point_key(r) != point_key(first))
                 cells.append(f"no faithful run ({failed} left out)" if failed else "not rerun yet" if older else "-")
                 continue
             repeats += [len(p3), len(other)]
             r = ratio(p3, other)
             cells.append(f"{r.value:.2f}× ({r.low:.2f}–{r.high:.2f})")
         lines.append(f"| {name} | {where} | {rate:,.0f} {first['unit']}/s | {' | '.join(cells)} | {paper} | "
-                     f"{emulation_cell(point)} |")
+                     f"{emulation_cell(point, moved)} |")
     if not behind:
         return "Not measured yet: `make sweeps` writes `benchmarks/results/sweeps/bandwidth.csv`."
     iters = sorted({int(number(r["iters"])) for r in behind})
@@ -139,18 +148,18 @@ def headline_block(results: pathlib.Path) -> str:
     links = sorted({r["bandwidth"] for r in behind})
     ranks = ranks_phrase(behind)
     judged = fidelity_sentence(everything)
-    limited = [conditions(r)[0] for r in behind]
-    quotas = sorted({number(r.get("cpu_quota_cores")) for r in behind if conditions(r)[0]})
-    dilated = (f"a quota of --host-cpus × --gpu-scale ({'/'.join(f'{q:g}' for q in quotas)} cores per host; "
-               f"benchmarks/emulation/cpu_limit.py), the workers' updates of MXNet's P3 and Horovod on the virtual "
-               f"GPU, every run judged by the fidelity monitors and only faithful ones shown")
+    limited = [dilated(r) for r in behind]
+    quotas = sorted({number(r.get("cpu_quota_cores")) for r in behind if dilated(r)})
+    how = (f"a quota of --host-cpus × --gpu-scale ({'/'.join(f'{q:g}' for q in quotas)} cores per host; "
+           f"benchmarks/emulation/cpu_limit.py), the workers' updates of MXNet's P3 and Horovod on the virtual "
+           f"GPU, every run judged by the fidelity monitors and only faithful ones shown")
     if all(limited):
-        cpu = f"Each host's CPUs were slowed with compute and links: {dilated}."
+        cpu = f"Each host's CPUs were slowed with compute and links: {how}."
     elif not any(limited):
         cpu = ("The host CPUs are not slowed with compute and links, so the worker-side updates of MXNet's P3 and "
                "Horovod cost them CPU a GPU would not: their columns overstate p3kv's lead.")
     else:
-        cpu = (f"Rows marked 'CPUs dilated' ran with each host's CPUs slowed with compute and links: {dilated}. The "
+        cpu = (f"Rows marked 'CPUs dilated' ran with each host's CPUs slowed with compute and links: {how}. The "
                f"others are older runs whose host CPUs were not slowed, so the worker-side updates of MXNet's P3 and "
                f"Horovod cost them CPU a GPU would not: their MXNet-P3 and Horovod columns overstate p3kv's lead "
                f"until they are rerun.")
