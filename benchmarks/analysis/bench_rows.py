@@ -55,6 +55,9 @@ RUN_COLUMNS = (
     "horovod_cycle_ms",  # Horovod's cycle time in real ms, dilated (cluster_job.Point); "": another system, or a
     # Horovod row from before the dilated cycle (its 1 ms default, undilated)
     "priority_hold_ms",  # p3kv's P3_PRIORITY_HOLD_MS (sender.h); "": another system, or a p3kv row from before it
+    # Per-thread caps (emulation/thread_cap.py): each thread's cores ("": uncapped), per host the threads placed
+    # in groups of their own and the time the kernel held them back (throttled, summed over the threads).
+    "thread_cap_cores", "threads_capped", "thread_throttled_s",
 )
 ITERATION_COLUMNS = ("run_id", "tag", "model", "kvstore", "hosts", "bandwidth", "gpu_scale", "repeat", "rank",
                      "iteration", "time_s")

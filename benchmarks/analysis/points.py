@@ -23,7 +23,8 @@ POINT_KEY = ("tag", "model", "hosts", "layout", "bandwidth", "compute", "batch_s
              "link_queue_ms",  # nor shallow link queues with deep ones (rows from before the column: 50 ms)
              "cfs_period_us",  # nor one CFS period with another (cfs_bandwidth.py)
              "link_burst_bytes",  # nor one link bucket with another (rows from before the column: 10 ms of rate)
-             "tcp_rto_min_ms")  # nor one TCP minimum RTO with another (rows from before the column: the kernel's)
+             "tcp_rto_min_ms",  # nor one TCP minimum RTO with another (rows from before the column: the kernel's)
+             "thread_cap_cores")  # nor threads capped at one dilated CPU with uncapped ones (thread_cap.py)
 
 
 def key_value(row: dict, column: str) -> str:

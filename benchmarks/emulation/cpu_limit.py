@@ -241,10 +241,16 @@ class CpuGroup:
 
 
 def _remove_dirs(dirs: Sequence[pathlib.Path], timeout: float = 10.0) -> None:
+    """Kills the processes of each group and removes it, its child groups first (thread_cap.py's)."""
     deadline = time.monotonic() + timeout
     for d in dirs:
         if not d.exists():
             continue
+        try:
+            children = [c for c in d.iterdir() if c.is_dir()]
+        except OSError:
+            children = []
+        _remove_dirs(children, max(0.0, deadline - time.monotonic()))
         while True:
             try:
                 pids = [int(p) for p in (d / "cgroup.procs").read_text().split()]
@@ -370,3 +376,7 @@ class HostCpuLimits:
 
     def usage(self) -> list[CpuUsage]:
         return [g.usage() for g in self.groups]
+
+    def cpu_dirs(self) -> list[pathlib.Path]:
+        """Each host group's directory in the hierarchy that holds its quota (thread_cap.py's parents)."""
+        return [g.dirs[0] for g in self.groups]

@@ -20,7 +20,7 @@ import pathlib
 import resource
 from collections.abc import Sequence
 
-from benchmarks.emulation import cpu_sampler, fidelity, link_monitor, net_counters, qdisc_stats
+from benchmarks.emulation import cpu_sampler, fidelity, link_monitor, net_counters, qdisc_stats, thread_cap
 
 LOG = logging.getLogger("run_monitors")
 
@@ -30,7 +30,7 @@ COLUMNS = ("host_cpus", "cpu_limit", "cpu_quota_cores", "host_cpu_s", "host_thro
            "vgpu_forgiven_us_per_iter", "qdisc_drops", "qdisc_drops_total", "tcp_retrans", "tcp_retrans_total",
            "tcp_out_segs_total", "sampling_cpu_s", "faithful", "fidelity_notes", "cfs_period_us", "cfs_slice_us",
            "link_rx", "link_backlogged_pct", "link_starved_pct", "link_starved_max_pct", "link_monitor_cpu_s",
-           "vgpu_late_us_per_iter", "steal_pct")
+           "vgpu_late_us_per_iter", "steal_pct", "thread_cap_cores", "threads_capped", "thread_throttled_s")
 
 
 def joined(values: Sequence[float], digits: int = 3) -> str:
@@ -62,12 +62,16 @@ def _self_cpu_s() -> float:
 
 class RunMonitors:
     """One run's monitors on `cluster` (an EmulatedCluster). `host_cpus` None: CPU limits off for this run;
-    `quota` the per-host cores when on."""
+    `quota` the per-host cores when on; `thread_cores` each thread's cores (thread_cap.py), None: threads
+    uncapped."""
 
-    def __init__(self, cluster, host_cpus: float | None, quota: float | None, period_us: int | None = None):
+    def __init__(self, cluster, host_cpus: float | None, quota: float | None, period_us: int | None = None,
+                 thread_cores: float | None = None):
         self._cluster = cluster
         self.host_cpus, self.quota = host_cpus, quota
         self.period_us = period_us  # the quota's CFS period in real µs; None: the default (cfs_bandwidth.py)
+        self.thread_cores = thread_cores if host_cpus is not None else None
+        self._threads: thread_cap.ThreadCaps | None = None
         self._sampler: cpu_sampler.UsageSampler | None = None
         self._net_before: list[net_counters.HostNet] | None = None
         self._links: link_monitor.LinkMonitor | None = None
@@ -76,6 +80,10 @@ class RunMonitors:
         if self._cluster.cpu is not None:
             self._cluster.set_cpu_quota(self.quota if self.host_cpus is not None else None, self.period_us)
             self._sampler = cpu_sampler.UsageSampler(self._cluster.cpu).start()
+            if self.thread_cores is not None:  # a refusal (cgroup v2) ends the run before it starts
+                self._threads = thread_cap.ThreadCaps(
+                    self._cluster.cpu.cpu_dirs(), self.thread_cores, self._cluster.cpu.period_us,
+                    exempt=[t for tids in getattr(self._cluster, "rx_threads", []) for t in tids]).start()
         if self._cluster.rate_bps:  # uncapped links have no queue of their own to watch
             try:
                 self._links = link_monitor.LinkMonitor(self._cluster.namespaces, self._cluster.bridge_ns).start()
@@ -99,6 +107,7 @@ class RunMonitors:
         """The columns (COLUMNS) of the run whose workers reported `results` into `result_files`, its emulated
         compute dilated by `gpu_scale`."""
         samples = self._sampler.stop() if self._sampler is not None else []
+        threads = self._threads.stop() if self._threads is not None else None
         link_series = self._links.stop() if self._links is not None else None
         net_after = self._net()
         sampling = _self_cpu_s() - self._self_before
@@ -115,6 +124,13 @@ class RunMonitors:
                      "cfs_period_us": self._cluster.cpu.period_us if limited else "",
                      "cfs_slice_us": (self._cluster.cpu.bandwidth_slice_us or "") if limited else "",
                      "link_rx": getattr(self._cluster, "link_rx", "")}
+        if threads is not None:
+            row.update(thread_cap_cores=self.thread_cores, threads_capped=joined([h.placed for h in threads], 0),
+                       thread_throttled_s=joined([h.throttled_s for h in threads]))
+            refused = sum(h.refused for h in threads)
+            if refused:
+                LOG.info("%d threads stayed uncapped in their host's group: %s", refused,
+                         "; ".join(f"host {i}: {h.refusals}" for i, h in enumerate(threads) if h.refused))
         window, window_s, end = None, 0.0, 0.0
         if results and result_files:  # the timed window (see the module's docstring)
             end = max(p.stat().st_mtime for p in result_files)

@@ -25,6 +25,10 @@ def add_cpu_arguments(p: argparse.ArgumentParser) -> None:
                    "kernel's 1 ms to 1 s), so that a host's run-then-stop cycle is dilated like compute and links "
                    f"(default {cfs_bandwidth.PERIOD_GPU_MS:g}: 10 ms at 0.1; rows record the real period as "
                    "cfs_period_us)")
+    p.add_argument("--thread-cap", action="store_true", help="also cap each thread of a host at one dilated CPU "
+                   "(--gpu-scale of a core, a cgroup of its own under its host's): the host's quota alone lets one "
+                   "thread run host_cpus times faster than one of the host's CPUs would "
+                   "(benchmarks/emulation/thread_cap.py; cgroup v1 only; rows record thread_cap_cores)")
     p.add_argument("--no-cpu-limit", action="store_true", help="run the hosts without CPU limits, for comparison "
                    "(rows say cpu_limit=off and are never faithful)")
     p.add_argument("--link-rx", choices=("softirq", "napi"), default="softirq", help="how emulated hosts receive: "

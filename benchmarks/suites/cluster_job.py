@@ -1,17 +1,14 @@
 """One job of the emulated-cluster benchmark: a system's processes on every emulated host, and its row.
 
-A parameter-server system (p3kv, dist_sync, MXNet's P3, p3kv's ablations) runs the paper's layout: on every host
-`python -m p3kv.launch` starts that host's worker and server inside its namespace, the scheduler on host 0. Horovod
-runs through the same launcher (`--kvstore horovod`): one rank per host, no servers, Horovod's rendezvous on host 0;
-each host's launcher runs in a UTS namespace of its own named by its address, because Gloo finds a rank's address
-from its hostname and the namespaces would otherwise share this machine's. Every host's output goes to a log, host
-0's also to the terminal; the CPU each host's processes use is sampled while the job runs (host_cpu.py). With CPU
-limits (Point.host_cpus) every host's processes run in its CPU group at host_cpus × gpu_scale cores (cpu_limit.py),
-and the run's monitors give its fidelity verdict (run_monitors.py, fidelity.py). The row carries the measurement,
-the bound with headers (wire_bound.py) and the conditions; cluster_bench.py adds the columns common to a whole
-invocation and writes it through bench_rows.py.
+A parameter-server system runs the paper's layout: on every host `python -m p3kv.launch` starts its worker and server
+in its namespace, the scheduler on host 0. Horovod runs through the same launcher, one rank per host, its rendezvous
+on host 0, each launcher in a UTS namespace named by its address (Gloo finds a rank's address from its hostname).
+Host 0's output goes to the terminal, every host's to a log; each host's CPU is sampled (host_cpu.py). With CPU
+limits (Point.host_cpus) a host's processes run at host_cpus × gpu_scale cores (cpu_limit.py; each thread also at
+gpu_scale with Point.thread_cap, thread_cap.py), and the run's monitors give its fidelity verdict (run_monitors.py).
+The row has the measurement, the bound with headers (wire_bound.py) and the conditions (cluster_bench.py adds
+those common to an invocation and writes it through bench_rows.py).
 """
-
 from __future__ import annotations
 
 import dataclasses
@@ -45,9 +42,7 @@ from benchmarks.workloads import job_env, model_shapes
 LOG = logging.getLogger("cluster_job")
 # What --kvstore names: (the launcher's --kvstore, extra environment, extra worker flags).
 KVSTORES = {
-    "p3": ("p3", {}, []),
-    "dist_sync": ("dist_sync", {}, []),
-    "mxnet-p3": ("mxnet-p3", {}, []),
+    "p3": ("p3", {}, []), "dist_sync": ("dist_sync", {}, []), "mxnet-p3": ("mxnet-p3", {}, []),
     "horovod": ("horovod", {}, ["--system", "horovod"]),
     "p3-slicing-only": ("p3", {"P3_PRIORITY": "none"}, []),
     "p3-priority-split": ("p3", {"P3_SLICE_SIZE": str(1 << 30)}, ["--split-big-arrays", "SERVERS"]),
@@ -95,6 +90,7 @@ class Point:
     link_burst_gpu_ms: float = LINK_BURST_GPU_MS
     tcp_rto_min_gpu_ms: float | None = None
     cfs_period_gpu_ms: float | None = cfs_bandwidth.PERIOD_GPU_MS
+    thread_cap: bool = False  # each thread of a host at most one dilated CPU, too (thread_cap.py)
 
     @property
     def dilation(self) -> float:  # a duration in the GPU's time over this is real time; real compute: undilated
@@ -145,6 +141,10 @@ class Point:
         if self.host_cpus is None or self.compute != "emulated":
             return None
         return cpu_limit.quota_cores(self.host_cpus, self.gpu_scale)
+
+    @property
+    def thread_cap_cores(self) -> float | None:  # each thread's cores, one CPU dilated (the row's); None: uncapped
+        return self.gpu_scale if self.thread_cap and self.cpu_quota is not None else None
 
     @property
     def workers(self) -> int:
@@ -268,7 +268,7 @@ def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: 
              point.batch_size, point.optimizer)
     load_before = os.getloadavg()[0]
     monitors = run_monitors.RunMonitors(cluster, point.host_cpus if point.cpu_quota else None,
-                                        point.cpu_quota, point.cfs_period_real_us).start()
+                                        point.cpu_quota, point.cfs_period_real_us, point.thread_cap_cores).start()
     start = time.perf_counter()
     procs, threads, logs = [], [], []
     for i in range(hosts):

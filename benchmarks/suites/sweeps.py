@@ -77,20 +77,17 @@ LINK_MAX_GBPS = 2.0  # the fastest emulated link; faster P100-equivalents are re
 EQUIVALENTS = {"resnet50_v1": [1, 2, 4, 10, 20, 30], "inceptionv3": [1, 2, 4, 10, 20, 30],
                "sockeye": [1, 2, 4, 10, 20, 30], "vgg19": [2, 5, 10, 15, 20, 30]}
 
-
 SLICE_POINT = ("resnet50_v1", 2)  # link-bound: 0.62 s of traffic vs 0.16 s of compute per iteration, 4 hosts
 SLICE_SIZES = [5_000, 20_000, 50_000, 200_000, 1_000_000]
 
 ABLATION = ("vgg19", 30, ["dist_sync", "p3-priority-split", "p3-slicing-only", "p3"])
 SCALE = (["resnet50_v1", "sockeye", "vgg19"], 10, [2, 4, 8])
 
-
 SENSITIVITY = ([("resnet50_v1", 4), ("vgg19", 15)], [0.5, 1.0, 2.0])
 # The dilation check (issue 26): the headline points (ResNet-50 at 4 Gbps-equivalent, VGG-19 at 15, the paper's)
 # at three dilations, every one within 4 hosts' CPU quotas on 2 cores (4 x 4 x 0.1 = 1.6 cores of 1.8): a faithful
 # emulation gives each system the same P100-equivalent throughput, and every ratio, at all three.
 DILATION = ([("resnet50_v1", 4), ("vgg19", 15)], [0.05, 0.075, 0.1])
-
 
 UTILISATION = ("sockeye", 10, ["dist_sync", "p3", "horovod"])
 # The headline points with shallow link queues (issue 26 item 5): 1 ms of queue beyond the bucket's 1 ms burst
@@ -127,6 +124,7 @@ def _point(name: str, args: argparse.Namespace, model: str, kvstore: str, equiva
              or min(least_dilation(equivalent, args.link_max), cpu_fit(hosts, host_cpus)))
     settings.setdefault("link_queue_ms", getattr(args, "link_queue_ms", emulated_cluster.DEFAULT_QUEUE_MS))
     settings.setdefault("cfs_period_gpu_ms", getattr(args, "cfs_period_gpu_ms", cfs_bandwidth.PERIOD_GPU_MS))
+    settings.setdefault("thread_cap", getattr(args, "thread_cap", False))
     return cluster_bench.Point(model=model, kvstore=kvstore, hosts=hosts, host_cpus=host_cpus, link_rx=args.link_rx,
                                bandwidth=link(equivalent, scale), compute="emulated", batch_size=args.batch_size,
                                gpu="p100", gpu_scale=scale, optimizer=args.optimizer, warmup=args.warmup,
@@ -209,6 +207,7 @@ def _signature(settings: dict) -> tuple:
             number(settings.get("tcp_rto_min_ms")) or KERNEL_RTO_MIN_MS,  # "" / None: the kernel's 200 ms
             number(settings.get("horovod_cycle_ms")),  # Horovod's dilated cycle ("": other systems, older rows)
             number(settings.get("priority_hold_ms")),  # p3kv's sender hold ("": other systems, older p3kv rows)
+            number(settings.get("thread_cap_cores")),  # each thread's cap ("": threads uncapped, older rows)
             baseline_settings.identity(str(settings.get("baseline_setting") or "")))
 
 
@@ -223,7 +222,7 @@ def _settings(point: cluster_bench.Point) -> dict:
     """A point's fields with the conditions its row records as derived columns (period, bucket)."""
     return {**dataclasses.asdict(point), "cfs_period_us": point.cfs_period_us,
             "link_burst_bytes": point.link_burst_bytes, "tcp_rto_min_ms": point.tcp_rto_min_real_ms,
-            "horovod_cycle_ms": point.horovod_cycle_real_ms,
+            "horovod_cycle_ms": point.horovod_cycle_real_ms, "thread_cap_cores": point.thread_cap_cores,
             "priority_hold_ms": baseline_settings.priority_hold_ms(os.environ)
             if cluster_bench.KVSTORES[point.kvstore][0] == "p3" else None}
 

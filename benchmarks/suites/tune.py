@@ -199,7 +199,7 @@ def base_points(args: argparse.Namespace) -> list[Point]:
                             warmup=args.warmup, iters=args.iters, tag="tune", timeout=args.timeout,
                             log_interval=max(1, args.iters), host_cpus=host_cpus,
                             link_rx=getattr(args, "link_rx", "softirq"),
-                            cfs_period_gpu_ms=args.cfs_period_gpu_ms))
+                            cfs_period_gpu_ms=args.cfs_period_gpu_ms, thread_cap=args.thread_cap))
     return points
 
 

@@ -1,0 +1,156 @@
+"""Per-thread CPU caps (benchmarks/emulation/thread_cap.py): each thread of an emulated host in a group of its own
+at one dilated CPU. Unit tests on a fake cgroup tree; the system test holds a real thread to its cap, where the host's
+quota alone lets it run four times faster."""
+
+import json
+import shutil
+import sys
+import time
+
+import pytest
+
+from benchmarks.emulation import cpu_limit, emulated_cluster, thread_cap
+from benchmarks.suites import cluster_bench
+from benchmarks.suites.cluster_job import Point
+
+
+def _host(tmp_path, name="p3c1x0h0", tasks=""):
+    host = tmp_path / name
+    host.mkdir()
+    (host / "tasks").write_text(tasks)
+    (host / "cpu.cfs_quota_us").write_text("-1")
+    return host
+
+
+@pytest.mark.unit
+def test_a_threads_quota_is_one_dilated_cpu_per_period():
+    assert thread_cap.thread_quota_us(0.11, 9091) == 1000
+    assert thread_cap.thread_quota_us(0.25, 10_000) == 2500
+    assert thread_cap.thread_quota_us(0.01, 10_000) == 1000  # the kernel's minimum, never less
+    with pytest.raises(ValueError, match="must be positive"):
+        thread_cap.thread_quota_us(0, 10_000)
+
+
+@pytest.mark.unit
+def test_a_hierarchy_without_v1_tasks_is_refused_naming_the_option(tmp_path):
+    v2 = tmp_path / "p3c1x0h0"
+    v2.mkdir()
+    (v2 / "cpu.max").write_text("max 100000")
+    with pytest.raises(cpu_limit.CpuLimitError, match="cgroup v1.*--thread-cap"):
+        thread_cap.ThreadCaps([v2], 0.1, 10_000)
+
+
+@pytest.mark.unit
+def test_each_thread_gets_a_group_of_its_own_and_exited_ones_are_retired(tmp_path):
+    host = _host(tmp_path, tasks="10\n11\n")
+    caps = thread_cap.ThreadCaps([host], 0.1, 10_000, exempt=[11], rmdir=shutil.rmtree)
+    caps.scan()
+    child = host / "t10"
+    assert (child / "tasks").read_text() == "10"
+    assert (child / "cpu.cfs_period_us").read_text() == "10000"
+    assert (child / "cpu.cfs_quota_us").read_text() == "1000"
+    assert not (host / "t11").exists()  # exempt: a link's receive thread stays with its host
+    # A thread created by thread 10 starts in 10's group: the next scan of the children moves it out.
+    (host / "tasks").write_text("")
+    (child / "tasks").write_text("10\n12\n")
+    caps.scan()
+    assert (host / "t12" / "tasks").read_text() == "12"
+    assert caps.hosts[0].placed == 2
+    (child / "tasks").write_text("10")  # the kernel's part of the move
+    # Thread 12 exits: its group is removed and the time the kernel held it back is counted.
+    (host / "t12" / "tasks").write_text("")
+    (host / "t12" / "cpu.stat").write_text("nr_periods 40\nnr_throttled 30\nthrottled_time 250000000\n")
+    caps.scan(children=False)
+    assert (host / "t12").exists()  # children are read only every child_every scans
+    caps.scan()
+    assert not (host / "t12").exists()
+    assert caps.hosts[0].throttled_s == pytest.approx(0.25)
+
+
+@pytest.mark.unit
+def test_a_thread_its_group_cannot_take_stays_with_its_host_and_is_counted_once(tmp_path):
+    host = _host(tmp_path, tasks="13\n")
+    (host / "t13").write_text("")  # in the way of the child group: mkdir fails (as a real-time thread's move does)
+    caps = thread_cap.ThreadCaps([host], 0.1, 10_000, rmdir=shutil.rmtree)
+    caps.scan()
+    caps.scan()
+    assert caps.hosts[0].placed == 0 and caps.hosts[0].refused == 1
+    assert caps.hosts[0].refusals == {"EEXIST": 1}
+
+
+@pytest.mark.unit
+def test_stop_moves_threads_back_to_their_host_and_removes_every_child(tmp_path):
+    host = _host(tmp_path, tasks="20\n")
+    caps = thread_cap.ThreadCaps([host], 0.1, 10_000, interval_s=0.01, rmdir=shutil.rmtree).start()
+    time.sleep(0.05)
+    hosts = caps.stop()
+    assert hosts[0].placed >= 1
+    assert (host / "tasks").read_text() == "20"
+    assert not any(d.is_dir() for d in host.iterdir())
+
+
+@pytest.mark.unit
+def test_a_point_caps_threads_only_with_cpu_limits_and_keys_apart():
+    base = dict(model="resnet50_v1", kvstore="p3", gpu_scale=0.11, host_cpus=4.0)
+    assert Point(**base, thread_cap=True).thread_cap_cores == 0.11
+    assert Point(**base).thread_cap_cores is None
+    assert Point(**{**base, "host_cpus": None}, thread_cap=True).thread_cap_cores is None
+    args = cluster_bench.parse_args(["--model", "resnet50_v1", "--kvstore", "p3", "--gpu-scale", "0.11",
+                                     "--thread-cap"])
+    assert all(p.thread_cap_cores == 0.11 for p in cluster_bench.points_from_args(args))
+    from benchmarks.suites import sweeps
+    capped, free = (sweeps._signature(sweeps._settings(Point(**base, thread_cap=c))) for c in (True, False))
+    assert capped != free  # --resume never takes a capped run for an uncapped one
+
+
+# One thread burns CPU for argv[1] seconds of wall time while the main thread waits; it reports its CPU time and
+# its cpu cgroup.
+BURNER = r"""
+import json, sys, threading, time
+seconds, out = float(sys.argv[1]), {}
+def burn():
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+    out["cpu_s"] = time.thread_time()
+    out["tid"] = threading.get_native_id()
+    out["cgroup"] = next(line.split(":", 2)[2].strip() for line in open("/proc/thread-self/cgroup")
+                         if line.split(":")[1] == "cpu")
+t = threading.Thread(target=burn)
+t.start()
+t.join()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.system
+def test_a_busy_thread_runs_at_one_dilated_cpu_not_at_its_hosts_whole_quota():
+    reason = emulated_cluster.why_unavailable() or cpu_limit.why_unavailable()
+    if reason:
+        pytest.skip(reason)
+    if cpu_limit.find_hierarchy().version != 1:
+        pytest.skip("per-thread caps need cgroup v1; this machine has v2")
+    seconds, cores = 2.0, 0.1
+    with emulated_cluster.EmulatedCluster(1, None, cpu_groups=True) as cluster:
+        cluster.set_cpu_quota(4 * cores)  # a host of 4 CPUs at gpu_scale 0.1
+
+        def burn() -> dict:
+            done = cluster.run(0, [sys.executable, "-c", BURNER, str(seconds)], capture_output=True, text=True,
+                               timeout=60, check=True)
+            return json.loads(done.stdout)
+
+        free = burn()
+        caps = thread_cap.ThreadCaps(cluster.cpu.cpu_dirs(), cores, cluster.cpu.period_us).start()
+        try:
+            capped = burn()
+        finally:
+            hosts = caps.stop()
+        host_dir = cluster.cpu.cpu_dirs()[0]
+        assert not any(d.is_dir() for d in host_dir.iterdir())
+    # Alone in a host of 4 dilated CPUs the thread takes most of the host's 0.4 cores; capped, one CPU's 0.1 (plus
+    # the period under way and the kernel's runtime slice handed out ahead).
+    assert free["cpu_s"] > 0.25 * seconds, free
+    assert capped["cpu_s"] <= cores * seconds + 0.05, capped
+    assert capped["cgroup"].endswith(f"/t{capped['tid']}"), capped
+    assert hosts[0].placed >= 2  # the main thread and the burner
+    assert hosts[0].throttled_s > 0.5 * seconds, hosts[0]
