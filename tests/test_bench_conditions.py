@@ -334,6 +334,15 @@ def test_resume_skips_the_runs_already_in_the_csv(tmp_path):
     bench_rows.write_run(csv_path, {**row, "repeat": 1, "smoke": True})  # and a smoke run does not count
     left = sweeps.not_yet_run(points, csv_path)
     assert left == points[1:] and first.repeat == 0 and first.slice_size == 5_000
+    # --redo-unfaithful: a run the monitors failed is run again, one with no verdict (older rows) is not.
+    assert sweeps.not_yet_run(points, csv_path, redo_unfaithful=True) == points[1:]
+    second = next(p for p in points if p.slice_size == first.slice_size and p.repeat == 1)
+    bench_rows.write_run(csv_path, {**row, "repeat": 1, "faithful": False})
+    without = [p for p in points[1:] if p != second]
+    assert sweeps.not_yet_run(points, csv_path) == without
+    assert sweeps.not_yet_run(points, csv_path, redo_unfaithful=True) == points[1:]
+    bench_rows.write_run(csv_path, {**row, "repeat": 1, "faithful": True})  # the pass after the steal
+    assert sweeps.not_yet_run(points, csv_path, redo_unfaithful=True) == without
 
 
 def test_estimate_counts_every_sweep_in_full_and_what_is_left(tmp_path):

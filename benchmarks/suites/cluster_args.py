@@ -55,6 +55,13 @@ def add_tcp_argument(p: argparse.ArgumentParser) -> None:
                    "results/cfs_period/summary.md; rows record a set value as tcp_rto_min_ms)")
 
 
+def add_redo_argument(p: argparse.ArgumentParser) -> None:
+    """--redo-unfaithful (sweeps.py's and tune.py's)."""
+    p.add_argument("--redo-unfaithful", action="store_true", help="--resume, and also run again each run the "
+                   "fidelity monitors judged unfaithful (most under hypervisor steal, which comes in episodes of "
+                   "minutes: a later pass is the remedy); the unfaithful rows stay and are counted")
+
+
 def host_cpus_from_args(args: argparse.Namespace) -> float | None:
     """The points' host_cpus: None with --no-cpu-limit."""
     return None if args.no_cpu_limit else args.host_cpus

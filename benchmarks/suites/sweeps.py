@@ -52,7 +52,7 @@ from benchmarks.analysis import bench_rows, torch_comparison
 from benchmarks.analysis.points import link_burst, optimizer_label
 from benchmarks.emulation import cfs_bandwidth, cpu_limit, emulated_cluster, run_guard
 from benchmarks.emulation.link_shaping import KERNEL_RTO_MIN_MS
-from benchmarks.suites import baseline_settings, cluster_bench, sweep_slices, torch_systems
+from benchmarks.suites import baseline_settings, cluster_args, cluster_bench, sweep_slices, torch_systems
 from benchmarks.suites.sweep_estimate import (  # noqa: F401  (the callers' names: sweeps.estimate_seconds, ...)
     GATE_S,
     SLICE_FACTORS,
@@ -211,10 +211,12 @@ def _signature(settings: dict) -> tuple:
             baseline_settings.identity(str(settings.get("baseline_setting") or "")))
 
 
-def not_yet_run(points: Sequence[cluster_bench.Point], csv_path: pathlib.Path) -> list[cluster_bench.Point]:
-    """The points without an ok, non-smoke row of the same settings, system and repeat in csv_path: what is left
-    of an interrupted sweep (--resume)."""
-    done = {_signature(r) for r in bench_rows.read_runs(csv_path) if str(r.get("smoke")) != "True"}
+def not_yet_run(points: Sequence[cluster_bench.Point], csv_path: pathlib.Path, redo_unfaithful: bool = False
+                ) -> list[cluster_bench.Point]:
+    """The points without an ok, non-smoke row (with `redo_unfaithful`: one not judged unfaithful) of the same
+    settings, system and repeat in csv_path: what is left of an interrupted sweep (--resume, --redo-unfaithful)."""
+    done = {_signature(r) for r in bench_rows.read_runs(csv_path) if str(r.get("smoke")) != "True"
+            and not (redo_unfaithful and bench_rows.verdict(r) is False)}
     return [p for p in points if _signature(_settings(p)) not in done]
 
 
@@ -313,6 +315,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     cluster_bench.add_queue_argument(parser)
     parser.add_argument("--resume", action="store_true", help="skip the runs the sweep's CSV already holds (same "
                         "settings, system and repeat, status ok): continue an interrupted sweep")
+    cluster_args.add_redo_argument(parser)
     parser.add_argument("--slice", help="K/N: run only the K-th of N parts of the sweep (whole comparisons, about "
                         "equal estimated time; `estimate --window H` says how many parts fit H hours each)")
     parser.add_argument("--window", type=float, default=WINDOW_H, help="estimate: hours one slice may take")
@@ -376,10 +379,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         LOG.info("--slice %d/%d: %d runs, estimated %.1f h in full", *args.slice, len(points),
                  estimate_seconds(points, 1, factors) / 3600)
     points, skipped = cluster_bench.drop_unavailable(points)
-    if args.resume:
-        left = not_yet_run(points, csv_path)
-        LOG.info("--resume: %d of %d runs are already in %s; %d to go", len(points) - len(left), len(points),
-                 csv_path, len(left))
+    if args.resume or args.redo_unfaithful:
+        left = not_yet_run(points, csv_path, args.redo_unfaithful)
+        LOG.info("--resume: %d of %d done in %s; %d to go", len(points) - len(left), len(points), csv_path, len(left))
         points = left
     try:
         rows = cluster_bench.run_points(points, csv_path, cluster_bench.conditions_from_args(args),

@@ -42,7 +42,7 @@ from collections.abc import Sequence
 
 from benchmarks.analysis import bench_rows, best_setting
 from benchmarks.emulation import cpu_limit, emulated_cluster, run_guard
-from benchmarks.suites import baseline_settings, cluster_bench, sweeps
+from benchmarks.suites import baseline_settings, cluster_args, cluster_bench, sweeps
 from benchmarks.suites.baseline_settings import DEFAULTS, MIB, env_text
 from benchmarks.suites.cluster_job import Point
 
@@ -227,6 +227,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--results-dir", type=pathlib.Path, default=baseline_settings.TUNING, help="where the "
                    "tuning CSVs and best.json go (default benchmarks/results/tuning)")
     p.add_argument("--resume", action="store_true", help="run only the cells and repeats the CSV lacks")
+    cluster_args.add_redo_argument(p)
     p.add_argument("--estimate", action="store_true", help="print how long it would take, run nothing")
     cluster_bench.add_cpu_arguments(p)
     cluster_bench.add_condition_arguments(p)
@@ -255,8 +256,8 @@ def tune_point(base: Point, args: argparse.Namespace) -> int:
     cells = cells_for(args.systems, args.cells)
     points, skipped = cluster_bench.drop_unavailable(tuning_points(base, cells, args.repeats, args.seed,
                                                                    args.results_dir))
-    if args.resume:
-        left = sweeps.not_yet_run(points, csv_path)
+    if args.resume or args.redo_unfaithful:
+        left = sweeps.not_yet_run(points, csv_path, args.redo_unfaithful)
         LOG.info("--resume: %d of %d runs are already in %s", len(points) - len(left), len(points), csv_path)
         points = left
     LOG.info("%s: %d jobs (%d cells x %d repeats)", key, len(points), len(cells), args.repeats)
