@@ -79,11 +79,11 @@ class RunMonitors:
     def start(self) -> RunMonitors:
         if self._cluster.cpu is not None:
             self._cluster.set_cpu_quota(self.quota if self.host_cpus is not None else None, self.period_us)
-            self._sampler = cpu_sampler.UsageSampler(self._cluster.cpu).start()
-            if self.thread_cores is not None:  # a refusal (cgroup v2) ends the run before it starts
+            if self.thread_cores is not None:  # a refusal (cgroup v2) ends the run before any monitor starts
                 self._threads = thread_cap.ThreadCaps(
                     self._cluster.cpu.cpu_dirs(), self.thread_cores, self._cluster.cpu.period_us,
                     exempt=[t for tids in getattr(self._cluster, "rx_threads", []) for t in tids]).start()
+            self._sampler = cpu_sampler.UsageSampler(self._cluster.cpu).start()
         if self._cluster.rate_bps:  # uncapped links have no queue of their own to watch
             try:
                 self._links = link_monitor.LinkMonitor(self._cluster.namespaces, self._cluster.bridge_ns).start()

@@ -48,9 +48,12 @@ class HostThreads:
     (and why), and the time the kernel held capped threads back (throttled), summed over them."""
 
     placed: int = 0
-    refused: int = 0
     throttled_s: float = 0.0
-    refusals: dict[str, int] = dataclasses.field(default_factory=dict)
+    refusals: dict[str, int] = dataclasses.field(default_factory=dict)  # {errno name: threads}
+
+    @property
+    def refused(self) -> int:
+        return sum(self.refusals.values())
 
 
 class ThreadCaps:
@@ -108,7 +111,6 @@ class ThreadCaps:
             if e.errno != errno.ESRCH:  # ESRCH: the thread exited meanwhile, nothing to count
                 self._skip[i].add(tid)
                 host = self.hosts[i]
-                host.refused += 1
                 why = errno.errorcode.get(e.errno or 0, str(e))
                 host.refusals[why] = host.refusals.get(why, 0) + 1
                 LOG.debug("thread %d stays in %s: %s", tid, self.dirs[i], e)
