@@ -14,12 +14,22 @@ from benchmarks.suites import cluster_bench
 from benchmarks.suites.cluster_job import Point
 
 
-def _host(tmp_path, name="p3c1x0h0", tasks=""):
-    host = tmp_path / name
-    host.mkdir()
-    (host / "tasks").write_text(tasks)
+def _host(tmp_path, name="p3c1x0h0", procs=""):
+    host = tmp_path / "cpu" / "p3c1x0" / name
+    host.mkdir(parents=True)
+    (host / "tasks").write_text("")
+    (host / "cgroup.procs").write_text(procs)
     (host / "cpu.cfs_quota_us").write_text("-1")
     return host
+
+
+def _process(proc, pid, group, threads):
+    """A fake /proc entry: process `pid` whose main thread is in cpu group `group`, threads {tid: name}."""
+    (proc / str(pid)).mkdir(parents=True, exist_ok=True)
+    (proc / str(pid) / "cgroup").write_text(f"12:memory:/\n4:cpu,cpuacct:{group}\n")
+    for tid, name in threads.items():
+        (proc / str(pid) / "task" / str(tid)).mkdir(parents=True, exist_ok=True)
+        (proc / str(pid) / "task" / str(tid) / "comm").write_text(name + "\n")
 
 
 @pytest.mark.unit
@@ -42,36 +52,63 @@ def test_a_hierarchy_without_v1_tasks_is_refused_naming_the_option(tmp_path):
 
 @pytest.mark.unit
 def test_each_thread_gets_a_group_of_its_own_and_exited_ones_are_retired(tmp_path):
-    host = _host(tmp_path, tasks="10\n11\n")
-    caps = thread_cap.ThreadCaps([host], 0.1, 10_000, exempt=[11], rmdir=shutil.rmtree)
+    proc, host = tmp_path / "proc", _host(tmp_path, procs="10\n")
+    _process(proc, 10, "/p3c1x0/p3c1x0h0", {10: "python", 11: "python"})
+    _process(proc, 1, "/", {1: "init"})  # not a host's: never touched
+    caps = thread_cap.ThreadCaps([host], 0.1, 10_000, exempt=[11], proc=proc, rmdir=shutil.rmtree)
     caps.scan()
     child = host / "t10"
     assert (child / "tasks").read_text() == "10"
     assert (child / "cpu.cfs_period_us").read_text() == "10000"
     assert (child / "cpu.cfs_quota_us").read_text() == "1000"
-    assert not (host / "t11").exists()  # exempt: a link's receive thread stays with its host
-    # A thread created by thread 10 starts in 10's group: the next scan of the children moves it out.
-    (host / "tasks").write_text("")
-    (child / "tasks").write_text("10\n12\n")
+    assert not (host / "t11").exists() and not (host / "t1").exists()  # exempt: a link's receive thread
+    # Process 10 leaves the host's cgroup.procs (all its threads are in children) but stays known; a thread it
+    # creates starts in its creator's group and is moved out.
+    (host / "cgroup.procs").write_text("")
+    _process(proc, 10, "/p3c1x0/p3c1x0h0/t10", {12: "python"})
     caps.scan()
     assert (host / "t12" / "tasks").read_text() == "12"
-    assert caps.hosts[0].placed == 2
-    (child / "tasks").write_text("10")  # the kernel's part of the move
-    # Thread 12 exits: its group is removed and the time the kernel held it back is counted.
-    (host / "t12" / "tasks").write_text("")
+    # A process forked by a capped thread starts in that thread's group: found through /proc.
+    _process(proc, 30, "/p3c1x0/p3c1x0h0/t12", {30: "python", 31: "python"})
+    caps.scan()
+    assert (host / "t30").is_dir() and (host / "t31").is_dir()
+    assert caps.hosts[0].placed == 4
+    # Thread 12 exits: its group is removed and the time the kernel held it back is counted, once.
+    shutil.rmtree(proc / "10" / "task" / "12")
     (host / "t12" / "cpu.stat").write_text("nr_periods 40\nnr_throttled 30\nthrottled_time 250000000\n")
-    caps.scan(children=False)
-    assert (host / "t12").exists()  # children are read only every child_every scans
+    caps.scan()
     caps.scan()
     assert not (host / "t12").exists()
     assert caps.hosts[0].throttled_s == pytest.approx(0.25)
+    # Process 30 exits: both its threads' groups go.
+    shutil.rmtree(proc / "30")
+    caps.scan()
+    assert not (host / "t30").exists() and not (host / "t31").exists()
+
+
+@pytest.mark.unit
+def test_threads_born_gpu_side_keep_their_hosts_quota(tmp_path):
+    proc, host = tmp_path / "proc", _host(tmp_path, procs="40\n")
+    _process(proc, 40, "/p3c1x0/p3c1x0h0", {40: "python", 41: thread_cap.GPU_SIDE})
+    caps = thread_cap.ThreadCaps([host], 0.1, 10_000, proc=proc, rmdir=shutil.rmtree)
+    caps.scan()
+    caps.scan()
+    assert (host / "t40").is_dir() and not (host / "t41").exists()
+    assert caps.hosts[0].placed == 1 and caps.hosts[0].gpu_side == 1
+    # gpu_side() names the threads the caller creates, then gives the caller its name back.
+    (proc / "thread-self").mkdir()
+    (proc / "thread-self" / "comm").write_text("python\n")
+    with thread_cap.gpu_side(proc):
+        assert (proc / "thread-self" / "comm").read_text() == thread_cap.GPU_SIDE
+    assert (proc / "thread-self" / "comm").read_text() == "python"
 
 
 @pytest.mark.unit
 def test_a_thread_its_group_cannot_take_stays_with_its_host_and_is_counted_once(tmp_path):
-    host = _host(tmp_path, tasks="13\n")
+    proc, host = tmp_path / "proc", _host(tmp_path, procs="13\n")
+    _process(proc, 13, "/p3c1x0/p3c1x0h0", {13: "vgpu"})
     (host / "t13").write_text("")  # in the way of the child group: mkdir fails (as a real-time thread's move does)
-    caps = thread_cap.ThreadCaps([host], 0.1, 10_000, rmdir=shutil.rmtree)
+    caps = thread_cap.ThreadCaps([host], 0.1, 10_000, proc=proc, rmdir=shutil.rmtree)
     caps.scan()
     caps.scan()
     assert caps.hosts[0].placed == 0 and caps.hosts[0].refused == 1
@@ -80,11 +117,12 @@ def test_a_thread_its_group_cannot_take_stays_with_its_host_and_is_counted_once(
 
 @pytest.mark.unit
 def test_stop_moves_threads_back_to_their_host_and_removes_every_child(tmp_path):
-    host = _host(tmp_path, tasks="20\n")
-    caps = thread_cap.ThreadCaps([host], 0.1, 10_000, interval_s=0.01, rmdir=shutil.rmtree).start()
+    proc, host = tmp_path / "proc", _host(tmp_path, procs="20\n")
+    _process(proc, 20, "/p3c1x0/p3c1x0h0", {20: "python"})
+    caps = thread_cap.ThreadCaps([host], 0.1, 10_000, interval_s=0.01, proc=proc, rmdir=shutil.rmtree).start()
     time.sleep(0.05)
     hosts = caps.stop()
-    assert hosts[0].placed >= 1
+    assert hosts[0].placed == 1
     assert (host / "tasks").read_text() == "20"
     assert not any(d.is_dir() for d in host.iterdir())
 

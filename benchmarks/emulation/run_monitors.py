@@ -126,6 +126,7 @@ class RunMonitors:
                      "link_rx": getattr(self._cluster, "link_rx", "")}
         if threads is not None:
             row.update(thread_cap_cores=self.thread_cores, threads_capped=joined([h.placed for h in threads], 0),
+                       threads_gpu_side=joined([h.gpu_side for h in threads], 0),
                        thread_throttled_s=joined([h.throttled_s for h in threads]))
             refused = sum(h.refused for h in threads)
             if refused:

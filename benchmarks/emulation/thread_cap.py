@@ -9,11 +9,16 @@ dispatch, the GIL) then looks faster than it would on the real host. Time-dilate
 moved into a child group of the host's group with a quota of `gpu_scale` cores per period. The host's quota still
 bounds the sum (cgroup v1 enforces both levels), so the host behaves as `host_cpus` dilated CPUs.
 
-How threads are found: a thread starts in its creator's group, so a scanner thread of the runner reads the host
-group's `tasks` often (new processes join it there, cpu_limit.wrap) and each child's `tasks` less often (threads
-created by a capped thread share their creator's cap until moved: briefly stricter, never looser). A thread whose
-group cannot take it (a real-time thread: children have no real-time budget) stays where it is and is counted.
-Children whose thread has exited are removed after their throttled time is added to the host's total.
+How threads are found: a process joins its host's group before it runs anything (cpu_limit.wrap), so a scanner thread
+of the runner reads each host's `cgroup.procs` for new processes, and /proc for processes forked by a capped thread
+(they start in that thread's group, under the host's). It lists the tasks of every process it knows and caps the
+threads it has not seen (a thread starts in its creator's group: briefly held to its creator's cap, never freed of
+one). A thread whose group cannot take it (a real-time thread: children have no real-time budget) stays where it is
+and is counted. The group of a thread that has exited is removed after its throttled time is added to its host's.
+
+Threads that stand for GPU-side work on the real hosts are not capped: a thread born while its creator carries the
+name GPU_SIDE (`gpu_side()`) keeps its host's quota. Horovod's background thread is one (cluster_worker.py): it
+sums with Gloo on the CPU here, where a GPU host sums with NCCL on the GPU.
 
 cgroup v1 only (a thread may sit in a group apart from its process's other threads); v2 would need threaded
 subtrees, and is refused with a message.
@@ -21,18 +26,22 @@ subtrees, and is refused with a message.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import logging
+import os
 import pathlib
 import threading
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 
 from benchmarks.emulation.cfs_bandwidth import MIN_QUOTA_US
 from benchmarks.emulation.cpu_limit import CpuLimitError, parse_stat
 
 LOG = logging.getLogger("thread_cap")
 PREFIX = "t"  # a child group's name: PREFIX + the thread id
+GPU_SIDE = "p3-gpu-side"  # a thread's name (comm, at most 15 bytes) that keeps it uncapped
+PROC = pathlib.Path("/proc")
 
 
 def thread_quota_us(cores: float, period_us: int) -> int:
@@ -42,14 +51,30 @@ def thread_quota_us(cores: float, period_us: int) -> int:
     return max(MIN_QUOTA_US, round(cores * period_us))
 
 
+@contextlib.contextmanager
+def gpu_side(proc: pathlib.Path = PROC) -> Iterator[None]:
+    """Threads the calling thread creates inside this block are GPU-side work (they inherit its name, GPU_SIDE):
+    the thread caps leave them at their host's quota. The caller's own name comes back afterwards; the caller,
+    seen by the scanner long before, stays capped."""
+    comm = proc / "thread-self" / "comm"
+    before = comm.read_text().strip()
+    comm.write_text(GPU_SIDE)
+    try:
+        yield
+    finally:
+        comm.write_text(before)
+
+
 @dataclasses.dataclass
 class HostThreads:
     """What the caps did on one host: threads placed in groups of their own, threads left in the host's group
-    (and why), and the time the kernel held capped threads back (throttled), summed over them."""
+    (and why: an errno name, or "gpu-side"), and the time the kernel held capped threads back (throttled),
+    summed over them."""
 
     placed: int = 0
     throttled_s: float = 0.0
     refusals: dict[str, int] = dataclasses.field(default_factory=dict)  # {errno name: threads}
+    gpu_side: int = 0  # threads named GPU_SIDE, left uncapped
 
     @property
     def refused(self) -> int:
@@ -59,10 +84,10 @@ class HostThreads:
 class ThreadCaps:
     """Caps every thread in the host groups `host_dirs` (cgroup v1 cpu directories) at `cores` per `period_us`.
     `exempt`: thread ids left alone (the links' receive threads adopted into a host, link_napi.py). The scanner
-    reads the host groups every `interval_s` and the children every `child_every` scans."""
+    looks every `interval_s`; `proc` is /proc (a fake tree in the tests)."""
 
     def __init__(self, host_dirs: Sequence[pathlib.Path], cores: float, period_us: int, *,
-                 exempt: Collection[int] = (), interval_s: float = 0.02, child_every: int = 10,
+                 exempt: Collection[int] = (), interval_s: float = 0.02, proc: pathlib.Path = PROC,
                  rmdir: Callable[[pathlib.Path], None] = pathlib.Path.rmdir):
         for d in host_dirs:
             if not (d / "tasks").exists() or not (d / "cpu.cfs_quota_us").exists():
@@ -72,34 +97,71 @@ class ThreadCaps:
         self.quota_us, self.period_us = thread_quota_us(cores, period_us), period_us
         self.exempt = set(exempt)
         self.hosts = [HostThreads() for _ in self.dirs]
-        self._interval, self._child_every = interval_s, max(1, child_every)
+        self._interval, self._proc = interval_s, proc
         self._rmdir = rmdir  # a group's directory goes with rmdir alone (its control files are the kernel's)
-        self._skip: list[set[int]] = [set() for _ in self.dirs]  # refused once: not retried every scan
-        self._scans = 0
+        self._pids: dict[int, int] = {}  # the hosts' processes: pid -> host
+        self._seen: set[int] = set()  # every pid in /proc looked at once (pids of other processes included)
+        self._left: dict[int, int] = {}  # threads left in their host's group (refused, exempt, GPU-side) -> host
+        self._placed: dict[int, int] = {}  # capped threads -> host (each in its child PREFIX + tid)
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="thread-caps", daemon=True)
 
     # -- one pass ---------------------------------------------------------------------------------------------
-    def scan(self, children: bool = True) -> None:
-        """Moves every thread of the host groups (and, with `children`, every thread sharing a child with the
-        thread it was made for) into a group of its own; removes the children of exited threads."""
+    def scan(self) -> None:
+        """Moves every new thread of the hosts' processes into a group of its own; removes the groups of threads
+        that have exited."""
         for i, host in enumerate(self.dirs):
-            for tid in _tids(host / "tasks"):
-                self._place(i, tid)
-            if not children:
+            for pid in _ints(_read(host / "cgroup.procs")):  # joined by cpu_limit.wrap
+                self._pids.setdefault(pid, i)
+        running = _numeric(self._proc)
+        for pid in running - self._seen:  # forked by a capped thread: in that thread's group, under its host's
+            i = self._host_of(pid)
+            if i is not None:
+                self._pids.setdefault(pid, i)
+        self._seen = running
+        alive: set[int] = set()
+        for pid, i in list(self._pids.items()):
+            tids = _numeric(self._proc / str(pid) / "task")
+            if not tids:
+                del self._pids[pid]  # exited
                 continue
-            for child in _children(host):
-                owner = int(child.name[len(PREFIX):])
-                tids = _tids(child / "tasks")
-                if not tids:
-                    self._retire(i, child)
-                    continue
-                for tid in tids:
-                    if tid != owner:
-                        self._place(i, tid)
+            alive |= tids
+            for tid in tids - self._placed.keys() - self._left.keys():
+                self._place(i, pid, tid)
+        for tid in self._placed.keys() - alive:
+            self._retire(tid)
+        for tid in self._left.keys() - alive:
+            del self._left[tid]
 
-    def _place(self, i: int, tid: int) -> None:
-        if tid in self.exempt or tid in self._skip[i]:
+    def _host_of(self, pid: int) -> int | None:
+        """The host whose group (or one of its children) holds process `pid`'s main thread; None: no host's."""
+        try:
+            lines = (self._proc / str(pid) / "cgroup").read_text().splitlines()
+        except OSError:
+            return None  # exited meanwhile
+        for line in lines:
+            _, controllers, path = line.split(":", 2)
+            if "cpu" not in controllers.split(","):
+                continue
+            parent, _, last = path.rpartition("/")
+            group = parent if last.startswith(PREFIX) and last[len(PREFIX):].isdigit() else path
+            for i, d in enumerate(self.dirs):
+                if group not in ("", "/") and str(d).endswith(group):
+                    return i
+        return None
+
+    def _place(self, i: int, pid: int, tid: int) -> None:
+        host = self.hosts[i]
+        if tid in self.exempt:
+            self._left[tid] = i
+            return
+        try:
+            name = (self._proc / str(pid) / "task" / str(tid) / "comm").read_text().strip()
+        except OSError:
+            return  # exited meanwhile
+        if name == GPU_SIDE:
+            self._left[tid] = i
+            host.gpu_side += 1
             return
         child = self.dirs[i] / f"{PREFIX}{tid}"
         try:
@@ -109,24 +171,33 @@ class ThreadCaps:
             (child / "tasks").write_text(str(tid))
         except OSError as e:
             if e.errno != errno.ESRCH:  # ESRCH: the thread exited meanwhile, nothing to count
-                self._skip[i].add(tid)
-                host = self.hosts[i]
+                self._left[tid] = i  # refused once: not retried every scan
                 why = errno.errorcode.get(e.errno or 0, str(e))
                 host.refusals[why] = host.refusals.get(why, 0) + 1
                 LOG.debug("thread %d stays in %s: %s", tid, self.dirs[i], e)
             self._remove(child)
             return
-        self.hosts[i].placed += 1
+        self._placed[tid] = i
+        host.placed += 1
 
-    def _retire(self, i: int, child: pathlib.Path) -> None:
-        self.hosts[i].throttled_s += _throttled_s(child)
-        self._remove(child)
+    def _retire(self, tid: int) -> None:
+        """Counts an exited thread's throttled time and removes its group, once the kernel lets it go (a thread
+        still exiting keeps it busy: a later scan tries again)."""
+        i = self._placed[tid]
+        child = self.dirs[i] / f"{PREFIX}{tid}"
+        throttled = _throttled_s(child)
+        if self._remove(child):
+            self.hosts[i].throttled_s += throttled
+            del self._placed[tid]
 
-    def _remove(self, child: pathlib.Path) -> None:
+    def _remove(self, child: pathlib.Path) -> bool:
         try:
             self._rmdir(child)
+        except FileNotFoundError:
+            return True
         except OSError:
-            pass  # not empty (a thread joined meanwhile: a later scan retires it) or already gone
+            return False  # not empty yet
+        return True
 
     # -- the scanner ------------------------------------------------------------------------------------------
     def start(self) -> ThreadCaps:
@@ -137,8 +208,7 @@ class ThreadCaps:
     def _run(self) -> None:
         try:
             while not self._stopped.wait(self._interval):
-                self._scans += 1
-                self.scan(children=self._scans % self._child_every == 0)
+                self.scan()
         except Exception:  # a monitor failure must not abort the run it watches; the threads keep their caps
             LOG.exception("placing threads in their CPU groups failed; later threads of this run are not capped")
 
@@ -149,20 +219,34 @@ class ThreadCaps:
         self._thread.join(timeout=10)
         for i, host in enumerate(self.dirs):
             for child in _children(host):
-                for tid in _tids(child / "tasks"):
+                for tid in _ints(_read(child / "tasks")):
                     try:
                         (host / "tasks").write_text(str(tid))
                     except OSError:
                         pass  # exited meanwhile
-                self._retire(i, child)
+                tid = int(child.name[len(PREFIX):])
+                self._placed.setdefault(tid, i)
+                self._retire(tid)
         return self.hosts
 
 
-def _tids(tasks: pathlib.Path) -> list[int]:
+def _read(path: pathlib.Path) -> str:
     try:
-        return [int(t) for t in tasks.read_text().split()]
+        return path.read_text()
     except OSError:
-        return []  # the group went away
+        return ""  # the group or the process went away
+
+
+def _ints(text: str) -> list[int]:
+    return [int(t) for t in text.split()]
+
+
+def _numeric(directory: pathlib.Path) -> set[int]:
+    """The numeric entries of `directory` (/proc's processes, a process's tasks); empty when it has gone."""
+    try:
+        return {int(n) for n in os.listdir(directory) if n.isdigit()}
+    except OSError:
+        return set()
 
 
 def _children(host: pathlib.Path) -> list[pathlib.Path]:

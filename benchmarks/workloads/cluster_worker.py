@@ -134,7 +134,7 @@ class EmulatedTraining:
     def __init__(self, args: argparse.Namespace, mode: str, description: dict | None = None, kvstore=None):
         import mxnet as mx
 
-        from benchmarks.emulation import emulated_compute
+        from benchmarks.emulation import emulated_compute, thread_cap
 
         self._emulated_compute = emulated_compute
         if description is None:
@@ -163,7 +163,8 @@ class EmulatedTraining:
             import horovod.mxnet as hvd
 
             self.hvd = hvd
-            hvd.init()
+            with thread_cap.gpu_side():  # its background thread sums with Gloo here, with NCCL on a GPU host
+                hvd.init()
             self.rank, self.num_workers = hvd.rank(), hvd.size()
             for key, weight in enumerate(weights):
                 hvd.broadcast_(weight, root_rank=0, name=f"init{key}")
