@@ -160,3 +160,23 @@ def test_the_headline_reads_a_rerun_point_from_its_new_runs_only(tmp_path):
                              {k: v for k, v in r.items() if k in bench_rows.RUN_COLUMNS})
     text = headline.headline_block(older)
     assert "| CPUs not dilated (older runs, no verdict) |" in text and "overstate p3kv's lead" in text, text
+
+
+def test_a_point_rerun_with_threads_capped_says_so_in_its_tables(tmp_path):
+    """Threads capped at one dilated CPU (thread_cap.py) are a point of their own: the headline reads the capped
+    rerun alone and names the per-thread cap and Horovod's exemption; the sweep table labels the capped systems."""
+    path = tmp_path / "sweeps" / "bandwidth.csv"
+    free = [_row("p3", 0, "True", [[1.0, 1.0]], host_cpus="2"),
+            _row("dist_sync", 0, "True", [[3.0, 3.0]], host_cpus="2")]
+    capped = [_row(k, 0, "True", [[t, t]], host_cpus="2", thread_cap_cores="0.1", threads_capped="30;31",
+                   threads_gpu_side="0;0" if k != "horovod" else "3;3")
+              for k, t in (("p3", 1.0), ("dist_sync", 2.0), ("horovod", 1.25))]
+    for r in [*free, *capped]:
+        bench_rows.write_run(path, {k: v for k, v in r.items() if k in bench_rows.RUN_COLUMNS})
+    text = headline.headline_block(tmp_path)
+    line = next(x for x in text.splitlines() if x.startswith("| ResNet-50"))
+    assert "| 640 images/s | 2.00× (2.00–2.00) | - | 1.25× (1.25–1.25) |" in line, line  # never the 3.0 s run
+    assert line.endswith("| CPUs dilated (0.2 cores per host, 0.1 per thread); 3 of 3 runs faithful |"), line
+    assert "except Horovod's background thread" in text
+    table = point_stats.point_table(point_stats.aggregate(bench_rows.read_runs(path)))
+    assert table.count("(1 CPU per thread)") == 3 and "| p3kv |" in table, table

@@ -3,6 +3,8 @@ at one dilated CPU. Unit tests on a fake cgroup tree; the system test holds a re
 quota alone lets it run four times faster."""
 
 import json
+import os
+import pathlib
 import shutil
 import sys
 import time
@@ -14,11 +16,10 @@ from benchmarks.suites import cluster_bench
 from benchmarks.suites.cluster_job import Point
 
 
-def _host(tmp_path, name="p3c1x0h0", procs=""):
+def _host(tmp_path, name="p3c1x0h0", tasks=""):
     host = tmp_path / "cpu" / "p3c1x0" / name
     host.mkdir(parents=True)
-    (host / "tasks").write_text("")
-    (host / "cgroup.procs").write_text(procs)
+    (host / "tasks").write_text(tasks)
     (host / "cpu.cfs_quota_us").write_text("-1")
     return host
 
@@ -29,7 +30,8 @@ def _process(proc, pid, group, threads):
     (proc / str(pid) / "cgroup").write_text(f"12:memory:/\n4:cpu,cpuacct:{group}\n")
     for tid, name in threads.items():
         (proc / str(pid) / "task" / str(tid)).mkdir(parents=True, exist_ok=True)
-        (proc / str(pid) / "task" / str(tid) / "comm").write_text(name + "\n")
+        (proc / str(tid)).mkdir(exist_ok=True)  # /proc/<tid>: the thread's own view
+        (proc / str(tid) / "status").write_text(f"Name:\t{name}\nUmask:\t0022\nState:\tS (sleeping)\nTgid:\t{pid}\n")
 
 
 @pytest.mark.unit
@@ -52,7 +54,7 @@ def test_a_hierarchy_without_v1_tasks_is_refused_naming_the_option(tmp_path):
 
 @pytest.mark.unit
 def test_each_thread_gets_a_group_of_its_own_and_exited_ones_are_retired(tmp_path):
-    proc, host = tmp_path / "proc", _host(tmp_path, procs="10\n")
+    proc, host = tmp_path / "proc", _host(tmp_path, tasks="10\n11\n")
     _process(proc, 10, "/p3c1x0/p3c1x0h0", {10: "python", 11: "python"})
     _process(proc, 1, "/", {1: "init"})  # not a host's: never touched
     caps = thread_cap.ThreadCaps([host], 0.1, 10_000, exempt=[11], proc=proc, rmdir=shutil.rmtree)
@@ -62,10 +64,12 @@ def test_each_thread_gets_a_group_of_its_own_and_exited_ones_are_retired(tmp_pat
     assert (child / "cpu.cfs_period_us").read_text() == "10000"
     assert (child / "cpu.cfs_quota_us").read_text() == "1000"
     assert not (host / "t11").exists() and not (host / "t1").exists()  # exempt: a link's receive thread
-    # Process 10 leaves the host's cgroup.procs (all its threads are in children) but stays known; a thread it
-    # creates starts in its creator's group and is moved out.
-    (host / "cgroup.procs").write_text("")
+    (host / "tasks").write_text("11")  # the kernel's part of the move
+    # A thread process 10 creates starts in its creator's group: the full pass (not the quick one, which reads the
+    # host's own group) finds it in the process's task list and moves it out.
     _process(proc, 10, "/p3c1x0/p3c1x0h0/t10", {12: "python"})
+    caps.scan(full=False)
+    assert not (host / "t12").exists()
     caps.scan()
     assert (host / "t12" / "tasks").read_text() == "12"
     # A process forked by a capped thread starts in that thread's group: found through /proc.
@@ -88,12 +92,13 @@ def test_each_thread_gets_a_group_of_its_own_and_exited_ones_are_retired(tmp_pat
 
 @pytest.mark.unit
 def test_threads_born_gpu_side_keep_their_hosts_quota(tmp_path):
-    proc, host = tmp_path / "proc", _host(tmp_path, procs="40\n")
+    proc, host = tmp_path / "proc", _host(tmp_path, tasks="40\n")
     _process(proc, 40, "/p3c1x0/p3c1x0h0", {40: "python", 41: thread_cap.GPU_SIDE})
     caps = thread_cap.ThreadCaps([host], 0.1, 10_000, proc=proc, rmdir=shutil.rmtree)
     caps.scan()
     caps.scan()
     assert (host / "t40").is_dir() and not (host / "t41").exists()
+    assert (host / "tasks").read_text() == "41"  # moved out of its creator's group into its host's
     assert caps.hosts[0].placed == 1 and caps.hosts[0].gpu_side == 1
     # gpu_side() names the threads the caller creates, then gives the caller its name back.
     (proc / "thread-self").mkdir()
@@ -105,7 +110,7 @@ def test_threads_born_gpu_side_keep_their_hosts_quota(tmp_path):
 
 @pytest.mark.unit
 def test_a_thread_its_group_cannot_take_stays_with_its_host_and_is_counted_once(tmp_path):
-    proc, host = tmp_path / "proc", _host(tmp_path, procs="13\n")
+    proc, host = tmp_path / "proc", _host(tmp_path, tasks="13\n")
     _process(proc, 13, "/p3c1x0/p3c1x0h0", {13: "vgpu"})
     (host / "t13").write_text("")  # in the way of the child group: mkdir fails (as a real-time thread's move does)
     caps = thread_cap.ThreadCaps([host], 0.1, 10_000, proc=proc, rmdir=shutil.rmtree)
@@ -117,7 +122,7 @@ def test_a_thread_its_group_cannot_take_stays_with_its_host_and_is_counted_once(
 
 @pytest.mark.unit
 def test_stop_moves_threads_back_to_their_host_and_removes_every_child(tmp_path):
-    proc, host = tmp_path / "proc", _host(tmp_path, procs="20\n")
+    proc, host = tmp_path / "proc", _host(tmp_path, tasks="20\n")
     _process(proc, 20, "/p3c1x0/p3c1x0h0", {20: "python"})
     caps = thread_cap.ThreadCaps([host], 0.1, 10_000, interval_s=0.01, proc=proc, rmdir=shutil.rmtree).start()
     time.sleep(0.05)
@@ -192,3 +197,44 @@ def test_a_busy_thread_runs_at_one_dilated_cpu_not_at_its_hosts_whole_quota():
     assert capped["cgroup"].endswith(f"/t{capped['tid']}"), capped
     assert hosts[0].placed >= 2  # the main thread and the burner
     assert hosts[0].throttled_s > 0.5 * seconds, hosts[0]
+
+
+# A capped main thread starts a GPU-side thread (as a worker starts the virtual GPU's timer) and makes it real-time.
+GPU_SIDE_CHILD = r"""
+import json, threading, time
+from benchmarks.emulation import emulated_compute, thread_cap
+time.sleep(1.0)  # the runner's scanner caps this thread first
+stop = threading.Event()
+with thread_cap.gpu_side():
+    timer = threading.Thread(target=stop.wait)
+    timer.start()
+said = emulated_compute.run_timer_as_gpu(timer.native_id)
+out = {"said": said, "timer": emulated_compute._cpu_group(timer.native_id),
+       "main": emulated_compute._cpu_group(threading.get_native_id())}
+stop.set()
+timer.join()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.system
+def test_a_gpu_side_thread_of_a_capped_thread_leaves_its_cap_and_runs_real_time():
+    reason = emulated_cluster.why_unavailable() or cpu_limit.why_unavailable()
+    if reason:
+        pytest.skip(reason)
+    if cpu_limit.find_hierarchy().version != 1:
+        pytest.skip("per-thread caps need cgroup v1; this machine has v2")
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    with emulated_cluster.EmulatedCluster(1, None, cpu_groups=True) as cluster:
+        cluster.set_cpu_quota(0.4)
+        caps = thread_cap.ThreadCaps(cluster.cpu.cpu_dirs(), 0.1, cluster.cpu.period_us).start()
+        try:
+            done = cluster.run(0, [sys.executable, "-c", GPU_SIDE_CHILD], capture_output=True, text=True,
+                               timeout=60, check=True, cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)})
+        finally:
+            hosts = caps.stop()
+    out = json.loads(done.stdout)
+    assert out["said"].startswith("real-time"), out  # refused in its creator's group, then allowed in its host's
+    assert out["main"].rpartition("/")[2].startswith("t"), out  # the main thread stayed capped
+    assert out["timer"] == out["main"].rpartition("/")[0], out  # the timer in the host's own group
+    assert hosts[0].gpu_side == 1 and hosts[0].placed >= 1, hosts[0]

@@ -134,6 +134,7 @@ def aggregate(rows: Sequence[dict], include_smoke: bool = False, include_unfaith
             "gpu_scale": number(first.get("gpu_scale"), 0.0), "p100_equiv_gbps": equivalent_gbps(first),
             "optimizer": optimizer_label(first.get("optimizer")),
             "slice_size": first.get("slice_size") or "default", "efficiency_factor": first.get("efficiency_factor"),
+            "thread_cap_cores": number(first.get("thread_cap_cores")) or None,
             "unit": first["unit"], "n": len(runs), "iterations": iterations, "throughput": value, "low": low,
             "high": high, "run_min": min(run_values), "run_max": max(run_values), "bound_throughput": bound,
             "pct_of_bound": 100 * value / bound if bound else None, "cpu_total_pct": max(cpu) if cpu else None,
@@ -183,13 +184,15 @@ def link_label(p: dict) -> str:
 
 
 def setting(p: dict) -> str:
-    """What a point changes from the defaults (slice size, calibrated efficiency), or ""."""
+    """What a point changes from the defaults (slice size, calibrated efficiency, threads capped), or ""."""
     parts = []
     if p.get("slice_size") not in (None, "", "default"):
         parts.append(f"slice {int(number(p['slice_size'])):,}")
     factor = number(p.get("efficiency_factor"), 1.0)
     if factor != 1.0:
         parts.append(f"efficiency ×{factor:g}")
+    if p.get("thread_cap_cores"):
+        parts.append("1 CPU per thread")  # thread_cap.py: each thread at one dilated CPU
     return ", ".join(parts)
 
 

@@ -42,8 +42,10 @@ the idle time, and how late completions ran.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import pathlib
+import time
 
 from benchmarks.paths import SHAPES_DIR
 from benchmarks.workloads import model_shapes
@@ -80,30 +82,54 @@ def efficiency_of(description: dict, factor: float = 1.0) -> float:
 CPU_CGROUP_V1 = pathlib.Path("/sys/fs/cgroup/cpu")
 
 
-def run_timer_as_gpu(tid: int, cpu_root: pathlib.Path = CPU_CGROUP_V1) -> str:
+def run_timer_as_gpu(tid: int, cpu_root: pathlib.Path = CPU_CGROUP_V1, wait_s: float = 2.0) -> str:
     """Lets the virtual GPU's timer thread (`tid`) run as a GPU runs: beside the emulated host's CPU, not on it.
 
     A host's CPU quota (benchmarks/emulation/cpu_limit.py) stops every thread of its processes once spent for the
     period, the timer thread included, which then completes GPU operations tens of ms late (vgpu_late_max_us);
-    a busy machine delays it too. So, on cgroup v1, where one thread may leave its process's group, the thread
-    moves to the cpu hierarchy's root (its CPU time stays in the host's cpuacct group), and it gets SCHED_FIFO
-    priority 1, so it wakes on time: its work per completion is the engine's callback, a few µs. Returns what was
-    done, for the worker's result; a step the system refuses is named there, never fatal."""
+    a busy machine delays it too. So the thread gets SCHED_FIFO priority 1, which the quota does not stop, and it
+    wakes on time: its work per completion is the engine's callback, a few µs. Where the cpu hierarchy is visible
+    (not inside `ip netns exec`, which mounts a /sys of its own) it also moves to the hierarchy's root; in the
+    emulated cluster it stays in its host's group, whose real-time budget lets it run real-time. A thread born in
+    a capped thread's group (thread_cap.py: no real-time budget there) is refused real-time until the runner
+    moves it to its host's group: that is waited for, up to `wait_s`. Returns what was done, for the worker's
+    result; a step the system refuses is named there, never fatal."""
     done, refused = [], []
+    group = _cpu_group(tid)
     try:
-        lines = pathlib.Path(f"/proc/self/task/{tid}/cgroup").read_text().splitlines()
-        group = next((line.split(":", 2)[2] for line in lines if "cpu" in line.split(":", 2)[1].split(",")), None)
         if group not in (None, "/") and (cpu_root / "tasks").exists():
             (cpu_root / "tasks").write_text(str(tid))
             done.append("outside the host's CPU limit")
     except OSError as e:
         refused.append(f"kept in the host's CPU limit ({e.strerror or e})")
-    try:
-        os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(1))
-        done.insert(0, "real-time")
-    except OSError as e:
-        refused.append(f"not real-time ({e.strerror or e})")
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(1))
+            done.insert(0, "real-time")
+            break
+        except OSError as e:
+            if e.errno == errno.EPERM and _in_thread_cap(_cpu_group(tid)) and time.monotonic() < deadline:
+                time.sleep(0.01)
+                continue
+            refused.append(f"not real-time ({e.strerror or e})")
+            break
     return ", ".join(done + refused) or "ordinary"
+
+
+def _cpu_group(tid: int) -> str | None:
+    """Thread `tid`'s (of this process) group in the cpu hierarchy; None where unknown."""
+    try:
+        lines = pathlib.Path(f"/proc/self/task/{tid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    return next((line.split(":", 2)[2] for line in lines if "cpu" in line.split(":", 2)[1].split(",")), None)
+
+
+def _in_thread_cap(group: str | None) -> bool:
+    """Whether `group` is a thread's own capped group (thread_cap.py names them t<tid>)."""
+    last = (group or "").rpartition("/")[2]
+    return last.startswith("t") and last[1:].isdigit()
 
 
 def load_description(model: str, shapes_dir: pathlib.Path = SHAPES_DIR) -> dict:

@@ -10,15 +10,18 @@ moved into a child group of the host's group with a quota of `gpu_scale` cores p
 bounds the sum (cgroup v1 enforces both levels), so the host behaves as `host_cpus` dilated CPUs.
 
 How threads are found: a process joins its host's group before it runs anything (cpu_limit.wrap), so a scanner thread
-of the runner reads each host's `cgroup.procs` for new processes, and /proc for processes forked by a capped thread
-(they start in that thread's group, under the host's). It lists the tasks of every process it knows and caps the
-threads it has not seen (a thread starts in its creator's group: briefly held to its creator's cap, never freed of
-one). A thread whose group cannot take it (a real-time thread: children have no real-time budget) stays where it is
-and is counted. The group of a thread that has exited is removed after its throttled time is added to its host's.
+of the runner reads each host's own `tasks` often (a thread there has only its host's quota: it is capped at once,
+and its process remembered). Less often it lists the tasks of every process it knows (a thread starts in its
+creator's group: until then it shares its creator's cap, never freed of one) and looks in /proc for processes
+forked by a capped thread (they start in that thread's group, under the host's). A thread whose group cannot take
+it (a real-time thread: children have no real-time budget) stays where it is and is counted. The group of a thread
+that has exited is removed after its throttled time is added to its host's.
 
 Threads that stand for GPU-side work on the real hosts are not capped: a thread born while its creator carries the
-name GPU_SIDE (`gpu_side()`) keeps its host's quota. Horovod's background thread is one (cluster_worker.py): it
-sums with Gloo on the CPU here, where a GPU host sums with NCCL on the GPU.
+name GPU_SIDE (`gpu_side()`) is moved to its host's group (out of its creator's, perhaps capped, group) and keeps
+the host's quota. The virtual GPU's timer thread is one (it is the GPU; it runs real-time, which a child group
+without real-time budget would refuse it), Horovod's background thread another (it sums with Gloo on the CPU
+here, where a GPU host sums with NCCL on the GPU); cluster_worker.py names both.
 
 cgroup v1 only (a thread may sit in a group apart from its process's other threads); v2 would need threaded
 subtrees, and is refused with a message.
@@ -33,6 +36,7 @@ import logging
 import os
 import pathlib
 import threading
+import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 
 from benchmarks.emulation.cfs_bandwidth import MIN_QUOTA_US
@@ -84,10 +88,13 @@ class HostThreads:
 class ThreadCaps:
     """Caps every thread in the host groups `host_dirs` (cgroup v1 cpu directories) at `cores` per `period_us`.
     `exempt`: thread ids left alone (the links' receive threads adopted into a host, link_napi.py). The scanner
-    looks every `interval_s`; `proc` is /proc (a fake tree in the tests)."""
+    reads the hosts' own groups every `interval_s` and looks at their processes every `full_every` scans (a
+    thread found late has been held to its creator's cap meanwhile, never freed of one); `proc` is /proc (a fake
+    tree in the tests)."""
 
     def __init__(self, host_dirs: Sequence[pathlib.Path], cores: float, period_us: int, *,
-                 exempt: Collection[int] = (), interval_s: float = 0.02, proc: pathlib.Path = PROC,
+                 exempt: Collection[int] = (), interval_s: float = 0.02, full_every: int = 10,
+                 proc: pathlib.Path = PROC,
                  rmdir: Callable[[pathlib.Path], None] = pathlib.Path.rmdir):
         for d in host_dirs:
             if not (d / "tasks").exists() or not (d / "cpu.cfs_quota_us").exists():
@@ -97,22 +104,28 @@ class ThreadCaps:
         self.quota_us, self.period_us = thread_quota_us(cores, period_us), period_us
         self.exempt = set(exempt)
         self.hosts = [HostThreads() for _ in self.dirs]
-        self._interval, self._proc = interval_s, proc
+        self._interval, self._full_every, self._proc = interval_s, max(1, full_every), proc
         self._rmdir = rmdir  # a group's directory goes with rmdir alone (its control files are the kernel's)
         self._pids: dict[int, int] = {}  # the hosts' processes: pid -> host
         self._seen: set[int] = set()  # every pid in /proc looked at once (pids of other processes included)
         self._left: dict[int, int] = {}  # threads left in their host's group (refused, exempt, GPU-side) -> host
         self._placed: dict[int, int] = {}  # capped threads -> host (each in its child PREFIX + tid)
+        self.scans, self.cpu_s = 0, 0.0
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="thread-caps", daemon=True)
 
     # -- one pass ---------------------------------------------------------------------------------------------
-    def scan(self) -> None:
-        """Moves every new thread of the hosts' processes into a group of its own; removes the groups of threads
-        that have exited."""
+    def scan(self, full: bool = True) -> None:
+        """Moves every thread in a host's own group into a group of its own (a new process's first threads: its
+        host's quota alone holds them). With `full`, also every new thread of the hosts' processes (each starts in
+        its creator's group, held to that cap until then) and new processes forked by a capped thread, and removes
+        the groups of threads that have exited."""
         for i, host in enumerate(self.dirs):
-            for pid in _ints(_read(host / "cgroup.procs")):  # joined by cpu_limit.wrap
-                self._pids.setdefault(pid, i)
+            for tid in _ints(_read(host / "tasks")):
+                if tid not in self._placed and tid not in self._left:
+                    self._place(i, tid)
+        if not full:
+            return
         running = _numeric(self._proc)
         for pid in running - self._seen:  # forked by a capped thread: in that thread's group, under its host's
             i = self._host_of(pid)
@@ -127,7 +140,7 @@ class ThreadCaps:
                 continue
             alive |= tids
             for tid in tids - self._placed.keys() - self._left.keys():
-                self._place(i, pid, tid)
+                self._place(i, tid)
         for tid in self._placed.keys() - alive:
             self._retire(tid)
         for tid in self._left.keys() - alive:
@@ -150,16 +163,25 @@ class ThreadCaps:
                     return i
         return None
 
-    def _place(self, i: int, pid: int, tid: int) -> None:
+    def _place(self, i: int, tid: int) -> None:
         host = self.hosts[i]
         if tid in self.exempt:
             self._left[tid] = i
             return
-        try:
-            name = (self._proc / str(pid) / "task" / str(tid) / "comm").read_text().strip()
+        try:  # /proc/<tid> is the thread's own view (not listed in /proc, but there)
+            status = dict(line.split(":\t", 1) for line in (self._proc / str(tid) / "status").read_text().splitlines()
+                          if ":\t" in line)
         except OSError:
             return  # exited meanwhile
-        if name == GPU_SIDE:
+        name, pid = status.get("Name", "").strip(), int(status.get("Tgid", tid))
+        self._pids.setdefault(pid, i)  # its process: later threads are found in its task list
+        if name == GPU_SIDE:  # born in its creator's group, perhaps a capped one: to its host's
+            try:
+                (self.dirs[i] / "tasks").write_text(str(tid))
+            except OSError as e:
+                if e.errno == errno.ESRCH:
+                    return  # exited meanwhile
+                LOG.warning("GPU-side thread %d stays in its creator's group: %s", tid, e)
             self._left[tid] = i
             host.gpu_side += 1
             return
@@ -208,15 +230,19 @@ class ThreadCaps:
     def _run(self) -> None:
         try:
             while not self._stopped.wait(self._interval):
-                self.scan()
+                self.scans += 1
+                self.scan(full=self.scans % self._full_every == 0)
         except Exception:  # a monitor failure must not abort the run it watches; the threads keep their caps
             LOG.exception("placing threads in their CPU groups failed; later threads of this run are not capped")
+        finally:
+            self.cpu_s = time.thread_time()  # the scanner's own cost (part of the run's sampling_cpu_s)
 
     def stop(self) -> list[HostThreads]:
         """Stops the scanner, moves any thread still capped back into its host's group and removes the
         children (their throttled time counted). Returns each host's totals."""
         self._stopped.set()
         self._thread.join(timeout=10)
+        LOG.info("thread caps: %d scans in %.2f s of CPU", self.scans, self.cpu_s)
         for i, host in enumerate(self.dirs):
             for child in _children(host):
                 for tid in _ints(_read(child / "tasks")):

@@ -75,15 +75,17 @@ def _gain(rows: Sequence[dict], model: str, gbps: float) -> float:
 
 
 def emulation_cell(point: Sequence[dict], moved: Sequence[dict]) -> str:
-    """How the point's runs were emulated and judged: the CPU quota per host and how many runs were faithful (its
-    unfaithful runs that superseded.py moved to results/legacy/, `moved`, counted too), or that they predate the
-    dilated CPUs (and so the fidelity monitors)."""
+    """How the point's runs were emulated and judged: the CPU quota per host (and per thread where threads were
+    capped) and how many runs were faithful (its unfaithful runs that superseded.py moved to results/legacy/,
+    `moved`, counted too), or that they predate the dilated CPUs (and so the fidelity monitors)."""
     if not point or not dilated(point[0]):
         return "CPUs not dilated (older runs, no verdict)"
     quotas = sorted({number(r.get("cpu_quota_cores")) for r in point})
     key = point_key(point[0])
     count = fidelity_count([*point, *(r for r in moved if point_key(r) == key and bench_rows.verdict(r) is False)])
-    return (f"CPUs dilated ({'/'.join(f'{q:g}' for q in quotas)} cores per host); {count['faithful']} of "
+    threads = sorted({number(r.get("thread_cap_cores")) for r in point} - {0.0})
+    capped = f", {'/'.join(f'{t:g}' for t in threads)} per thread" if threads else ""
+    return (f"CPUs dilated ({'/'.join(f'{q:g}' for q in quotas)} cores per host{capped}); {count['faithful']} of "
             f"{count['all']} runs faithful")
 
 
@@ -153,6 +155,9 @@ def headline_block(results: pathlib.Path) -> str:
     how = (f"a quota of --host-cpus × --gpu-scale ({'/'.join(f'{q:g}' for q in quotas)} cores per host; "
            f"benchmarks/emulation/cpu_limit.py), the workers' updates of MXNet's P3 and Horovod on the virtual "
            f"GPU, every run judged by the fidelity monitors and only faithful ones shown")
+    if any(number(r.get("thread_cap_cores")) for r in behind):
+        how += (" (with 'per thread', also each thread of a host at one dilated CPU, benchmarks/emulation/"
+                "thread_cap.py, except Horovod's background thread: its Gloo sum stands for NCCL's on the GPU)")
     if all(limited):
         cpu = f"Each host's CPUs were slowed with compute and links: {how}."
     elif not any(limited):

@@ -151,7 +151,9 @@ class EmulatedTraining:
         # the kvstore (pulled over the network).
         self.model = emulated_compute.EmulatedModel(description, args.batch_size, profile, args.vgpu_slack_us,
                                                     weights_from_device=self.update_on_gpu or mode == "horovod")
-        self.vgpu_timer = emulated_compute.run_timer_as_gpu(self.model.timer_tid)
+        with thread_cap.gpu_side():  # the timer thread is the GPU: never capped as a CPU (thread_cap.py)
+            timer_tid = self.model.timer_tid  # the thread starts here
+        self.vgpu_timer = emulated_compute.run_timer_as_gpu(timer_tid)
         self.samples = args.batch_size * int(description.get("tokens_per_sample", 1))
         self.unit = description.get("sample_unit", "images")
         self.compute_s = self.model.compute_seconds
