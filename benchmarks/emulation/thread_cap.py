@@ -93,7 +93,7 @@ class ThreadCaps:
     tree in the tests)."""
 
     def __init__(self, host_dirs: Sequence[pathlib.Path], cores: float, period_us: int, *,
-                 exempt: Collection[int] = (), interval_s: float = 0.02, full_every: int = 10,
+                 exempt: Collection[int] = (), interval_s: float = 0.02, full_every: int = 25,
                  proc: pathlib.Path = PROC,
                  rmdir: Callable[[pathlib.Path], None] = pathlib.Path.rmdir):
         for d in host_dirs:
