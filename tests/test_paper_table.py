@@ -64,3 +64,18 @@ def test_an_explanation_is_shown_only_with_the_measurement_behind_it(results, mo
 def test_the_table_is_a_block_of_the_benchmark_docs(results):
     assert report.blocks(results)["paper-comparison"]() == paper_table.paper_table_block(results)
     assert "<!-- bench:paper-comparison -->" in report.DOCS.read_text()
+
+
+def test_a_claim_never_pools_runs_made_under_different_conditions(tmp_path):
+    """Faithful runs of one point with threads uncapped and capped (points.POINT_KEY tells them apart): the gain
+    comes from the newest conditions alone, here the capped runs (p3kv 0.8 s, dist_sync 1.0 s), never the uncapped
+    p3kv runs at 0.5 s."""
+    rows = []
+    for repeat in range(2):
+        rows.append(_row("resnet50_v1", "p3", 4.0, 0.5, repeat))
+    for repeat in range(3):
+        rows += [{**_row("resnet50_v1", kv, 4.0, s, repeat), "thread_cap_cores": 0.2}
+                 for kv, s in (("p3", 0.8), ("dist_sync", 1.0))]
+    _write(tmp_path / "sweeps" / "bandwidth.csv", rows)
+    line = next(x for x in paper_table.paper_table_block(tmp_path).splitlines() if x.startswith("| ResNet-50 "))
+    assert "| +25% (+25% … +25%) | 4 Gbps, `bandwidth.csv` | 3 / 3 |" in line, line

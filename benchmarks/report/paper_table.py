@@ -17,7 +17,7 @@ import numpy as np
 
 from benchmarks.analysis import bench_rows
 from benchmarks.analysis.points import equivalent_gbps
-from benchmarks.report.headline import job_iterations, ratio
+from benchmarks.report.headline import job_iterations, point_key, ratio
 
 GAP_POINTS = 10.0
 
@@ -58,9 +58,16 @@ def _usable(row: dict) -> bool:
             and int(float(row.get("hosts") or 0)) == HOSTS)
 
 
+def _at(rows: Sequence[dict], claim: Claim, gbps: float) -> list[dict]:
+    """The claim's rows at `gbps` under one set of conditions (points.POINT_KEY: dilation, CPU quota, threads
+    capped, ...), the newest of its system's: a ratio never pools runs made under different ones."""
+    here = [r for r in rows if r["model"] == claim.model and equivalent_gbps(r) == gbps]
+    mine = [r for r in here if r["kvstore"] == claim.system]
+    return [r for r in here if point_key(r) == point_key(mine[-1])] if mine else []
+
+
 def _jobs(rows: Sequence[dict], claim: Claim, kvstore: str, gbps: float) -> list[np.ndarray]:
-    return [job_iterations(r) for r in rows if r["model"] == claim.model and r["kvstore"] == kvstore
-            and equivalent_gbps(r) == gbps]
+    return [job_iterations(r) for r in _at(rows, claim, gbps) if r["kvstore"] == kvstore]
 
 
 def _gain(value: float) -> str:
@@ -72,8 +79,8 @@ def claim_row(claim: Claim, results: pathlib.Path) -> str:
     mine = [r for r in everything if r["model"] == claim.model and r["kvstore"] in (claim.system, claim.baseline)]
     faithful = [r for r in mine if bench_rows.verdict(r) is True]
     source = f"`{claim.sweep}.csv`"
-    rates = sorted({equivalent_gbps(r) for r in faithful if r["kvstore"] == claim.system}
-                   & {equivalent_gbps(r) for r in faithful if r["kvstore"] == claim.baseline} - {None})
+    rates = sorted(g for g in {equivalent_gbps(r) for r in faithful} - {None}
+                   if {r["kvstore"] for r in _at(faithful, claim, g)} >= {claim.system, claim.baseline})
     if claim.gbps is not None:
         rates = [g for g in rates if g == claim.gbps]
     if not rates:
