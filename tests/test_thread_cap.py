@@ -146,6 +146,15 @@ def test_a_point_caps_threads_only_with_cpu_limits_and_keys_apart():
     assert capped != free  # --resume never takes a capped run for an uncapped one
 
 
+def _skip_without_thread_caps() -> None:
+    """Skips (saying why) where namespaces, CPU groups or cgroup v1 are missing: the system tests need all three."""
+    reason = emulated_cluster.why_unavailable() or cpu_limit.why_unavailable()
+    if reason:
+        pytest.skip(reason)
+    if cpu_limit.find_hierarchy().version != 1:
+        pytest.skip("per-thread caps need cgroup v1; this machine has v2")
+
+
 # One thread burns CPU for argv[1] seconds of wall time while the main thread waits; it reports its CPU time and
 # its cpu cgroup.
 BURNER = r"""
@@ -168,11 +177,7 @@ print(json.dumps(out))
 
 @pytest.mark.system
 def test_a_busy_thread_runs_at_one_dilated_cpu_not_at_its_hosts_whole_quota():
-    reason = emulated_cluster.why_unavailable() or cpu_limit.why_unavailable()
-    if reason:
-        pytest.skip(reason)
-    if cpu_limit.find_hierarchy().version != 1:
-        pytest.skip("per-thread caps need cgroup v1; this machine has v2")
+    _skip_without_thread_caps()
     seconds, cores = 2.0, 0.1
     with emulated_cluster.EmulatedCluster(1, None, cpu_groups=True) as cluster:
         cluster.set_cpu_quota(4 * cores)  # a host of 4 CPUs at gpu_scale 0.1
@@ -219,11 +224,7 @@ print(json.dumps(out))
 
 @pytest.mark.system
 def test_a_gpu_side_thread_of_a_capped_thread_leaves_its_cap_and_runs_real_time():
-    reason = emulated_cluster.why_unavailable() or cpu_limit.why_unavailable()
-    if reason:
-        pytest.skip(reason)
-    if cpu_limit.find_hierarchy().version != 1:
-        pytest.skip("per-thread caps need cgroup v1; this machine has v2")
+    _skip_without_thread_caps()
     repo = pathlib.Path(__file__).resolve().parents[1]
     with emulated_cluster.EmulatedCluster(1, None, cpu_groups=True) as cluster:
         cluster.set_cpu_quota(0.4)
