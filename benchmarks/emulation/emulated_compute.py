@@ -47,6 +47,7 @@ import os
 import pathlib
 import time
 
+from benchmarks.emulation import thread_cap
 from benchmarks.paths import SHAPES_DIR
 from benchmarks.workloads import model_shapes
 
@@ -109,7 +110,8 @@ def run_timer_as_gpu(tid: int, cpu_root: pathlib.Path = CPU_CGROUP_V1, wait_s: f
             done.insert(0, "real-time")
             break
         except OSError as e:
-            if e.errno == errno.EPERM and _in_thread_cap(_cpu_group(tid)) and time.monotonic() < deadline:
+            capped = thread_cap.is_thread_group(_cpu_group(tid) or "")
+            if e.errno == errno.EPERM and capped and time.monotonic() < deadline:
                 time.sleep(0.01)
                 continue
             refused.append(f"not real-time ({e.strerror or e})")
@@ -120,16 +122,9 @@ def run_timer_as_gpu(tid: int, cpu_root: pathlib.Path = CPU_CGROUP_V1, wait_s: f
 def _cpu_group(tid: int) -> str | None:
     """Thread `tid`'s (of this process) group in the cpu hierarchy; None where unknown."""
     try:
-        lines = pathlib.Path(f"/proc/self/task/{tid}/cgroup").read_text().splitlines()
+        return thread_cap.cpu_group(pathlib.Path(f"/proc/self/task/{tid}/cgroup").read_text())
     except OSError:
         return None
-    return next((line.split(":", 2)[2] for line in lines if "cpu" in line.split(":", 2)[1].split(",")), None)
-
-
-def _in_thread_cap(group: str | None) -> bool:
-    """Whether `group` is a thread's own capped group (thread_cap.py names them t<tid>)."""
-    last = (group or "").rpartition("/")[2]
-    return last.startswith("t") and last[1:].isdigit()
 
 
 def load_description(model: str, shapes_dir: pathlib.Path = SHAPES_DIR) -> dict:

@@ -48,6 +48,21 @@ GPU_SIDE = "p3-gpu-side"  # a thread's name (comm, at most 15 bytes) that keeps 
 PROC = pathlib.Path("/proc")
 
 
+def cpu_group(cgroup_file: str) -> str | None:
+    """The cpu hierarchy's group in the text of a /proc/.../cgroup file; None where it names none."""
+    for line in cgroup_file.splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            return path
+    return None
+
+
+def is_thread_group(group: str) -> bool:
+    """Whether `group` (a path or a name) is one thread's capped group: PREFIX + its thread id."""
+    last = group.rpartition("/")[2]
+    return last.startswith(PREFIX) and last[len(PREFIX):].isdigit()
+
+
 def thread_quota_us(cores: float, period_us: int) -> int:
     """One thread's quota per period: `cores` of one CPU (gpu_scale), never under the kernel's minimum."""
     if cores <= 0 or period_us <= 0:
@@ -71,9 +86,9 @@ def gpu_side(proc: pathlib.Path = PROC) -> Iterator[None]:
 
 @dataclasses.dataclass
 class HostThreads:
-    """What the caps did on one host: threads placed in groups of their own, threads left in the host's group
-    (and why: an errno name, or "gpu-side"), and the time the kernel held capped threads back (throttled),
-    summed over them."""
+    """What the caps did on one host: threads placed in groups of their own, threads their group refused (by
+    errno name), GPU-side threads left at the host's quota, and the time the kernel held capped threads back
+    (throttled), summed over them."""
 
     placed: int = 0
     throttled_s: float = 0.0
@@ -148,20 +163,11 @@ class ThreadCaps:
 
     def _host_of(self, pid: int) -> int | None:
         """The host whose group (or one of its children) holds process `pid`'s main thread; None: no host's."""
-        try:
-            lines = (self._proc / str(pid) / "cgroup").read_text().splitlines()
-        except OSError:
-            return None  # exited meanwhile
-        for line in lines:
-            _, controllers, path = line.split(":", 2)
-            if "cpu" not in controllers.split(","):
-                continue
-            parent, _, last = path.rpartition("/")
-            group = parent if last.startswith(PREFIX) and last[len(PREFIX):].isdigit() else path
-            for i, d in enumerate(self.dirs):
-                if group not in ("", "/") and str(d).endswith(group):
-                    return i
-        return None
+        path = cpu_group(_read(self._proc / str(pid) / "cgroup")) or ""  # "": exited meanwhile
+        group = path.rpartition("/")[0] if is_thread_group(path) else path
+        if group in ("", "/"):
+            return None
+        return next((i for i, d in enumerate(self.dirs) if str(d).endswith(group)), None)
 
     def _place(self, i: int, tid: int) -> None:
         host = self.hosts[i]
@@ -277,7 +283,7 @@ def _numeric(directory: pathlib.Path) -> set[int]:
 
 def _children(host: pathlib.Path) -> list[pathlib.Path]:
     try:
-        return [d for d in host.iterdir() if d.is_dir() and d.name.startswith(PREFIX) and d.name[1:].isdigit()]
+        return [d for d in host.iterdir() if d.is_dir() and is_thread_group(d.name)]
     except OSError:
         return []
 
