@@ -123,16 +123,37 @@ def test_no_reference_and_a_ratio_that_includes_one(tmp_path):
     assert "every job started on an idle machine" in text
 
 
-def test_demo_defaults_are_p100s_on_10_gbps_within_the_cpu_quotas_and_a_short_run():
+def test_demo_defaults_are_the_papers_resnet50_point_within_the_cpu_quotas_and_a_short_run():
     args = demo.parse_args([])
     planned = demo.points(args)
     assert [p.kvstore for p in planned].count("p3") == 3 and {p.kvstore for p in planned} == {"p3", "dist_sync"}
-    assert {(p.model, p.hosts, p.bandwidth, p.gpu_scale, p.warmup, p.iters, p.host_cpus) for p in planned} == {
-        ("resnet50_v1", 4, "1gbit", 0.1, 2, 6, 4.0)}  # 1 Gbit at a tenth of a P100: 10 Gbps-equivalent
+    assert {(p.model, p.hosts, p.bandwidth, p.gpu_scale, p.warmup, p.iters, p.host_cpus, p.thread_cap_cores)
+            for p in planned} == {("resnet50_v1", 4, "400mbit", 0.1, 2, 6, 4.0, 0.1)}
+    # 400 Mbit at a tenth of a P100: 4 Gbps-equivalent; every thread at one dilated CPU unless asked otherwise
+    assert all(p.thread_cap_cores is None for p in demo.points(demo.parse_args(["--no-thread-cap"])))
     assert [p.repeat for p in planned] == [0, 0, 1, 1, 2, 2]  # interleaved
     assert args.out == demo.ROOT / "build" / "demo" and args.wait == 60 and not args.strict
     more = demo.points(demo.parse_args(["--systems", "p3", "dist_sync", "mxnet-p3", "horovod"]))
     assert {p.kvstore for p in more} == {"p3", "dist_sync", "mxnet-p3", "horovod"}
+
+
+def test_the_committed_reference_is_from_faithful_runs_under_the_same_conditions(tmp_path):
+    committed = tmp_path / "results" / "sweeps"
+    write_fixture(committed / "bandwidth.csv", {"p3": 0.95, "dist_sync": 1.10}, tag="bandwidth", iters=20)
+    rows = bench_rows.read_runs(committed / "bandwidth.csv")
+    run = tmp_path / "build" / "demo.csv"
+    write_fixture(run, {"p3": 1.0, "dist_sync": 1.25})
+    demo_row = bench_rows.read_runs(run)[0]
+    assert demo_screen.reference(demo_row, committed) is not None  # another sweep's tag: the same point
+    assert demo_screen.reference({**demo_row, "thread_cap_cores": "0.2"}, committed) is None  # capped: not
+    assert demo_screen.reference({**demo_row, "host_cpus": "4.0"}, committed) is None  # CPU-limited: not
+    # Runs the fidelity monitors failed are never a reference.
+    for r in rows:
+        r["faithful"] = "False"
+    (committed / "bandwidth.csv").unlink()
+    for r in rows:
+        bench_rows.write_run(committed / "bandwidth.csv", {k: v for k, v in r.items() if k in bench_rows.RUN_COLUMNS})
+    assert demo_screen.reference(demo_row, committed) is None
 
 
 def test_the_screen_says_how_many_jobs_the_fidelity_monitors_passed(tmp_path):

@@ -3,6 +3,7 @@ output folder and ends with the final screen; without root it stops at once and 
 
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -34,12 +35,14 @@ def test_demo_writes_only_under_its_output_folder(tmp_path):
     results_before = snapshot(ROOT / "benchmarks" / "results")
     readme_before = (ROOT / "README.md").read_bytes()
     build_demo_before = snapshot(ROOT / "build" / "demo") if (ROOT / "build" / "demo").exists() else {}
-    cmd = [sys.executable, "-m", "benchmarks.suites.demo", "--hosts", "2", "--warmup", "1", "--iters", "2",
+    cmd = [sys.executable, "-m", "benchmarks.suites.demo", "--hosts", "2", "--bandwidth", "1gbit", "--warmup", "1",
+           "--iters", "2",
            "--repeats", "1", "--batch-size", "4", "--resamples", "200", "--wait", "0", "--smoke", "--out", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600, check=False)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-5000:]
-    assert "demo [1/2] " in output and "demo [2/2] " in output  # a progress line per job
+    assert "demo [1/2] " in output and "demo [2/2] " in output  # a progress line per job, with its verdict
+    assert re.search(r"demo \[1/2\] .*images/s, (faithful|not faithful \(\w+: )", output), output[-3000:]
     assert "p3kv / dist_sync: " in done.stdout and "committed reference: none at this point" in done.stdout
     assert sorted(p.name for p in out.iterdir()) == ["demo.csv", "demo_iterations.csv", "fig_demo.png", "logs",
                                                       "summary.md"]

@@ -89,6 +89,15 @@ def test_runs_without_cpu_limits_or_a_window_are_not_faithful():
     assert not _judge(cpu_window=None).faithful
 
 
+def test_per_thread_caps_that_began_after_the_timed_window_or_never_fail_the_run():
+    assert _judge(thread_caps=True, caps_lead_s=3.5).faithful  # began 3.5 s before the window
+    late = _judge(thread_caps=True, caps_lead_s=-0.25)
+    assert not late.faithful and late.text() == "cpu: the per-thread caps began 0.25 s after the timed window started"
+    never = _judge(thread_caps=True, caps_lead_s=None)
+    assert not never.faithful and "never began" in never.text()
+    assert _judge(thread_caps=False, caps_lead_s=None).faithful  # uncapped runs: no such rule
+
+
 def test_the_virtual_gpu_late_or_forgiving_too_much_fails_and_absent_is_not_measured():
     late = _judge(ranks=[{"vgpu_late_max_us": 100.0}, {"vgpu_late_max_us": 2500.0}])
     assert not late.faithful and "2500 us late (limit 1000 us)" in late.text()

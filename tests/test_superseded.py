@@ -112,6 +112,22 @@ def test_a_p3kv_run_from_before_the_priority_hold_moves_once_a_faithful_run_with
     assert [r["run_id"] for r in bench_rows.read_runs(sweep)] == ["ds", "hold-0.05", "hold"]
 
 
+def test_a_cpu_limited_run_without_per_thread_caps_moves_once_a_capped_faithful_run_exists(tmp_path):
+    sweep = tmp_path / "sweeps" / "bandwidth.csv"
+    free = {**_row("dist_sync", 4.0, "uncapped", faithful="True", scale=0.11), "host_cpus": "4.0"}
+    torch = {**_row("torch-ddp", 2.0, "torch", faithful="True", scale=0.11), "host_cpus": "4.0"}
+    for r in (free, torch):
+        bench_rows.write_run(sweep, r, {0: [1.0]})
+    assert superseded.outdated_by(free) == "per-thread caps"
+    assert not superseded.outdated({**free, "thread_cap_cores": "0.11"})
+    assert not superseded.outdated(_row("dist_sync", 4, "x"))  # no CPU limits: no rule of this kind
+    legacy = tmp_path / "legacy"
+    assert superseded.move(sweep, legacy) == 0  # nothing capped yet: both stay
+    bench_rows.write_run(sweep, {**free, "run_id": "capped", "thread_cap_cores": "0.11"}, {0: [1.0]})
+    assert superseded.move(sweep, legacy) == 1  # the uncapped dist_sync run; DDP's point has no capped run
+    assert [r["run_id"] for r in bench_rows.read_runs(sweep)] == ["torch", "capped"]
+
+
 def test_rows_with_a_column_the_legacy_file_lacks_move_into_it_and_it_gains_the_column(tmp_path):
     sweep = tmp_path / "sweeps" / "dilation.csv"
     legacy = tmp_path / "legacy"

@@ -6,11 +6,13 @@ import json
 import os
 import pathlib
 import shutil
+import subprocess
 import sys
 import time
 
 import pytest
 
+from benchmarks.analysis import bench_rows
 from benchmarks.emulation import cpu_limit, emulated_cluster, thread_cap
 from benchmarks.suites import cluster_bench
 from benchmarks.suites.cluster_job import Point
@@ -48,7 +50,7 @@ def test_a_hierarchy_without_v1_tasks_is_refused_naming_the_option(tmp_path):
     v2 = tmp_path / "p3c1x0h0"
     v2.mkdir()
     (v2 / "cpu.max").write_text("max 100000")
-    with pytest.raises(cpu_limit.CpuLimitError, match="cgroup v1.*--thread-cap"):
+    with pytest.raises(cpu_limit.CpuLimitError, match="cgroup v1.*--no-thread-cap"):
         thread_cap.ThreadCaps([v2], 0.1, 10_000)
 
 
@@ -133,14 +135,53 @@ def test_stop_moves_threads_back_to_their_host_and_removes_every_child(tmp_path)
 
 
 @pytest.mark.unit
+def test_caps_begin_when_the_run_says_start_up_is_over_and_gpu_side_threads_are_never_capped(tmp_path):
+    proc, host = tmp_path / "proc", _host(tmp_path, tasks="50\n51\n52\n")
+    _process(proc, 50, "/p3c1x0/p3c1x0h0", {50: "python", 51: "python", 52: thread_cap.GPU_SIDE})
+    ready = []
+    caps = thread_cap.ThreadCaps([host], 0.1, 10_000, proc=proc, rmdir=shutil.rmtree, ready=lambda: bool(ready))
+    caps.scan()
+    caps.scan(full=False)
+    assert caps.began_at is None and not any(d.is_dir() for d in host.iterdir())  # start-up: the host's quota
+    assert caps.hosts[0].gpu_side == 1 and caps.hosts[0].placed == 0
+    _process(proc, 50, "/p3c1x0/p3c1x0h0", {53: "python"})  # born during start-up, in the host's group
+    (host / "tasks").write_text("50\n51\n52\n53\n")
+    caps.scan()
+    assert not (host / "t53").exists()
+    before = time.time()
+    ready.append(True)  # every worker has built its model
+    caps.scan(full=False)  # the quick pass is enough: the first one after start-up looks at everything
+    assert caps.began_at is not None and caps.began_at >= before
+    assert sorted(d.name for d in host.iterdir() if d.is_dir()) == ["t50", "t51", "t53"]
+    assert caps.hosts[0].placed == 3 and caps.hosts[0].gpu_side == 1
+    # Without `ready` the caps begin at the first scan.
+    assert thread_cap.ThreadCaps([_host(tmp_path, "p3c1x0h1")], 0.1, 10_000, proc=proc).began_at is None
+    now = thread_cap.ThreadCaps([_host(tmp_path, "p3c1x0h2")], 0.1, 10_000, proc=proc)
+    now.scan(full=False)
+    assert now.began_at is not None
+
+
+@pytest.mark.unit
+def test_workers_say_they_are_ready_in_a_folder_the_runner_counts(tmp_path):
+    from benchmarks.workloads import worker_output
+    prefix = str(tmp_path / "run.r0")
+    assert worker_output.ready_count(prefix) == 0
+    worker_output.mark_ready(prefix)
+    worker_output.mark_ready(prefix)  # the same process twice counts once
+    assert worker_output.ready_count(prefix) == 1
+    assert (tmp_path / "run.r0.ready" / str(os.getpid())).exists()
+
+
+@pytest.mark.unit
 def test_a_point_caps_threads_only_with_cpu_limits_and_keys_apart():
     base = dict(model="resnet50_v1", kvstore="p3", gpu_scale=0.11, host_cpus=4.0)
     assert Point(**base, thread_cap=True).thread_cap_cores == 0.11
     assert Point(**base).thread_cap_cores is None
     assert Point(**{**base, "host_cpus": None}, thread_cap=True).thread_cap_cores is None
-    args = cluster_bench.parse_args(["--model", "resnet50_v1", "--kvstore", "p3", "--gpu-scale", "0.11",
-                                     "--thread-cap"])
-    assert all(p.thread_cap_cores == 0.11 for p in cluster_bench.points_from_args(args))
+    for flags, cores in (([], 0.11), (["--thread-cap"], 0.11), (["--no-thread-cap"], None),
+                         (["--no-cpu-limit"], None)):  # on by default, and only with CPU limits
+        args = cluster_bench.parse_args(["--model", "resnet50_v1", "--kvstore", "p3", "--gpu-scale", "0.11", *flags])
+        assert all(p.thread_cap_cores == cores for p in cluster_bench.points_from_args(args)), flags
     from benchmarks.suites import sweeps
     capped, free = (sweeps._signature(sweeps._settings(Point(**base, thread_cap=c))) for c in (True, False))
     assert capped != free  # --resume never takes a capped run for an uncapped one
@@ -239,3 +280,22 @@ def test_a_gpu_side_thread_of_a_capped_thread_leaves_its_cap_and_runs_real_time(
     assert out["main"].rpartition("/")[2].startswith("t"), out  # the main thread stayed capped
     assert out["timer"] == out["main"].rpartition("/")[0], out  # the timer in the host's own group
     assert hosts[0].gpu_side == 1 and hosts[0].placed >= 1, hosts[0]
+
+
+@pytest.mark.system
+def test_a_capped_run_caps_its_threads_after_start_up_and_before_its_timed_window(tmp_path):
+    """p3kv on 2 emulated hosts with --thread-cap: the workers say when their models are built, the caps begin
+    then (start-up at the host's quota), before the timed window, and the row says how long before."""
+    _skip_without_thread_caps()
+    out = tmp_path / "capped.csv"
+    cmd = [sys.executable, "-m", "benchmarks.suites.cluster_bench", "--model", "resnet50", "--hosts", "2",
+           "--bandwidth", "400mbit", "--gpu-scale", "0.2", "--kvstore", "p3", "--warmup", "2", "--iters", "2",
+           "--repeats", "1", "--batch-size", "4", "--csv", str(out), "--timeout", "240", "--smoke", "--force",
+           "--allow-dirty", "--untuned", "--thread-cap"]
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=repo, timeout=600, check=False)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
+    (row,) = bench_rows.read_runs(out)
+    assert row["thread_cap_cores"] == "0.2" and all(int(n) >= 2 for n in row["threads_capped"].split(";")), row
+    assert float(row["thread_caps_lead_s"]) > 0, row  # began before the timed window
+    assert "per-thread caps" not in row["fidelity_notes"], row["fidelity_notes"]

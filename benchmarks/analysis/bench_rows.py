@@ -57,8 +57,9 @@ RUN_COLUMNS = (
     "priority_hold_ms",  # p3kv's P3_PRIORITY_HOLD_MS (sender.h); "": another system, or a p3kv row from before it
     # Per-thread caps (emulation/thread_cap.py): each thread's cores ("": uncapped), per host the threads placed
     # in groups of their own, those left uncapped as GPU-side work (Horovod's background thread) and the time
-    # the kernel held the capped ones back (throttled, summed over the threads).
-    "thread_cap_cores", "threads_capped", "threads_gpu_side", "thread_throttled_s",
+    # the kernel held the capped ones back (throttled, summed over the threads); how long before the timed window
+    # the caps began (start-up runs at the host's quota: thread_cap.py; "": uncapped, or a row from before).
+    "thread_cap_cores", "threads_capped", "threads_gpu_side", "thread_throttled_s", "thread_caps_lead_s",
 )
 ITERATION_COLUMNS = ("run_id", "tag", "model", "kvstore", "hosts", "bandwidth", "gpu_scale", "repeat", "rank",
                      "iteration", "time_s")

@@ -55,9 +55,13 @@ def outdated_by(row: dict) -> str:
     """What a row the monitors passed predates, if it no longer measures what a rerun would ("" if current): an
     emulated Horovod run from before its cycle time was dilated (no horovod_cycle_ms;
     cluster_job.Point.horovod_cycle_real_ms), under conditions since found unfaithful; an emulated p3kv run from
-    before the sender's priority hold (no priority_hold_ms; sender.h), whose transport has since changed."""
+    before the sender's priority hold (no priority_hold_ms; sender.h), whose transport has since changed; a
+    CPU-limited run whose threads were not capped at one dilated CPU (no thread_cap_cores; thread_cap.py, on by
+    default since): one thread could run at its host's whole quota, which the monitors do not see."""
     if row.get("compute") != "emulated":
         return ""
+    if row.get("host_cpus") and not row.get("thread_cap_cores"):
+        return "per-thread caps"
     if row.get("kvstore") == "horovod" and not row.get("horovod_cycle_ms"):
         return "its cycle time was dilated"
     if is_p3kv(str(row.get("kvstore", ""))) and not row.get("priority_hold_ms"):

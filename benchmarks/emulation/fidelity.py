@@ -20,6 +20,8 @@ An emulated run is a measurement of P3 only while the emulated hosts behave like
    some host's link sent under 90% of what it owed in more than MAX_LINK_STARVED_SHARE of the intervals it had
    data queued fails: there the emulated NIC, not the system, set the pace. Uncapped links, or a monitor that
    could not read the queues, are "not measured".
+6. Per-thread caps (--thread-cap, thread_cap.py) begin when every worker has built its model; a run whose timed
+   window started before they began (or in which they never began) fails: part of its window ran uncapped.
 """
 
 from __future__ import annotations
@@ -179,13 +181,27 @@ def link_notes(links: Sequence[HostLink] | None) -> tuple[bool, list[str]]:
     return True, notes
 
 
+def caps_notes(thread_caps: bool, lead_s: float | None) -> tuple[bool, list[str]]:
+    """(passed, notes) of rule 6: per-thread caps, when on, began before the timed window (`lead_s` seconds
+    before it; None: they never began)."""
+    if not thread_caps:
+        return True, []
+    if lead_s is None:
+        return False, ["cpu: the per-thread caps never began (no worker said it had built its model)"]
+    if lead_s < 0:
+        return False, [f"cpu: the per-thread caps began {-lead_s:.2f} s after the timed window started"]
+    return True, []
+
+
 def judge(*, cpu_window: Sequence[CpuUsage] | None, window_s: float, limited: bool, ranks: Sequence[dict],
           median_iter_s: float | None, net: Sequence[HostNet] | None, sampling_cpu_s: float | None, wall_s: float,
           headroom_cores: float | None, links: Sequence[HostLink] | None = None, gpu_scale: float = 1.0,
-          steal: float | None = None) -> Verdict:
-    """The run's verdict: faithful when the CPU, virtual-GPU and link monitors pass; flags and what was not
-    measured go to the notes."""
+          steal: float | None = None, thread_caps: bool = False, caps_lead_s: float | None = None) -> Verdict:
+    """The run's verdict: faithful when the CPU (with the per-thread caps' start), virtual-GPU and link monitors
+    pass; flags and what was not measured go to the notes."""
     cpu_ok, notes = cpu_notes(cpu_window, window_s, limited)
+    caps_ok, caps = caps_notes(thread_caps, caps_lead_s)
+    cpu_ok, notes = cpu_ok and caps_ok, notes + caps
     vgpu_ok, more = vgpu_notes(ranks, median_iter_s, gpu_scale)
     link_ok, link_more = link_notes(links)
     notes += (more + link_more + network_notes(net) + sampling_notes(sampling_cpu_s, wall_s, headroom_cores)

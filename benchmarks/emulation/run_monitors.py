@@ -9,7 +9,8 @@ ran).
 
 The timed window is cut from the CPU groups' samples: it ends when the last rank wrote its result (the file's
 modification time: ranks write it right after their last timed iteration) and lasts as long as the slowest rank's
-timed iterations together.
+timed iterations together. With per-thread caps, how long before that window they began is a column
+(thread_caps_lead_s) and a rule of the verdict.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import logging
 import os
 import pathlib
 import resource
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from benchmarks.emulation import cpu_sampler, fidelity, link_monitor, net_counters, qdisc_stats, thread_cap
 
@@ -30,7 +31,8 @@ COLUMNS = ("host_cpus", "cpu_limit", "cpu_quota_cores", "host_cpu_s", "host_thro
            "vgpu_forgiven_us_per_iter", "qdisc_drops", "qdisc_drops_total", "tcp_retrans", "tcp_retrans_total",
            "tcp_out_segs_total", "sampling_cpu_s", "faithful", "fidelity_notes", "cfs_period_us", "cfs_slice_us",
            "link_rx", "link_backlogged_pct", "link_starved_pct", "link_starved_max_pct", "link_monitor_cpu_s",
-           "vgpu_late_us_per_iter", "steal_pct", "thread_cap_cores", "threads_capped", "thread_throttled_s")
+           "vgpu_late_us_per_iter", "steal_pct", "thread_cap_cores", "threads_capped", "thread_throttled_s",
+           "thread_caps_lead_s")
 
 
 def joined(values: Sequence[float], digits: int = 3) -> str:
@@ -63,14 +65,15 @@ def _self_cpu_s() -> float:
 class RunMonitors:
     """One run's monitors on `cluster` (an EmulatedCluster). `host_cpus` None: CPU limits off for this run;
     `quota` the per-host cores when on; `thread_cores` each thread's cores (thread_cap.py), None: threads
-    uncapped."""
+    uncapped; `ready` when those caps begin (thread_cap.ThreadCaps; None: at once)."""
 
     def __init__(self, cluster, host_cpus: float | None, quota: float | None, period_us: int | None = None,
-                 thread_cores: float | None = None):
+                 thread_cores: float | None = None, ready: Callable[[], bool] | None = None):
         self._cluster = cluster
         self.host_cpus, self.quota = host_cpus, quota
         self.period_us = period_us  # the quota's CFS period in real µs; None: the default (cfs_bandwidth.py)
         self.thread_cores = thread_cores if host_cpus is not None else None
+        self._ready = ready
         self._threads: thread_cap.ThreadCaps | None = None
         self._sampler: cpu_sampler.UsageSampler | None = None
         self._net_before: list[net_counters.HostNet] | None = None
@@ -82,7 +85,8 @@ class RunMonitors:
             if self.thread_cores is not None:  # a refusal (cgroup v2) ends the run before any monitor starts
                 self._threads = thread_cap.ThreadCaps(
                     self._cluster.cpu.cpu_dirs(), self.thread_cores, self._cluster.cpu.period_us,
-                    exempt=[t for tids in getattr(self._cluster, "rx_threads", []) for t in tids]).start()
+                    exempt=[t for tids in getattr(self._cluster, "rx_threads", []) for t in tids],
+                    ready=self._ready).start()
             self._sampler = cpu_sampler.UsageSampler(self._cluster.cpu).start()
         if self._cluster.rate_bps:  # uncapped links have no queue of their own to watch
             try:
@@ -147,6 +151,11 @@ class RunMonitors:
                            throttled_max_pct=round(100 * max(shares), 1),
                            throttled_periods_max_pct=round(100 * max(u.throttled_period_share for u in window), 1),
                            timed_window_s=round(window_s, 3))
+        caps_lead = None
+        if threads is not None and window_s:  # seconds the caps began before the timed window; None: never
+            began = self._threads.began_at
+            caps_lead = None if began is None else end - window_s - began
+            row["thread_caps_lead_s"] = "" if caps_lead is None else round(caps_lead, 2)
         late = [r["vgpu_late_max_us"] for r in results if r.get("vgpu_late_max_us") is not None]
         late_sum = [r["vgpu_late_us_per_iter"] for r in results if r.get("vgpu_late_us_per_iter") is not None]
         forgiven = [r["vgpu_forgiven_us_per_iter"] for r in results if r.get("vgpu_forgiven_us_per_iter") is not None]
@@ -172,6 +181,7 @@ class RunMonitors:
         headroom = cpus - self._cluster.hosts * self.quota if limited and self.quota else None
         verdict = fidelity.judge(cpu_window=window, window_s=window_s, limited=limited, ranks=results,
                                  median_iter_s=median_iter_s, net=net, sampling_cpu_s=sampling, wall_s=wall_s,
-                                 headroom_cores=headroom, links=links, gpu_scale=gpu_scale, steal=steal)
+                                 headroom_cores=headroom, links=links, gpu_scale=gpu_scale, steal=steal,
+                                 thread_caps=threads is not None and bool(window_s), caps_lead_s=caps_lead)
         row.update(faithful=verdict.faithful, fidelity_notes=verdict.text())
         return row

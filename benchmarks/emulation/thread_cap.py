@@ -17,6 +17,12 @@ forked by a capped thread (they start in that thread's group, under the host's).
 it (a real-time thread: children have no real-time budget) stays where it is and is counted. The group of a thread
 that has exited is removed after its throttled time is added to its host's.
 
+Start-up is not capped when a run says when it ends (`ready`): until then the scanner only notes the hosts'
+threads, which keep their host's quota, so the processes import and build their models at the host's pace rather
+than one dilated CPU's (a quarter of it at 4 CPUs); once `ready()` holds (every worker has built its model:
+worker_output.mark_ready) every thread is capped, and threads born later at once. `began_at` says when; the run's
+fidelity verdict fails a run whose timed window started before it (fidelity.py).
+
 Threads that stand for GPU-side work on the real hosts are not capped: a thread born while its creator carries the
 name GPU_SIDE (`gpu_side()`) is moved to its host's group (out of its creator's, perhaps capped, group) and keeps
 the host's quota. The virtual GPU's timer thread is one (it is the GPU; it runs real-time, which a child group
@@ -105,16 +111,16 @@ class ThreadCaps:
     `exempt`: thread ids left alone (the links' receive threads adopted into a host, link_napi.py). The scanner
     reads the hosts' own groups every `interval_s` and looks at their processes every `full_every` scans (a
     thread found late has been held to its creator's cap meanwhile, never freed of one); `proc` is /proc (a fake
-    tree in the tests)."""
+    tree in the tests). `ready`: caps begin once it returns True (asked every scan until then); None: at once."""
 
     def __init__(self, host_dirs: Sequence[pathlib.Path], cores: float, period_us: int, *,
                  exempt: Collection[int] = (), interval_s: float = 0.02, full_every: int = 25,
-                 proc: pathlib.Path = PROC,
+                 proc: pathlib.Path = PROC, ready: Callable[[], bool] | None = None,
                  rmdir: Callable[[pathlib.Path], None] = pathlib.Path.rmdir):
         for d in host_dirs:
             if not (d / "tasks").exists() or not (d / "cpu.cfs_quota_us").exists():
                 raise CpuLimitError(f"{d}: per-thread CPU caps need cgroup v1's cpu controller (a thread may join "
-                                    "a group apart from its process there); run without --thread-cap here")
+                                    "a group apart from its process there); run with --no-thread-cap here")
         self.dirs = list(host_dirs)
         self.quota_us, self.period_us = thread_quota_us(cores, period_us), period_us
         self.exempt = set(exempt)
@@ -125,6 +131,9 @@ class ThreadCaps:
         self._seen: set[int] = set()  # every pid in /proc looked at once (pids of other processes included)
         self._left: dict[int, int] = {}  # threads left in their host's group (refused, exempt, GPU-side) -> host
         self._placed: dict[int, int] = {}  # capped threads -> host (each in its child PREFIX + tid)
+        self._waiting: dict[int, int] = {}  # threads noted before the caps began -> host (still in its group)
+        self._ready = ready
+        self.began_at: float | None = None  # time.time() when the caps began; None: not yet
         self.scans, self.cpu_s = 0, 0.0
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="thread-caps", daemon=True)
@@ -134,10 +143,14 @@ class ThreadCaps:
         """Moves every thread in a host's own group into a group of its own (a new process's first threads: its
         host's quota alone holds them). With `full`, also every new thread of the hosts' processes (each starts in
         its creator's group, held to that cap until then) and new processes forked by a capped thread, and removes
-        the groups of threads that have exited."""
+        the groups of threads that have exited. Before the caps begin (`ready`) it only notes the threads."""
+        if self.began_at is None and (self._ready is None or self._ready()):
+            self.began_at = time.time()
+            self._waiting.clear()  # each is placed below, in its host's group or its process's task list
+            full = True
         for i, host in enumerate(self.dirs):
             for tid in _ints(_read(host / "tasks")):
-                if tid not in self._placed and tid not in self._left:
+                if tid not in self._placed and tid not in self._left and tid not in self._waiting:
                     self._place(i, tid)
         if not full:
             return
@@ -154,12 +167,13 @@ class ThreadCaps:
                 del self._pids[pid]  # exited
                 continue
             alive |= tids
-            for tid in tids - self._placed.keys() - self._left.keys():
+            for tid in tids - self._placed.keys() - self._left.keys() - self._waiting.keys():
                 self._place(i, tid)
         for tid in self._placed.keys() - alive:
             self._retire(tid)
-        for tid in self._left.keys() - alive:
-            del self._left[tid]
+        for noted in (self._left, self._waiting):
+            for tid in noted.keys() - alive:
+                del noted[tid]
 
     def _host_of(self, pid: int) -> int | None:
         """The host whose group (or one of its children) holds process `pid`'s main thread; None: no host's."""
@@ -190,6 +204,9 @@ class ThreadCaps:
                 LOG.warning("GPU-side thread %d stays in its creator's group: %s", tid, e)
             self._left[tid] = i
             host.gpu_side += 1
+            return
+        if self.began_at is None:
+            self._waiting[tid] = i  # start-up: its host's quota only, until the caps begin
             return
         child = self.dirs[i] / f"{PREFIX}{tid}"
         try:

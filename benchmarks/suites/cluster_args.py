@@ -14,7 +14,7 @@ DEFAULT_HOST_CPUS = 4.0
 
 
 def add_cpu_arguments(p: argparse.ArgumentParser) -> None:
-    """--host-cpus and --no-cpu-limit (shared with sweeps.py and demo.py)."""
+    """--host-cpus, --thread-cap / --no-thread-cap and --no-cpu-limit (shared with sweeps.py and demo.py)."""
     p.add_argument("--host-cpus", type=float, default=DEFAULT_HOST_CPUS, help="CPUs of one emulated host: its "
                    "processes get host_cpus x --gpu-scale cores (a cgroup each), dilated like compute and links. "
                    f"Default {DEFAULT_HOST_CPUS:g}: with 2, hosts of 4-host points were throttled 13-43%% of the time; "
@@ -25,10 +25,13 @@ def add_cpu_arguments(p: argparse.ArgumentParser) -> None:
                    "kernel's 1 ms to 1 s), so that a host's run-then-stop cycle is dilated like compute and links "
                    f"(default {cfs_bandwidth.PERIOD_GPU_MS:g}: 10 ms at 0.1; rows record the real period as "
                    "cfs_period_us)")
-    p.add_argument("--thread-cap", action="store_true", help="also cap each thread of a host at one dilated CPU "
-                   "(--gpu-scale of a core, a cgroup of its own under its host's): the host's quota alone lets one "
-                   "thread run host_cpus times faster than one of the host's CPUs would "
-                   "(benchmarks/emulation/thread_cap.py; cgroup v1 only; rows record thread_cap_cores)")
+    p.add_argument("--thread-cap", action=argparse.BooleanOptionalAction, default=True,
+                   help="also cap each thread of a host at one dilated CPU (--gpu-scale of a core, a cgroup of its "
+                   "own under its host's) once every worker has built its model: the host's quota alone lets one "
+                   "thread run host_cpus times faster than one of the host's CPUs would. On by default (with it "
+                   "every system's runs passed the fidelity monitors at 3 dilations: results/sweeps/dilation.csv); "
+                   "cgroup v1 only: --no-thread-cap where a machine has v2 (benchmarks/emulation/thread_cap.py; "
+                   "rows record thread_cap_cores)")
     p.add_argument("--no-cpu-limit", action="store_true", help="run the hosts without CPU limits, for comparison "
                    "(rows say cpu_limit=off and are never faithful)")
     p.add_argument("--link-rx", choices=("softirq", "napi"), default="softirq", help="how emulated hosts receive: "

@@ -37,7 +37,7 @@ from benchmarks.emulation import (
 )
 from benchmarks.paths import ROOT
 from benchmarks.suites import baseline_settings, torch_systems
-from benchmarks.workloads import job_env, model_shapes
+from benchmarks.workloads import job_env, model_shapes, worker_output
 
 LOG = logging.getLogger("cluster_job")
 # What --kvstore names: (the launcher's --kvstore, extra environment, extra worker flags).
@@ -268,7 +268,8 @@ def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: 
              point.batch_size, point.optimizer)
     load_before = os.getloadavg()[0]
     monitors = run_monitors.RunMonitors(cluster, point.host_cpus if point.cpu_quota else None,
-                                        point.cpu_quota, point.cfs_period_real_us, point.thread_cap_cores).start()
+                                        point.cpu_quota, point.cfs_period_real_us, point.thread_cap_cores,
+                                        ready=lambda: worker_output.ready_count(str(out)) >= point.workers).start()
     start = time.perf_counter()
     procs, threads, logs = [], [], []
     for i in range(hosts):
@@ -299,10 +300,8 @@ def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: 
         threads.append(thread)
     cpu = host_cpu.HostCpuMonitor([p.pid for p in procs]).start()
 
-    def results_complete() -> bool:
-        return len(list(scratch.glob(f"{name}.rank*.json"))) == point.workers
-
-    exit_code = wait_all(procs, point.timeout + 60, results_complete)
+    exit_code = wait_all(procs, point.timeout + 60,
+                         lambda: len(list(scratch.glob(f"{name}.rank*.json"))) == point.workers)
     cpu_pct = cpu.stop()
     for thread in threads:
         thread.join(timeout=10)

@@ -3,13 +3,15 @@
     sudo .venv/bin/python -m benchmarks.suites.demo                          # p3kv and dist_sync
     sudo .venv/bin/python -m benchmarks.suites.demo --systems p3 dist_sync mxnet-p3 horovod
 
-One point where P3's effect is clear (ResNet-50, 4 hosts as network namespaces on 1 Gbit links, P100 compute
-slowed 10x: P100s on 10 Gbit links; each host's CPU held to 4 x 0.1 cores), each system run --repeats times in
-interleaved, freshly shuffled order, each job 2 warm-up + 6 timed iterations (every rank's kept). It prints a line
-per job, then one screen: each system's throughput with a 95% bootstrap CI, the ratio p3kv / dist_sync with its
-CI, % of the bound, the CPU the hosts used, and the committed reference figure for the same point
-(demo_screen.py). It writes only under --out (build/demo/: demo.csv, demo_iterations.csv, summary.md,
-fig_demo.png, logs/), replacing the previous run's files there, never the committed results or the README.
+The paper's ResNet-50 point (4 hosts as network namespaces on 400 Mbit links, P100 compute slowed 10x: P100s on
+4 Gbit links, where the paper measured +26%; each host's CPU held to 4 x 0.1 cores, each of its threads to one
+dilated CPU once the models are built), each system run --repeats times in interleaved, freshly shuffled order,
+each job 2 warm-up + 6 timed iterations (every rank's kept). It prints a line per job with its fidelity verdict,
+then one screen: each system's throughput with a 95% bootstrap CI, the ratio p3kv / dist_sync with its CI, % of
+the bound, the CPU the hosts used, how many jobs the fidelity monitors passed, and the committed reference figure
+for the same point and conditions, from faithful runs only (demo_screen.py). It writes only under --out
+(build/demo/: demo.csv, demo_iterations.csv, summary.md, fig_demo.png, logs/), replacing the previous run's files
+there, never the committed results or the README.
 
 MXNet's P3 and Horovod run only when asked (--systems); Horovod only when `horovod.mxnet` imports (never built
 here: `make bench-setup` builds it). The run guard waits at most --wait seconds in all for an idle machine, then
@@ -73,9 +75,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="p3 (p3kv) and dist_sync by default; mxnet-p3 and horovod when asked")
     p.add_argument("--model", default="resnet50_v1", choices=cluster_bench.MODELS)
     p.add_argument("--hosts", type=int, default=4)
-    p.add_argument("--bandwidth", default="1gbit", help="every host's link (tc syntax)")
+    p.add_argument("--bandwidth", default="400mbit", help="every host's link (tc syntax)")
     p.add_argument("--gpu-scale", type=float, default=0.1, help="P100 compute slowed 1/scale times: links of "
-                   "--bandwidth / scale for real P100s (default 0.1: 10 Gbit/s; 4 hosts of --host-cpus 4 fit "
+                   "--bandwidth / scale for real P100s (default 0.1: 4 Gbit/s; 4 hosts of --host-cpus 4 fit "
                    "on 2 cores up to 0.1125)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--warmup", type=int, default=2)
@@ -130,9 +132,13 @@ def progress(total: int, started: float):
         result = (f"{float(row['throughput']):.1f} {row['unit']}/s" if row["status"] == "ok" else row["status"])
         wait = f", waited {float(row['idle_wait_s']):.0f} s for an idle machine" if row.get("idle_wait_s") else ""
         warn = " (started on a busy machine: recorded)" if row.get("idle_warning") else ""
-        LOG.info("[%d/%d] %s repeat %d: %.0f s, %s%s%s; %.0f s so far", len(done), total,
+        faithful = bench_rows.verdict(row)
+        failed = [n for n in str(row.get("fidelity_notes") or "").split("; ") if n][:1]  # failures come first
+        verdict = ("" if faithful is None else ", faithful" if faithful else
+                   f", not faithful ({failed[0] if failed else 'see its fidelity_notes'})")
+        LOG.info("[%d/%d] %s repeat %d: %.0f s, %s%s%s%s; %.0f s so far", len(done), total,
                  demo_screen.LABEL.get(row["kvstore"], row["kvstore"]), int(row["repeat"]) + 1, float(row["wall_s"]),
-                 result, wait, warn, time.monotonic() - started)
+                 result, verdict, wait, warn, time.monotonic() - started)
 
     return on_row
 

@@ -13,13 +13,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from benchmarks.analysis import bench_rows, bootstrap
+from benchmarks.analysis import bench_rows, bootstrap, points
 from benchmarks.analysis.points import LABEL, aggregate, fidelity_sentence, number, optimizer_label
 from benchmarks.paths import RESULTS, ROOT
 
 # What makes a committed row the same point as the demo's (the tag, iteration counts and repeats may differ).
-SAME_POINT = ("model", "hosts", "layout", "bandwidth", "compute", "batch_size", "gpu_scale", "efficiency_factor",
-              "slice_size")
+SAME_POINT = tuple(k for k in points.POINT_KEY if k not in ("tag", "optimizer", "legacy"))
 BASELINE = "dist_sync"
 
 
@@ -90,8 +89,10 @@ def shown(path: pathlib.Path) -> str:
 
 
 def same_point(row: dict, demo_row: dict) -> bool:
+    """Whether a committed row ran at the demo's point under the same conditions (points.POINT_KEY: the CPU
+    quota, per-thread caps, link queue, ... but not the sweep's tag), whatever its optimizer's spelling."""
     def norm(key: str, row: dict) -> str:
-        value = str(row.get(key) or "")
+        value = points.key_value(row, key) if key in points.POINT_KEY else str(row.get(key) or "")
         try:
             return f"{float(value):g}"
         except ValueError:
@@ -102,12 +103,13 @@ def same_point(row: dict, demo_row: dict) -> bool:
 
 
 def reference(demo_row: dict, results_dir: pathlib.Path = RESULTS / "sweeps") -> tuple[list[dict], str] | None:
-    """The committed points (points.aggregate) at the demo's point and where they come from, or None: the rows
-    of results/sweeps/demo.csv first, else of any sweep's CSV that has the point."""
+    """The committed points (points.aggregate) at the demo's point and where they come from, or None: the
+    faithful rows (points.shown) of results/sweeps/demo.csv first, else of any sweep's CSV that has the point."""
     csvs = [results_dir / "demo.csv"] + [p for p in sorted(results_dir.glob("*.csv"))
                                         if p.name != "demo.csv" and not p.stem.endswith("_iterations")]
     for path in csvs:
-        rows = [r for r in bench_rows.read_runs(path) if str(r.get("smoke")) != "True" and same_point(r, demo_row)]
+        rows = [r for r in bench_rows.read_runs(path)
+                if str(r.get("smoke")) != "True" and points.shown(r) and same_point(r, demo_row)]
         for tag in dict.fromkeys(r["tag"] for r in rows):
             tagged = [r for r in rows if r["tag"] == tag]
             if {BASELINE, "p3"} <= {r["kvstore"] for r in tagged}:
@@ -168,8 +170,8 @@ def screen(rows: Sequence[dict], arrays: dict[str, np.ndarray], *, resamples: in
     if found is None:
         lines.append("committed reference: none at this point in benchmarks/results/sweeps/")
     else:
-        points, where = found
-        ref = {p["kvstore"]: p for p in points}
+        committed, where = found
+        ref = {p["kvstore"]: p for p in committed}
         lines.append(f"committed reference: {where}")
         parts = [f"{LABEL.get(kv, kv)} {p['throughput']:.1f}" for kv, p in ref.items() if kv in systems]
         ref_ratio = ref.get("p3", {}).get("vs_dist_sync")

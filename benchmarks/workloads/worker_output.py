@@ -76,6 +76,22 @@ def write_rank(prefix: str, rank: int, result: dict) -> pathlib.Path:
     return path
 
 
+def mark_ready(prefix: str) -> None:
+    """Says this worker has built its model and is about to iterate: a file named after its pid in the folder
+    <prefix>.ready, which the runner counts (per-thread caps begin when every worker's is there: thread_cap.py)."""
+    folder = pathlib.Path(f"{prefix}.ready")
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / str(os.getpid())).touch()
+
+
+def ready_count(prefix: str) -> int:
+    """How many workers of the run writing to <prefix> have said they are ready (mark_ready)."""
+    try:
+        return len(os.listdir(f"{prefix}.ready"))
+    except OSError:
+        return 0
+
+
 def leave_without_gloo_teardown() -> None:
     """Ends a gloo rank that has written its result and passed the job's last barrier, skipping gloo's teardown
     at exit, which hangs or aborts now and then in torch 2.13 on CPU (tests/torch_jobs.py): logs and streams are
