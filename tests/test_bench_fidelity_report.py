@@ -40,6 +40,7 @@ def test_rank_iterations_round_trip_through_the_csv(tmp_path):
     assert bench_rows.rank_iterations(row) == [[0.5, 0.25], [0.75, 0.125]]
     assert bench_rows.verdict(row) is True and row["host_cpu_s"] == "1.5;2.5"
     assert bench_rows.verdict({"faithful": "False"}) is False and bench_rows.verdict({}) is None
+    assert bench_rows.verdict({"faithful": False}) is False  # a row a runner has just made: the bool, not its text
 
 
 def test_tables_leave_out_unfaithful_runs_and_count_them():

@@ -169,3 +169,7 @@ def test_the_screen_says_how_many_jobs_the_fidelity_monitors_passed(tmp_path):
     assert len(text.splitlines()) <= 24
     line = next(line for line in text.splitlines() if line.startswith("fidelity: "))
     assert line.startswith("fidelity: 5 faithful of 6 runs: the 1 others are in the numbers above (failed: cpu 1)")
+    # The rows the demo has just run hold the verdict as a bool (read back from the CSV: its text): the same line.
+    fresh = [{**r, "faithful": r["faithful"] == "True"} for r in rows]
+    assert line in demo_screen.screen(fresh, demo_screen.iteration_arrays(bench_rows.iterations_path(run)),
+                                      resamples=500, results_dir=tmp_path / "none", wall_s=100.0)

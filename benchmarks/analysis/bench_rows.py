@@ -92,8 +92,12 @@ def write_run(csv_path: pathlib.Path, row: dict, iterations: dict[int, Sequence[
 
 
 def verdict(row: dict) -> bool | None:
-    """A run's fidelity verdict: True, False, or None for rows from before the monitors (no verdict)."""
-    value = str(row.get("faithful") or "").strip()  # None: a row shorter than a header that gained the column
+    """A run's fidelity verdict: True, False, or None for rows from before the monitors (no verdict). A row as
+    read from its CSV holds the text "True"/"False"; a row a runner has just made holds the bool."""
+    value = row.get("faithful")
+    if isinstance(value, bool):
+        return value
+    value = str(value or "").strip()  # None: a row shorter than a header that gained the column
     return None if value == "" else value == "True"
 
 
