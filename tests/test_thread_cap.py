@@ -162,13 +162,16 @@ def test_caps_begin_when_the_run_says_start_up_is_over_and_gpu_side_threads_are_
 
 
 @pytest.mark.unit
-def test_workers_say_they_are_ready_in_a_folder_the_runner_counts(tmp_path):
+def test_workers_say_they_are_ready_in_the_folder_the_runner_names(tmp_path, monkeypatch):
     from benchmarks.workloads import worker_output
-    prefix = str(tmp_path / "run.r0")
-    assert worker_output.ready_count(prefix) == 0
-    worker_output.mark_ready(prefix)
-    worker_output.mark_ready(prefix)  # the same process twice counts once
-    assert worker_output.ready_count(prefix) == 1
+    folder = str(tmp_path / "run.r0.ready")
+    monkeypatch.delenv(worker_output.READY_ENV, raising=False)
+    worker_output.mark_ready()  # no runner asked (fab bench, a worker run by hand): nothing written
+    assert worker_output.ready_count(folder) == 0 and list(tmp_path.iterdir()) == []
+    monkeypatch.setenv(worker_output.READY_ENV, folder)
+    worker_output.mark_ready()
+    worker_output.mark_ready()  # the same process twice counts once
+    assert worker_output.ready_count(folder) == 1
     assert (tmp_path / "run.r0.ready" / str(os.getpid())).exists()
 
 

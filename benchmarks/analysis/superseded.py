@@ -60,12 +60,12 @@ def outdated_by(row: dict) -> str:
     default since): one thread could run at its host's whole quota, which the monitors do not see."""
     if row.get("compute") != "emulated":
         return ""
-    if row.get("host_cpus") and not row.get("thread_cap_cores"):
-        return "per-thread caps"
     if row.get("kvstore") == "horovod" and not row.get("horovod_cycle_ms"):
         return "its cycle time was dilated"
     if is_p3kv(str(row.get("kvstore", ""))) and not row.get("priority_hold_ms"):
         return "the priority hold"
+    if row.get("host_cpus") and not row.get("thread_cap_cores"):
+        return "per-thread caps"
     return ""
 
 

@@ -262,14 +262,15 @@ def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: 
     hosts = cluster.hosts
     name = new_run_id(point, hosts)
     out = scratch / name
-    env = _environment(point, extra)
+    env = {**_environment(point, extra), worker_output.READY_ENV: str(scratch / f"{name}.ready")}
     LOG.info("%s on %s (repeat %d, position %d): %d hosts, %s, %s compute, batch %d, optimizer %s", point.model,
              point.kvstore, point.repeat, point.order, hosts, point.bandwidth or "uncapped", point.compute,
              point.batch_size, point.optimizer)
     load_before = os.getloadavg()[0]
     monitors = run_monitors.RunMonitors(cluster, point.host_cpus if point.cpu_quota else None,
                                         point.cpu_quota, point.cfs_period_real_us, point.thread_cap_cores,
-                                        ready=lambda: worker_output.ready_count(str(out)) >= point.workers).start()
+                                        ready=lambda: worker_output.ready_count(env[worker_output.READY_ENV])
+                                        >= point.workers).start()
     start = time.perf_counter()
     procs, threads, logs = [], [], []
     for i in range(hosts):

@@ -342,8 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     training = (RealTraining if args.compute == "real" else EmulatedTraining)(args, mode)
     import mxnet as mx
 
-    if args.out:
-        worker_output.mark_ready(args.out)  # start-up done: per-thread caps may begin (thread_cap.py)
+    worker_output.mark_ready()  # start-up done: per-thread caps may begin (thread_cap.py)
     times: list[float] = []
     last = None
     rank = num_workers = -1

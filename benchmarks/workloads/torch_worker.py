@@ -174,8 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     training = Training(args)
     rank = training.rank
-    if args.out:
-        worker_output.mark_ready(args.out)  # start-up done: per-thread caps may begin (thread_cap.py)
+    worker_output.mark_ready()  # start-up done: per-thread caps may begin (thread_cap.py)
     times: list[float] = []
     last = None
     for it in range(args.warmup + args.iters):

@@ -76,18 +76,25 @@ def write_rank(prefix: str, rank: int, result: dict) -> pathlib.Path:
     return path
 
 
-def mark_ready(prefix: str) -> None:
+# The folder in which an emulated-cluster runner counts the workers that have built their models (cluster_job.py:
+# per-thread caps begin when all have, thread_cap.py); unset elsewhere (fab bench, the loopback benches).
+READY_ENV = "BENCH_READY_DIR"
+
+
+def mark_ready() -> None:
     """Says this worker has built its model and is about to iterate: a file named after its pid in the folder
-    <prefix>.ready, which the runner counts (per-thread caps begin when every worker's is there: thread_cap.py)."""
-    folder = pathlib.Path(f"{prefix}.ready")
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / str(os.getpid())).touch()
+    $BENCH_READY_DIR, which the runner counts; nothing where no runner asked (unset)."""
+    folder = os.environ.get(READY_ENV)
+    if not folder:
+        return
+    pathlib.Path(folder).mkdir(parents=True, exist_ok=True)
+    (pathlib.Path(folder) / str(os.getpid())).touch()
 
 
-def ready_count(prefix: str) -> int:
-    """How many workers of the run writing to <prefix> have said they are ready (mark_ready)."""
+def ready_count(folder: str) -> int:
+    """How many workers have said they are ready in `folder` (mark_ready)."""
     try:
-        return len(os.listdir(f"{prefix}.ready"))
+        return len(os.listdir(folder))
     except OSError:
         return 0
 
