@@ -1,7 +1,7 @@
 # The two commands of the README:
 #   make demo   set up, then p3kv against MXNet's dist_sync on an emulated 4-host cluster with 400 Mbit links
-#               (network namespaces: needs root, uses sudo otherwise), 3 interleaved repeats each, SGD on, in a
-#               few minutes; ends with each system's throughput and the ratio with 95% CIs; writes only build/demo/
+#               (network namespaces: needs root, uses sudo otherwise), 3 interleaved repeats each, SGD on, in
+#               about 7 minutes; ends with each system's throughput and the ratio with 95% CIs; writes only build/demo/
 #   make test   set up (Horovod included), then lint and run the test suite (what CI runs)
 # and the fast tier of the tests alone (pure Python and the C++ unit tests, no jobs):
 #   make test-unit
@@ -61,8 +61,9 @@ test-sanitizer: setup
 	$(PY) -m pytest -q -m sanitizer tests
 
 # ResNet-50, P100 compute at its published speed slowed 10x on 400 Mbit links: P100s on 4 Gbit links (the paper's
-# ResNet-50 point), each host at 4 dilated CPUs and each thread at one. 6 jobs of 2 warm-up + 6 timed iterations; the run guard waits at most 60 s in all for an idle machine, then proceeds with a
-# warning recorded in the rows. DEMO_SYSTEMS="p3 dist_sync mxnet-p3 horovod" adds MXNet's P3 and Horovod (Horovod
+# ResNet-50 point), each host at 4 dilated CPUs and each thread at one. 6 jobs of 2 warm-up + 6 timed iterations,
+# about 7 minutes; the run guard waits at most 60 s in all for an idle machine, then proceeds with a warning
+# recorded in the rows. DEMO_SYSTEMS="p3 dist_sync mxnet-p3 horovod" adds MXNet's P3 and Horovod (Horovod
 # only when installed: `make bench-setup` builds it; the demo never does); DEMO_FLAGS passes options (--repeats,
 # --iters, --strict, ...: python -m benchmarks.suites.demo --help). Everything goes to build/demo/.
 DEMO_SYSTEMS ?= p3 dist_sync

@@ -151,8 +151,8 @@ class RunMonitors:
                            throttled_max_pct=round(100 * max(shares), 1),
                            throttled_periods_max_pct=round(100 * max(u.throttled_period_share for u in window), 1),
                            timed_window_s=round(window_s, 3))
-        caps_lead = None
-        if threads is not None and window_s:  # seconds the caps began before the timed window; None: never
+        caps_lead, capped = None, threads is not None and bool(window_s)
+        if capped:  # seconds the caps began before the timed window; None: never
             began = self._threads.began_at
             caps_lead = None if began is None else end - window_s - began
             row["thread_caps_lead_s"] = "" if caps_lead is None else round(caps_lead, 2)
@@ -182,6 +182,6 @@ class RunMonitors:
         verdict = fidelity.judge(cpu_window=window, window_s=window_s, limited=limited, ranks=results,
                                  median_iter_s=median_iter_s, net=net, sampling_cpu_s=sampling, wall_s=wall_s,
                                  headroom_cores=headroom, links=links, gpu_scale=gpu_scale, steal=steal,
-                                 thread_caps=threads is not None and bool(window_s), caps_lead_s=caps_lead)
+                                 thread_caps=capped, caps_lead_s=caps_lead)
         row.update(faithful=verdict.faithful, fidelity_notes=verdict.text())
         return row

@@ -92,7 +92,7 @@ def same_point(row: dict, demo_row: dict) -> bool:
     """Whether a committed row ran at the demo's point under the same conditions (points.POINT_KEY: the CPU
     quota, per-thread caps, link queue, ... but not the sweep's tag), whatever its optimizer's spelling."""
     def norm(key: str, row: dict) -> str:
-        value = points.key_value(row, key) if key in points.POINT_KEY else str(row.get(key) or "")
+        value = points.key_value(row, key)
         try:
             return f"{float(value):g}"
         except ValueError:
