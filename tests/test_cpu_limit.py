@@ -55,10 +55,14 @@ def test_sweeps_pick_a_dilation_within_the_quotas():
     assert fit <= cpu_limit.largest_fitting_scale(4, 2, cpus) and fit == round(fit, 2)
     args = sweeps.parse_args(["bandwidth"])
     for p in sweeps.SWEEPS["bandwidth"](args) + sweeps.SWEEPS["scale"](args) + sweeps.SWEEPS["dilation"](args):
-        assert p.host_cpus == cluster_bench.DEFAULT_HOST_CPUS
+        # Each model's own CPUs per host (VGG-19 needs 8), and a dilation at which its quotas fit.
+        assert p.host_cpus == cluster_bench.MODEL_HOST_CPUS.get(p.model, cluster_bench.DEFAULT_HOST_CPUS)
         cpu_limit.check_fits(p.hosts, p.host_cpus, p.gpu_scale, cpus)  # every planned point fits
+    assert {p.host_cpus for p in sweeps.SWEEPS["dilation"](args) if p.model == "vgg19"} == {8.0}
     off = sweeps.parse_args(["bandwidth", "--no-cpu-limit"])
     assert {p.host_cpus for p in sweeps.SWEEPS["bandwidth"](off)} == {None}
+    given = sweeps.parse_args(["bandwidth", "--host-cpus", "6"])  # --host-cpus wins over every model's default
+    assert {p.host_cpus for p in sweeps.SWEEPS["bandwidth"](given)} == {6.0}
 
 
 def test_counters_parse_from_v1_and_v2_text():

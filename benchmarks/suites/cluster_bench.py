@@ -58,6 +58,7 @@ from benchmarks.paths import RESULTS, ROOT  # noqa: F401  (ROOT: the tests' and 
 from benchmarks.suites import baseline_settings
 from benchmarks.suites.cluster_args import (  # noqa: F401  (the callers' names: cluster_bench.add_cpu_arguments, ...)
     DEFAULT_HOST_CPUS,
+    MODEL_HOST_CPUS,
     add_condition_arguments,
     add_cpu_arguments,
     add_queue_argument,
@@ -302,7 +303,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--layout separate needs an even --hosts (half workers, half servers)")
     if args.iters < 1 or args.repeats < 1 or args.warmup < 0:
         p.error("--iters and --repeats must be >= 1, --warmup >= 0")
-    if args.host_cpus <= 0:
+    if args.host_cpus is not None and args.host_cpus <= 0:
         p.error("--host-cpus must be positive")
     if args.link_queue_ms <= 0:
         p.error("--link-queue-ms must be positive")
@@ -318,7 +319,7 @@ def points_from_args(args: argparse.Namespace) -> list[Point]:
                   batch_size=args.batch_size, slice_size=args.slice_size, gpu=args.gpu, gpu_scale=args.gpu_scale,
                   efficiency_factor=args.efficiency_factor, optimizer=args.optimizer, warmup=args.warmup,
                   iters=args.iters, tag=args.tag, timeout=args.timeout, layout=args.layout,
-                  log_interval=args.log_interval, host_cpus=host_cpus_from_args(args),
+                  log_interval=args.log_interval, host_cpus=host_cpus_from_args(args, model),
                   link_rx=args.link_rx, link_queue_ms=args.link_queue_ms,
                   cfs_period_gpu_ms=args.cfs_period_gpu_ms, tcp_rto_min_gpu_ms=args.tcp_rto_min_gpu_ms or None,
                   thread_cap=args.thread_cap)

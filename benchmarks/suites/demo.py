@@ -110,7 +110,8 @@ def points(args: argparse.Namespace) -> list[Point]:
     base = [Point(model=args.model, kvstore=kv, hosts=args.hosts, bandwidth=args.bandwidth, compute="emulated",
                   batch_size=args.batch_size, gpu="p100", gpu_scale=args.gpu_scale, optimizer="sgd",
                   warmup=args.warmup, iters=args.iters, tag="demo", timeout=args.timeout,
-                  log_interval=max(1, args.warmup + args.iters), host_cpus=cluster_bench.host_cpus_from_args(args),
+                  log_interval=max(1, args.warmup + args.iters),
+                  host_cpus=cluster_bench.host_cpus_from_args(args, args.model),
                   link_rx=args.link_rx, cfs_period_gpu_ms=args.cfs_period_gpu_ms, thread_cap=args.thread_cap)
             for kv in args.systems]
     return baseline_settings.from_args(cluster_bench.interleave(base, args.repeats, args.seed), args)

@@ -186,8 +186,8 @@ def base_points(args: argparse.Namespace) -> list[Point]:
     """The point(s) to tune: --headline's, or the one given (--equivalent, or --bandwidth and --gpu-scale)."""
     wanted = HEADLINE if args.headline else [(args.model, args.equivalent)]
     points = []
-    host_cpus = cluster_bench.host_cpus_from_args(args)
     for model, equivalent in wanted:
+        host_cpus = cluster_bench.host_cpus_from_args(args, model)
         if equivalent is not None:  # the sweeps' rule (sweeps._point), CPU quotas included, so the keys match
             scale = args.gpu_scale or min(sweeps.least_dilation(equivalent, args.link_max),
                                           sweeps.cpu_fit(args.hosts, host_cpus))
