@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from benchmarks.sim import model, ring
+from benchmarks.sim import ddp, model, ring, settings
 from benchmarks.sim.cluster import Cluster, CpuCosts
 from benchmarks.sim.ps import DIST_SYNC, MXNET_P3, P3KV, PRIORITY_SPLIT, SLICING_ONLY, parts_of, simulate
 
@@ -113,6 +113,30 @@ def test_horovod_waits_for_the_next_cycle():
     m = model.synthetic([(0.0, 0.00025, 1000)])
     t = ring.iteration_seconds(m, Cluster(2, None), ring.Horovod(cycle_s=1e-3))
     assert t == pytest.approx(1e-3)
+
+
+def test_ddp_buckets_close_once_they_hold_their_limit_the_first_at_1_mib():
+    mib = 1 << 20
+    sizes = [mib // 2, mib // 2 + 1, 10 * mib, 20 * mib, mib]
+    assert ddp.buckets_of(sizes, mib, 25 * mib) == [[0, 1], [2, 3], [4]]
+    assert ddp.buckets_of(sizes, 100 * mib, 100 * mib) == [[0, 1, 2, 3, 4]]
+    assert ddp.FIRST_BUCKET_BYTES == mib and ddp.BUCKET_BYTES == 25 * mib  # torch 2.13's defaults
+
+
+def test_ddp_reduces_its_buckets_in_turn_then_steps_everything_before_the_next_forward():
+    # Two 4 MB gradients, compute free, 2 hosts at 10 Gbit/s with 1 ms latency: the last layer's gradient fills the
+    # 1 MiB first bucket, the first layer's the next. Each allreduce moves 2 (N-1)/N x 4 MB (3.2 ms) in 2 (N-1)
+    # latency steps (2 ms); then one step over both parameters, SGD's 5 passes at 1 GB/s (40 ms), before the
+    # forward: nothing of the step overlaps the allreduces.
+    m = model.synthetic([(0.0, 0.0, 1_000_000)] * 2, memory_bytes_per_s=1e9)
+    c = Cluster(2, 10 * GBIT, latency_s=1e-3, wire_overhead=1.0)
+    sgd = ddp.Ddp(gpu_accesses=5)
+    assert ddp.simulate(m, c, sgd).iteration_s == pytest.approx(2 * (3.2e-3 + 2e-3) + 40e-3)
+    one_bucket = settings.apply_ddp(sgd, {"DDP_BUCKET_CAP_MB": "100"})  # both gradients in one bucket
+    assert ddp.simulate(m, c, one_bucket).iteration_s == pytest.approx(6.4e-3 + 2e-3 + 40e-3)
+    # Horovod on the same ring updates the first-reduced tensor while the second is reduced: 5.2 ms less.
+    h = ring.Horovod(cycle_s=0.0, fusion_bytes=4_000_000, update_on="workers-gpu", gpu_accesses=5)
+    assert ring.iteration_seconds(m, c, h) == pytest.approx(3.2e-3 + 2e-3 + 40e-3)
 
 
 def test_horovods_update_runs_on_the_virtual_gpu_at_the_memory_bandwidth():

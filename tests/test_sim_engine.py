@@ -1,5 +1,6 @@
-"""The simulator's resource models against hand-worked answers: processor sharing of a host's CPU quota, fair
-sharing of each link direction, the virtual GPU's chaining rule. Fast: no measurements are read."""
+"""The simulator's resource models against hand-worked answers: processor sharing of a host's CPU quota (and
+of its per-thread caps), fair sharing of each link direction, the virtual GPU's chaining rule. Fast: no measurements
+are read."""
 
 import pytest
 
@@ -11,10 +12,10 @@ from benchmarks.sim.ps import P3KV, simulate
 pytestmark = pytest.mark.unit
 
 
-def finish_times(cores, jobs):
+def finish_times(cores, jobs, per_job=1.0):
     """jobs: [(arrival, cost)] on one SharedCpu -> each job's end."""
     loop = EventLoop()
-    cpu = SharedCpu(loop, cores)
+    cpu = SharedCpu(loop, cores, per_job)
     ends = [None] * len(jobs)
 
     def done(i):
@@ -45,6 +46,27 @@ def test_a_quota_above_one_core_serves_each_thread_at_most_one_core():
     assert finish_times(2.0, [(0.0, 1.0)]) == pytest.approx([1.0])  # one thread: one core, not two
     assert finish_times(2.0, [(0.0, 1.0)] * 3) == pytest.approx([1.5] * 3)  # three threads: 2/3 core each
     assert finish_times(0.4, [(0.0, 1.0)]) == pytest.approx([2.5])  # a 0.4-core quota: 1 core-second in 2.5 s
+
+
+def test_per_thread_caps_hold_each_thread_to_one_dilated_cpu_within_the_hosts_quota():
+    # A host of 4 CPUs at a dilation of 0.1: a quota of 0.4 cores, each thread capped at 0.1 (thread_cap.py).
+    assert finish_times(0.4, [(0.0, 0.1)], per_job=0.1) == pytest.approx([1.0])  # alone: 0.1 core, not 0.4
+    assert finish_times(0.4, [(0.0, 0.1)] * 4, per_job=0.1) == pytest.approx([1.0] * 4)  # 4 threads fill the quota
+    assert finish_times(0.4, [(0.0, 0.1)] * 8, per_job=0.1) == pytest.approx([2.0] * 8)  # 8 share it: 0.05 each
+    assert finish_times(None, [(0.0, 0.1)] * 3, per_job=0.1) == pytest.approx([1.0] * 3)  # no quota, still capped
+    with pytest.raises(ValueError, match="share of a core"):
+        SharedCpu(EventLoop(), 1.0, 0.0)
+
+
+def test_a_capped_cluster_slows_a_cpu_bound_server_thread_by_its_cap():
+    # One server thread with 0.5 core-seconds per push: a 4-core quota serves it at one core, a 0.25-core cap at a
+    # quarter of that (the hosts' other threads idle meanwhile).
+    m = model.synthetic([(0.0, 0.0, 1_000_000)])
+    system = P3KV.with_costs(CpuCosts(per_message=0.5))
+    layout = dict(layout="colocated", wire_overhead=1.0)
+    free = simulate(m, Cluster(2, None, cores=4.0, **layout), system).iteration_s
+    capped = simulate(m, Cluster(2, None, cores=4.0, thread_cores=0.25, **layout), system).iteration_s
+    assert capped == pytest.approx(4 * free)
 
 
 def test_a_thread_serves_its_jobs_one_at_a_time_and_shares_the_host_with_other_threads():

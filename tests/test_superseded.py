@@ -119,11 +119,14 @@ def test_a_cpu_limited_run_without_per_thread_caps_moves_once_a_capped_faithful_
     for r in (free, torch):
         bench_rows.write_run(sweep, r, {0: [1.0]})
     assert superseded.outdated_by(free) == "per-thread caps"
-    assert not superseded.outdated({**free, "thread_cap_cores": "0.11"})
+    # Capped, but from before the host's CPU count of OpenMP threads per process: outdated too.
+    assert superseded.outdated_by({**free, "thread_cap_cores": "0.11"}) == "OpenMP threads per host"
+    assert not superseded.outdated({**free, "thread_cap_cores": "0.11", "omp_threads": "4"})
     assert not superseded.outdated(_row("dist_sync", 4, "x"))  # no CPU limits: no rule of this kind
     legacy = tmp_path / "legacy"
     assert superseded.move(sweep, legacy) == 0  # nothing capped yet: both stay
-    bench_rows.write_run(sweep, {**free, "run_id": "capped", "thread_cap_cores": "0.11"}, {0: [1.0]})
+    bench_rows.write_run(sweep, {**free, "run_id": "capped", "thread_cap_cores": "0.11", "omp_threads": "4"},
+                         {0: [1.0]})
     assert superseded.move(sweep, legacy) == 1  # the uncapped dist_sync run; DDP's point has no capped run
     assert [r["run_id"] for r in bench_rows.read_runs(sweep)] == ["torch", "capped"]
 

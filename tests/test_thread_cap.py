@@ -111,6 +111,20 @@ def test_threads_born_gpu_side_keep_their_hosts_quota(tmp_path):
 
 
 @pytest.mark.unit
+def test_the_threads_torch_names_for_its_gloo_process_group_keep_their_hosts_quota(tmp_path):
+    # DDP's Gloo threads sum and send what NCCL does on a GPU host; torch renames them as they start (seen on torch
+    # 2.13: pt_gloo_runloop, gloo_tcp_loop), so they are known by name. Its store's thread is capped like the rest.
+    proc, host = tmp_path / "proc", _host(tmp_path, tasks="50\n")
+    _process(proc, 50, "/p3c1x0/p3c1x0h0", {50: "python", 51: "pt_gloo_runloop", 52: "gloo_tcp_loop",
+                                            53: "pt_tcpstore_uv"})
+    caps = thread_cap.ThreadCaps([host], 0.1, 10_000, proc=proc, rmdir=shutil.rmtree)
+    caps.scan()
+    caps.scan()
+    assert caps.hosts[0].gpu_side == 2 and caps.hosts[0].placed == 2
+    assert not (host / "t51").exists() and not (host / "t52").exists() and (host / "t53").is_dir()
+
+
+@pytest.mark.unit
 def test_a_thread_its_group_cannot_take_stays_with_its_host_and_is_counted_once(tmp_path):
     proc, host = tmp_path / "proc", _host(tmp_path, tasks="13\n")
     _process(proc, 13, "/p3c1x0/p3c1x0h0", {13: "vgpu"})
@@ -188,6 +202,22 @@ def test_a_point_caps_threads_only_with_cpu_limits_and_keys_apart():
     from benchmarks.suites import sweeps
     capped, free = (sweeps._signature(sweeps._settings(Point(**base, thread_cap=c))) for c in (True, False))
     assert capped != free  # --resume never takes a capped run for an uncapped one
+
+
+@pytest.mark.unit
+def test_capped_hosts_give_each_process_their_cpu_count_of_openmp_threads():
+    from benchmarks.analysis import points
+    from benchmarks.suites import cluster_job
+    assert thread_cap.omp_threads(8.0, 0.05) == 8 and thread_cap.omp_threads(4.4, 0.1) == 4
+    assert thread_cap.omp_threads(4.0, None) == 1 and thread_cap.omp_threads(None, None) == 1  # uncapped: one
+    base = dict(model="vgg19", kvstore="dist_sync", hosts=2, bandwidth="1gbit", gpu_scale=0.05, host_cpus=8.0)
+    capped = cluster_job._environment(Point(**base, thread_cap=True), {})
+    free = cluster_job._environment(Point(**base), {})
+    assert (capped["OMP_NUM_THREADS"], free["OMP_NUM_THREADS"]) == ("8", "1")
+    assert capped["MXNET_CPU_WORKER_NTHREADS"] == "1"  # MXNet's own default: one engine thread, OpenMP inside ops
+    # Rows from before the column ran one thread: they key as one, apart from a host's count.
+    assert points.key_value({}, "omp_threads") == points.key_value({"omp_threads": "1"}, "omp_threads") == "1"
+    assert points.key_value({"omp_threads": "8"}, "omp_threads") == "8" and "omp_threads" in points.POINT_KEY
 
 
 def _skip_without_thread_caps() -> None:
@@ -301,4 +331,5 @@ def test_a_capped_run_caps_its_threads_after_start_up_and_before_its_timed_windo
     (row,) = bench_rows.read_runs(out)
     assert row["thread_cap_cores"] == "0.2" and all(int(n) >= 2 for n in row["threads_capped"].split(";")), row
     assert float(row["thread_caps_lead_s"]) > 0, row  # began before the timed window
+    assert row["omp_threads"] == "4", row  # the host's CPUs (cluster_bench's default 4), one OpenMP thread each
     assert "per-thread caps" not in row["fidelity_notes"], row["fidelity_notes"]

@@ -182,7 +182,8 @@ def test_the_torch_sweep_has_both_models_at_three_rates_five_repeats_and_an_esti
         mine = [p for p in points if p.model == model]
         assert len({(p.bandwidth, p.gpu_scale) for p in mine}) >= 3
         assert {p.repeat for p in mine} == set(range(5)) and all(p.repeats == 5 for p in mine)
-        assert all(p.tag == "torch" and p.optimizer == "sgd" and p.host_cpus == 4.0 for p in mine)
+        assert all(p.tag == "torch" and p.optimizer == "sgd" for p in mine)
+        assert {p.host_cpus for p in mine} == {8.0 if model == "vgg19" else 4.0}  # cluster_args.MODEL_HOST_CPUS
     # Interleaved: every repeat runs each comparison's three systems together, in a shuffled order.
     first = points[:3]
     assert {p.kvstore for p in first} == set(torch_systems.SYSTEMS) and len({p.group() for p in first}) == 1

@@ -60,6 +60,7 @@ RUN_COLUMNS = (
     # the kernel held the capped ones back (throttled, summed over the threads); how long before the timed window
     # the caps began (start-up runs at the host's quota: thread_cap.py; "": uncapped, or a row from before).
     "thread_cap_cores", "threads_capped", "threads_gpu_side", "thread_throttled_s", "thread_caps_lead_s",
+    "omp_threads",  # OpenMP threads per process (thread_cap.omp_threads: the host's CPUs when capped); "": one
 )
 ITERATION_COLUMNS = ("run_id", "tag", "model", "kvstore", "hosts", "bandwidth", "gpu_scale", "repeat", "rank",
                      "iteration", "time_s")

@@ -13,7 +13,8 @@ from benchmarks.emulation.link_shaping import DEFAULT_BURST_MS, DEFAULT_QUEUE_MS
 
 LABEL = {"p3": "p3kv", "dist_sync": "dist_sync", "mxnet-p3": "MXNet P3", "horovod": "Horovod",
          "p3-slicing-only": "p3kv slicing only", "p3-priority-split": "p3kv priority only (big arrays split)",
-         "p3-priority-only": "p3kv priority only (unsplit)"}
+         "p3-priority-only": "p3kv priority only (unsplit)", "torch-p3kv": "p3kv.torch (worker placement)",
+         "torch-p3kv-server": "p3kv.torch (server placement)", "ddp": "DDP (gloo)"}
 
 
 # What makes two rows the same point (the system is part of it; comparisons group by everything else).
@@ -24,7 +25,8 @@ POINT_KEY = ("tag", "model", "hosts", "layout", "bandwidth", "compute", "batch_s
              "cfs_period_us",  # nor one CFS period with another (cfs_bandwidth.py)
              "link_burst_bytes",  # nor one link bucket with another (rows from before the column: 10 ms of rate)
              "tcp_rto_min_ms",  # nor one TCP minimum RTO with another (rows from before the column: the kernel's)
-             "thread_cap_cores")  # nor threads capped at one dilated CPU with uncapped ones (thread_cap.py)
+             "thread_cap_cores",  # nor threads capped at one dilated CPU with uncapped ones (thread_cap.py)
+             "omp_threads")  # nor one OpenMP thread per process with a host's CPU count (rows from before: one)
 
 
 def key_value(row: dict, column: str) -> str:
@@ -36,6 +38,8 @@ def key_value(row: dict, column: str) -> str:
     if column == "link_burst_bytes":
         burst = link_burst(row)
         return "" if burst is None else str(burst)
+    if column == "omp_threads":
+        return f"{number(row.get(column), 1.0) or 1.0:g}"
     return str(row.get(column, ""))
 
 

@@ -57,7 +57,9 @@ def outdated_by(row: dict) -> str:
     cluster_job.Point.horovod_cycle_real_ms), under conditions since found unfaithful; an emulated p3kv run from
     before the sender's priority hold (no priority_hold_ms; sender.h), whose transport has since changed; a
     CPU-limited run whose threads were not capped at one dilated CPU (no thread_cap_cores; thread_cap.py, on by
-    default since): one thread could run at its host's whole quota, which the monitors do not see."""
+    default since): one thread could run at its host's whole quota, which the monitors do not see; a capped run
+    from before its processes had the host's CPU count of OpenMP threads (no omp_threads; thread_cap.omp_threads):
+    a server's sums and updates then ran on one of the host's CPUs."""
     if row.get("compute") != "emulated":
         return ""
     if row.get("kvstore") == "horovod" and not row.get("horovod_cycle_ms"):
@@ -66,6 +68,8 @@ def outdated_by(row: dict) -> str:
         return "the priority hold"
     if row.get("host_cpus") and not row.get("thread_cap_cores"):
         return "per-thread caps"
+    if row.get("thread_cap_cores") and not row.get("omp_threads"):
+        return "OpenMP threads per host"
     return ""
 
 

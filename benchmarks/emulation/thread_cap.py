@@ -27,7 +27,8 @@ Threads that stand for GPU-side work on the real hosts are not capped: a thread 
 name GPU_SIDE (`gpu_side()`) is moved to its host's group (out of its creator's, perhaps capped, group) and keeps
 the host's quota. The virtual GPU's timer thread is one (it is the GPU; it runs real-time, which a child group
 without real-time budget would refuse it), Horovod's background thread another (it sums with Gloo on the CPU
-here, where a GPU host sums with NCCL on the GPU); cluster_worker.py names both.
+here, where a GPU host sums with NCCL on the GPU); cluster_worker.py names both. DDP's Gloo threads are GPU-side for
+the same reason; torch names them itself as they start (GLOO_THREADS), so they are known by those names.
 
 cgroup v1 only (a thread may sit in a group apart from its process's other threads); v2 would need threaded
 subtrees, and is refused with a message.
@@ -51,7 +52,21 @@ from benchmarks.emulation.cpu_limit import CpuLimitError, parse_stat
 LOG = logging.getLogger("thread_cap")
 PREFIX = "t"  # a child group's name: PREFIX + the thread id
 GPU_SIDE = "p3-gpu-side"  # a thread's name (comm, at most 15 bytes) that keeps it uncapped
+# The threads of torch's Gloo process group (torch 2.13 names them at once, so gpu_side()'s name does not survive):
+# they sum and send what NCCL sums and sends on a GPU host, as Horovod's background thread does.
+GLOO_THREADS = ("pt_gloo_runloop", "gloo_tcp_loop")
 PROC = pathlib.Path("/proc")
+
+
+def omp_threads(host_cpus: float | None, thread_cores: float | None) -> int:
+    """OpenMP threads for each process of an emulated host. Capped, a thread is one of the host's dilated CPUs, so
+    a process gets as many as its host has CPUs: what MXNet gives itself on a real host of that size (OMP_NUM_THREADS
+    unset: omp_get_num_procs()), so that the dist_sync and MXNet-P3 servers' sums and updates run on the host's
+    CPUs as they would there (with one, dist_sync's VGG-19 servers sat at 7% of their quota and 40% of the bound:
+    results/pilot_omp/summary.md). Uncapped, one: the hosts time-share the machine's cores."""
+    if thread_cores is None or host_cpus is None:
+        return 1
+    return max(1, round(host_cpus))
 
 
 def cpu_group(cgroup_file: str) -> str | None:
@@ -99,7 +114,7 @@ class HostThreads:
     placed: int = 0
     throttled_s: float = 0.0
     refusals: dict[str, int] = dataclasses.field(default_factory=dict)  # {errno name: threads}
-    gpu_side: int = 0  # threads named GPU_SIDE, left uncapped
+    gpu_side: int = 0  # threads named GPU_SIDE (or Gloo's), left uncapped
 
     @property
     def refused(self) -> int:
@@ -195,7 +210,7 @@ class ThreadCaps:
             return  # exited meanwhile
         name, pid = status.get("Name", "").strip(), int(status.get("Tgid", tid))
         self._pids.setdefault(pid, i)  # its process: later threads are found in its task list
-        if name == GPU_SIDE:  # born in its creator's group, perhaps a capped one: to its host's
+        if name == GPU_SIDE or name in GLOO_THREADS:  # born in its creator's group, perhaps a capped one: to its host's
             try:
                 (self.dirs[i] / "tasks").write_text(str(tid))
             except OSError as e:

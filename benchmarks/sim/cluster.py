@@ -3,7 +3,10 @@
 CPU (engine.SharedCpu): `cores` per host is the emulation's CPU quota (host_cpus x gpu_scale cores, each host in a
 cgroup of its own, benchmarks/emulation/cpu_limit.py) or a real host's cores; `shared_cores` is a machine whose
 cores every host's processes share (the emulation without CPU limits, and the loopback benchmarks). Neither:
-CPU is free. The network (engine.FairNetwork) and the virtual GPU's rules (engine.Device) are in engine.py.
+CPU is free. `thread_cores` caps each thread of a host (the emulation's per-thread caps, thread_cap.py: one
+dilated CPU, gpu_scale cores; threads standing for GPU-side work, Horovod's background thread and DDP's Gloo
+threads, keep the host's quota: ring.py and ddp.py do not cap them). The network (engine.FairNetwork) and the
+virtual GPU's rules (engine.Device) are in engine.py.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class Cluster:
     layout: str = "colocated"  # one worker + one server per host, or "separate": workers, then servers
     cores: float | None = None  # CPU bandwidth of each host, in cores (the emulation's quota); None: unlimited
     shared_cores: float | None = None  # every host's processes share one machine's cores (no CPU limits)
+    thread_cores: float | None = None  # each thread's cap (the emulation's per-thread caps: one dilated CPU)
     wire_overhead: float = WIRE_OVERHEAD
     gpu_slack_s: float = 0.0  # a gap the virtual GPU forgave before an op that waited (1 ms before chaining)
 

@@ -35,6 +35,7 @@ import pathlib
 import statistics
 from collections.abc import Callable, Hashable
 
+from benchmarks.sim import ddp as ddp_lib
 from benchmarks.sim import model as model_lib
 from benchmarks.sim import ring
 from benchmarks.sim.cluster import Cluster, CpuCosts
@@ -44,8 +45,10 @@ RESULTS = pathlib.Path(__file__).resolve().parents[1] / "results"
 TRANSPORT_CPUS = 2  # the cpus column of both benchmarks
 FIT_MODELS = ("resnet50_v1", "vgg19")
 # Which fitted system stands for each simulated one (the ablations are p3kv with other settings).
+# p3kv.torch runs p3kv's transport and server kernels; DDP's Gloo ring is the library Horovod's ring runs here.
 MEASURED_AS = {"p3": "p3", "p3-slicing-only": "p3", "p3-priority-only": "p3", "p3-priority-split": "p3",
-               "dist_sync": "dist_sync", "mxnet-p3": "mxnet-p3"}
+               "dist_sync": "dist_sync", "mxnet-p3": "mxnet-p3", "torch-p3kv": "p3", "torch-p3kv-server": "p3",
+               "ddp": "horovod"}
 # Step 1's sources per system: (file under results/, its system name there, slice size: None for the default).
 TRANSPORT_SOURCE = {
     "p3": [("kvstore_bench.csv", "p3-noopt", None),
@@ -234,6 +237,14 @@ def system(name: str, found: Fitted | None = None, optimizer: str = "none", upda
     return dataclasses.replace(base, costs=found.transport[measured], update=update, update_on=place,
                                gpu_accesses=SGD_ACCESSES if sgd and place == "workers-gpu" else 0,
                                link_costs=link_costs or CpuCosts())
+
+
+def ddp(optimizer: str = "none", found: Fitted | None = None, link_costs: CpuCosts | None = None) -> ddp_lib.Ddp:
+    """DDP over Gloo: Horovod's fitted Gloo CPU per byte (no negotiation), the optimizer's step on the virtual GPU
+    (SGD's 5 passes over each parameter; nothing without an optimizer)."""
+    found = fitted() if found is None else found
+    return ddp_lib.Ddp(CpuCosts(0.0, found.horovod.cpu.per_byte), gpu_accesses=SGD_ACCESSES if optimizer != "none"
+                       else 0, link_costs=link_costs or CpuCosts())
 
 
 def horovod(optimizer: str = "none", found: Fitted | None = None, update_on: str = "workers-gpu",

@@ -5,7 +5,9 @@ Why these models (each is the emulation's rule, benchmarks/emulation/ and cpp/sr
 - CPU: an emulated host's processes run in a cgroup with a CPU bandwidth quota (cpu_limit.py) that the kernel's
   scheduler time-slices among the host's runnable threads; without limits every host's threads time-slice the
   machine's cores. Either way a pool of C cores serves n runnable threads at min(1, C / n) core each
-  (processor sharing; one thread never uses more than one core), not one after another.
+  (processor sharing; one thread never uses more than one core), not one after another. With the emulation's
+  per-thread caps (thread_cap.py: each thread at one dilated CPU, gpu_scale cores) a thread gets at most that:
+  min(cap, C / n).
 - Threads: a server's consumer thread or a worker's receive thread handles one message at a time, in its queue's
   order (by priority where the system orders it), each message's CPU served by its host's pool.
 - Device: the virtual GPU runs one operation at a time in the order the engine dispatched them; an operation
@@ -50,14 +52,17 @@ class EventLoop:
 
 class SharedCpu:
     """`cores` of CPU bandwidth (None: unlimited) shared by the runnable jobs: n of them each run at
-    min(1, cores / n) core (processor sharing, a job being one thread's work). All jobs advance at the same rate,
-    so the pool keeps a virtual time (core-seconds each job has received) and a job admitted at virtual time v
-    with cost c ends when virtual time reaches v + c: one heap, no per-job bookkeeping on every change."""
+    min(per_job, cores / n) core (processor sharing, a job being one thread's work; per_job: what one thread may
+    use, a core, or the emulation's per-thread cap). All jobs advance at the same rate, so the pool keeps a
+    virtual time (core-seconds each job has received) and a job admitted at virtual time v with cost c ends when
+    virtual time reaches v + c: one heap, no per-job bookkeeping on every change."""
 
-    def __init__(self, loop: EventLoop, cores: float | None) -> None:
+    def __init__(self, loop: EventLoop, cores: float | None, per_job: float = 1.0) -> None:
         if cores is not None and cores <= 0:
             raise ValueError(f"a CPU pool needs a positive number of cores, not {cores}")
-        self.loop, self.cores = loop, cores
+        if per_job <= 0:
+            raise ValueError(f"a thread needs a positive share of a core, not {per_job}")
+        self.loop, self.cores, self.per_job = loop, cores, per_job
         self._heap: list = []  # (virtual finish time, seq, done, args)
         self._seq = itertools.count()
         self._virtual = 0.0
@@ -66,7 +71,7 @@ class SharedCpu:
         self.busy_core_s = 0.0  # core-seconds served so far (the pool's CPU use)
 
     def _rate(self, n: int) -> float:
-        return 1.0 if self.cores is None else min(1.0, self.cores / n)
+        return self.per_job if self.cores is None else min(self.per_job, self.cores / n)
 
     def _advance(self) -> None:
         now = self.loop.now
@@ -82,9 +87,9 @@ class SharedCpu:
         if cost <= 0:
             done(*args)
             return
-        if self.cores is None:  # no sharing: every job has a core of its own
+        if self.cores is None:  # no sharing: every job has a core (or its cap) of its own
             self.busy_core_s += cost
-            self.loop.at(self.loop.now + cost, done, *args)
+            self.loop.at(self.loop.now + cost / self.per_job, done, *args)
             return
         self._advance()
         heapq.heappush(self._heap, (self._virtual + cost, next(self._seq), done, args))
@@ -111,11 +116,13 @@ class SharedCpu:
 
 
 def host_cpus(cluster: Cluster, loop: EventLoop) -> list[SharedCpu]:
-    """One SharedCpu per host of `cluster` (the same object for every host when they share a machine's cores)."""
+    """One SharedCpu per host of `cluster` (the same object for every host when they share a machine's cores),
+    each thread on it at most `cluster.thread_cores` (the per-thread caps) or a core."""
+    per_job = cluster.thread_cores or 1.0
     if cluster.shared_cores:
-        shared = SharedCpu(loop, cluster.shared_cores)
+        shared = SharedCpu(loop, cluster.shared_cores, per_job)
         return [shared] * cluster.hosts
-    return [SharedCpu(loop, cluster.cores) for _ in range(cluster.hosts)]
+    return [SharedCpu(loop, cluster.cores, per_job) for _ in range(cluster.hosts)]
 
 
 class CpuThread:

@@ -267,7 +267,13 @@ DIST_SYNC = PSSystem("dist_sync", big_array_bound=MXNET_BIGARRAY_BOUND, priority
 # MXNet's P3 van: a priority queue and a send thread in front of ZMQ sockets with DMLC_PS_WATER_MARK=10.
 MXNET_P3 = PSSystem("mxnet-p3", slice_size=40_000, priority=True, window=10, update_on="workers-gpu",
                     gpu_accesses=SGD_ACCESSES)
-SYSTEMS = {s.name: s for s in (P3KV, SLICING_ONLY, PRIORITY_ONLY, PRIORITY_SPLIT, DIST_SYNC, MXNET_P3)}
+# p3kv.torch runs p3kv's C++ transport: the same slices, priorities and sender; its worker placement updates each
+# parameter on the virtual GPU as its slices land (torch_compute.VirtualGpuSGD), its server placement on the servers.
+TORCH_P3KV = PSSystem("torch-p3kv", slice_size=50_000, priority=True, update_on="workers-gpu",
+                      gpu_accesses=SGD_ACCESSES)
+TORCH_P3KV_SERVER = PSSystem("torch-p3kv-server", slice_size=50_000, priority=True)
+SYSTEMS = {s.name: s for s in (P3KV, SLICING_ONLY, PRIORITY_ONLY, PRIORITY_SPLIT, DIST_SYNC, MXNET_P3, TORCH_P3KV,
+                               TORCH_P3KV_SERVER)}
 
 
 def simulate(model: ModelProfile, cluster: Cluster, system: PSSystem, iters: int = 4, record: bool = False) -> Result:

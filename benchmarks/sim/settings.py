@@ -9,7 +9,7 @@ import dataclasses
 import pathlib
 from collections.abc import Mapping
 
-from benchmarks.sim import ring
+from benchmarks.sim import ddp, ring
 from benchmarks.sim.ps import PSSystem
 from benchmarks.suites import baseline_settings
 
@@ -63,3 +63,12 @@ def apply_horovod(horovod: ring.Horovod, env: Mapping[str, str]) -> ring.Horovod
     if "HOROVOD_CYCLE_TIME" in env:
         changes["cycle_s"] = float(env["HOROVOD_CYCLE_TIME"]) / 1000
     return dataclasses.replace(horovod, **changes)
+
+
+def apply_ddp(d: ddp.Ddp, env: Mapping[str, str]) -> ddp.Ddp:
+    """DDP_BUCKET_CAP_MB (the benchmark worker's bucket_cap_mb; 25 stands for DDP's default, the first bucket
+    1 MiB; another value makes every bucket that size, as DDP does when bucket_cap_mb is given)."""
+    cap = float(env.get("DDP_BUCKET_CAP_MB", DEFAULTS["ddp"]["DDP_BUCKET_CAP_MB"]))
+    if cap == float(DEFAULTS["ddp"]["DDP_BUCKET_CAP_MB"]):
+        return d
+    return dataclasses.replace(d, bucket_bytes=int(cap * ddp.MIB), first_bucket_bytes=int(cap * ddp.MIB))

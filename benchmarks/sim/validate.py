@@ -36,8 +36,8 @@ import statistics
 from collections.abc import Callable, Sequence
 
 from benchmarks.sim import costs as costs_lib
+from benchmarks.sim import ddp, ring, settings
 from benchmarks.sim import model as model_lib
-from benchmarks.sim import ring, settings
 from benchmarks.sim.cluster import Cluster, CpuCosts
 from benchmarks.sim.ps import simulate
 
@@ -58,7 +58,8 @@ COLUMNS = ("source", "split", "fidelity", "selection", "model", "kvstore", "host
 # What makes rows one point (their iterations are pooled); the system is part of it.
 POINT = ("model", "kvstore", "hosts", "layout", "bandwidth_bps", "compute", "gpu", "gpu_scale", "efficiency_factor",
          "slice_size", "batch_size", "optimizer", "samples_per_batch", "workers", "unit", "bandwidth",
-         "p100_equiv_gbps", "cpus", "cpu_quota_cores", "update_placement", "update_on", "baseline_setting")
+         "p100_equiv_gbps", "cpus", "cpu_quota_cores", "thread_cap_cores", "update_placement", "update_on",
+         "baseline_setting")
 FAITHFUL = "faithful"
 UNFAITHFUL = "unfaithful"
 UNJUDGED = "unjudged (before the fidelity monitors)"
@@ -145,12 +146,15 @@ def cluster_of(point: dict) -> Cluster:
     shared = None if quota else _number(point.get("cpus"), costs_lib.TRANSPORT_CPUS)
     rate = _number(point.get("bandwidth_bps")) or None
     return Cluster(int(point["hosts"]), rate, layout=point["layout"] or "colocated", cores=quota,
-                   shared_cores=shared, gpu_slack_s=0.0 if point.get("chained") else OLD_SLACK_S)
+                   shared_cores=shared, thread_cores=_number(point.get("thread_cap_cores")) or None,
+                   gpu_slack_s=0.0 if point.get("chained") else OLD_SLACK_S)
 
 
 def cpu_label(point: dict) -> str:
-    quota = _number(point.get("cpu_quota_cores"))
-    return f"quota {quota:g} cores/host" if quota else f"shared {_number(point.get('cpus'), 2):g} cores"
+    quota, cap = _number(point.get("cpu_quota_cores")), _number(point.get("thread_cap_cores"))
+    if not quota:
+        return f"shared {_number(point.get('cpus'), 2):g} cores"
+    return f"quota {quota:g} cores/host" + (f", {cap:g} per thread" if cap else "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,6 +177,9 @@ def simulate_point(point: dict, constants: Constants) -> tuple[float, float]:
     if kv == "horovod":
         h = costs_lib.horovod(point["optimizer"], constants.loopback, update_place(point), link)
         result = ring.simulate(profile, cluster, settings.apply_horovod(h, env), iters=3)
+    elif kv == "ddp":
+        d = settings.apply_ddp(costs_lib.ddp(point["optimizer"], constants.loopback, link), env)
+        result = ddp.simulate(profile, cluster, d, iters=3)
     else:
         system = costs_lib.system(kv, constants.loopback, point["optimizer"], update_place(point), link)
         slice_size = int(point["slice_size"]) if point.get("slice_size") else None

@@ -5,9 +5,9 @@ in its namespace, the scheduler on host 0. Horovod runs through the same launche
 on host 0, each launcher in a UTS namespace named by its address (Gloo finds a rank's address from its hostname).
 Host 0's output goes to the terminal, every host's to a log; each host's CPU is sampled (host_cpu.py). With CPU
 limits (Point.host_cpus) a host's processes run at host_cpus × gpu_scale cores (cpu_limit.py; each thread also at
-gpu_scale with Point.thread_cap, thread_cap.py), and the run's monitors give its fidelity verdict (run_monitors.py).
-The row has the measurement, the bound with headers (wire_bound.py) and the conditions (cluster_bench.py adds
-those common to an invocation and writes it through bench_rows.py).
+gpu_scale with Point.thread_cap, and host_cpus OpenMP threads per process, thread_cap.py), and the run's monitors
+give its fidelity verdict (run_monitors.py). The row has the measurement, the bound with headers (wire_bound.py)
+and the conditions (cluster_bench.py adds those common to an invocation and writes it through bench_rows.py).
 """
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ from benchmarks.emulation import (
     host_cpu,
     proc_monitor,
     run_monitors,
+    thread_cap,
     wire_bound,
 )
 from benchmarks.paths import ROOT
@@ -43,8 +44,7 @@ LOG = logging.getLogger("cluster_job")
 # What --kvstore names: (the launcher's --kvstore, extra environment, extra worker flags).
 KVSTORES = {
     "p3": ("p3", {}, []), "dist_sync": ("dist_sync", {}, []), "mxnet-p3": ("mxnet-p3", {}, []),
-    "horovod": ("horovod", {}, ["--system", "horovod"]),
-    "p3-slicing-only": ("p3", {"P3_PRIORITY": "none"}, []),
+    "horovod": ("horovod", {}, ["--system", "horovod"]), "p3-slicing-only": ("p3", {"P3_PRIORITY": "none"}, []),
     "p3-priority-split": ("p3", {"P3_SLICE_SIZE": str(1 << 30)}, ["--split-big-arrays", "SERVERS"]),
     "p3-priority-only": ("p3", {"P3_SLICE_SIZE": str(1 << 30)}, []),
     **torch_systems.KVSTORES,  # PyTorch: p3kv.torch in both placements, DDP (gloo) under torchrun
@@ -56,7 +56,6 @@ LINK_BURST_GPU_MS = 1.0  # a link's bucket in the GPU's time: 10 ms real at the 
 @dataclasses.dataclass
 class Point:
     """One run's settings."""
-
     model: str
     kvstore: str
     hosts: int = 4
@@ -231,8 +230,8 @@ def _environment(point: Point, extra: dict) -> dict:
     env = job_env.job_environment("horovod" if point.kvstore in NO_SERVERS else point.kvstore, point.slice_size)
     if point.kvstore not in NO_SERVERS:
         env["P3_SECRET"] = secrets.token_hex(32)  # one per job, the same on every host
-    # Hosts share 2 cores: one compute thread per process (the real-compute mode's fairness).
-    env.update(OMP_NUM_THREADS="1", MXNET_CPU_WORKER_NTHREADS="1", PYTHONUNBUFFERED="1", **extra)
+    env.update(OMP_NUM_THREADS=str(thread_cap.omp_threads(point.host_cpus, point.thread_cap_cores)),
+               MXNET_CPU_WORKER_NTHREADS="1", PYTHONUNBUFFERED="1", **extra)
     env.update(point.setting_env)  # the system's tuned (or grid) setting: reaches every process through the launcher
     if point.horovod_cycle_real_ms is not None:  # dilated; Horovod reads it with strtof (fractions are fine)
         env["HOROVOD_CYCLE_TIME"] = f"{point.horovod_cycle_real_ms:.6g}"
@@ -330,7 +329,8 @@ def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: 
            "link_burst_bytes": emulated_cluster.burst_bytes(cluster.rate_bps, cluster.burst_ms) if cluster.rate_bps
            else "", "tcp_rto_min_ms": round(cluster.rto_min_ms) if cluster.rto_min_ms else "",
            "horovod_cycle_ms": point.horovod_cycle_real_ms if point.horovod_cycle_real_ms is not None else "",
-           "priority_hold_ms": baseline_settings.priority_hold_ms(env) if launcher_kvstore == "p3" else ""}
+           "priority_hold_ms": baseline_settings.priority_hold_ms(env) if launcher_kvstore == "p3" else "",
+           "omp_threads": env["OMP_NUM_THREADS"]}
     files = sorted(scratch.glob(f"{name}.rank*.json"))
     results = [json.loads(p.read_text()) for p in files]
     every = [t for r in results for t in r.get("iter_s") or []]

@@ -79,6 +79,8 @@ class Training:
         if args.system == "ddp":
             import torch.distributed as dist
 
+            # Gloo's threads sum and send here what NCCL does on a GPU host: the per-thread caps leave them at the
+            # host's quota (known by the names torch gives them, thread_cap.GLOO_THREADS).
             dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
             self.rank, self.num_workers = dist.get_rank(), dist.get_world_size()
         else:
