@@ -61,6 +61,21 @@ def test_the_link_fit_never_simulates_a_held_out_point():
     assert links["horovod"] == 0.0  # no fit point of its own: nothing fitted
 
 
+def test_the_link_fit_uses_cpu_where_the_time_does_not_depend_on_the_cost():
+    # Horovod's fit point: s/iter within 1% without the links' cost, flat until CPU runs out at 12 ns/byte, then a
+    # cliff; the simulated CPU grows with the cost (20% + 8 points per ns). The time fit would land on the cliff;
+    # the measured 36% of CPU says 2 ns/byte.
+    def fake(points, constants):
+        ns = constants.links.get("horovod", 0.0) * 1e9
+        return [(p["median_s"] * (0.995 if ns < 12 else 1.11), 20.0 + 8.0 * ns) for p in points]
+
+    fit = {"split": "fit", "kvstore": "horovod", "median_s": 3.5, "cpu_total_pct": 36.0}
+    links = validate.fit_links([fit], loopback=None, simulate_many=fake)
+    assert links["horovod"] == pytest.approx(2e-9, abs=0.1e-9)
+    # Without a measured CPU the time fit stands, as before.
+    assert validate.fit_links([{**fit, "cpu_total_pct": 0.0}], loopback=None, simulate_many=fake)["horovod"] > 10e-9
+
+
 def test_faithful_rows_are_used_alone_when_there_are_any(tmp_path):
     write(tmp_path / "sweeps" / "bandwidth.csv", [run_row(), run_row(model="vgg19")])
     points, selection = validate.measured_points(tmp_path)

@@ -176,6 +176,12 @@ def _versus_sentence(bandwidth: Sequence[dict], results: pathlib.Path) -> str:
     if ratios:
         parts.append(f"With CPU free, p3kv's simulated throughput over MXNet's P3 ranges from {min(ratios):.2f}× to "
                      f"{max(ratios):.2f}× over the paper-scale bandwidth points")
+    torch = {key: v for key in {(r["model"], r["gpu"], r["hosts"], r["gbps"]) for r in bandwidth}
+             if (v := _sim_ratio(bandwidth, key, "torch-p3kv", "ddp"))}
+    if torch:
+        (model, _, _, gbps), best = max(torch.items(), key=lambda item: item[1])
+        parts.append(f"p3kv.torch (worker placement) over PyTorch DDP ranges from {min(torch.values()):.2f}× to "
+                     f"{best:.2f}× ({model} at {number(gbps):g} Gbps)")
     parts.append(f"p3kv is behind Horovod by more than 1% at {len(behind)} paper-scale or past-the-paper points"
                  if behind else "p3kv is never more than 1% behind Horovod at any paper-scale or past-the-paper point")
     return "; ".join(parts) + " (`sim_paper_*.csv`)."

@@ -7,8 +7,9 @@ not the bottleneck (`cpu=ideal`: no per-message, per-byte or server-side optimiz
 sweep says `measured` (this 2-core machine's loopback-fitted constants, SGD's update included, with 4 cores per
 host), which brackets the real answer. Compute is each model's calibrated P100 rate
 (benchmarks/workloads/shapes/*.json); the workers' updates of MXNet's P3 and Horovod run on the GPU at its
-memory bandwidth (as in the emulation). Each system runs its tuned setting for the model where
-results/tuning/best.json has one, else its defaults (settings.py; the CSVs' `setting` column says which).
+memory bandwidth (as in the emulation); so do p3kv.torch's (worker placement) and DDP's optimizer step. Each
+system runs its tuned setting for the model where results/tuning/best.json has one, else its defaults (settings.py;
+the CSVs' `setting` column says which).
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import functools
 import multiprocessing
 
 from benchmarks.sim import costs as costs_lib
+from benchmarks.sim import ddp, ring, settings
 from benchmarks.sim import model as model_lib
-from benchmarks.sim import ring, settings
 from benchmarks.sim.cluster import Cluster
 from benchmarks.sim.ps import SGD_ACCESSES, SYSTEMS, simulate
 
@@ -60,6 +61,9 @@ def run_point(p: Point, loopback: costs_lib.Fitted | None = None) -> dict:
         horovod = (costs_lib.horovod("sgd", loopback) if p.cpu == "measured"
                    else ring.Horovod(update_on="workers-gpu", gpu_accesses=SGD_ACCESSES))
         result = ring.simulate(profile, cluster, settings.apply_horovod(horovod, env), iters=3)
+    elif p.system == "ddp":
+        d = costs_lib.ddp("sgd", loopback) if p.cpu == "measured" else ddp.Ddp(gpu_accesses=SGD_ACCESSES)
+        result = ddp.simulate(profile, cluster, settings.apply_ddp(d, env), iters=3)
     else:
         system = (costs_lib.system(p.system, loopback, optimizer="sgd") if p.cpu == "measured"
                   else dataclasses.replace(SYSTEMS[p.system], gpu_accesses=SGD_ACCESSES
@@ -74,7 +78,7 @@ def points(which: str) -> list[Point]:
     pts: list[Point] = []
     if which in ("bandwidth", "all"):
         for m in MODELS:
-            systems = ["p3", "dist_sync", "mxnet-p3", "horovod"]
+            systems = ["p3", "dist_sync", "mxnet-p3", "horovod", "torch-p3kv", "ddp"]  # and PyTorch's pair
             if m == "vgg19":
                 systems += ["p3-slicing-only", "p3-priority-only"]
             pts += [Point("bandwidth", m, s, gbps=g) for s in systems for g in BANDWIDTHS_GBPS]
@@ -92,7 +96,7 @@ def points(which: str) -> list[Point]:
 
 def estimated_cost(p: Point) -> float:
     """Roughly the simulation's events: messages per iteration (parts x workers x (1 + workers))."""
-    if p.system == "horovod":
+    if p.system in ("horovod", "ddp"):
         return 0.0
     profile = model_lib.load(p.model, 32, p.gpu)
     if p.system in ("dist_sync", "p3-priority-only"):

@@ -51,6 +51,7 @@ LINK_SYSTEMS = ("p3", "dist_sync", "mxnet-p3", "horovod")  # the ablations run p
 MAX_LINK_NS = 20.0  # the bound of the link-cost search, ns per byte
 OLD_SLACK_S = 1e-3  # the virtual GPU's forgiven gap before operations were chained (cpp/src/device_clock.h then)
 MISS = 0.10
+TIME_INSENSITIVE = 0.01  # fit_links: a fit point this close without the links' cost is fitted on its CPU use
 COLUMNS = ("source", "split", "fidelity", "selection", "model", "kvstore", "hosts", "layout", "bandwidth",
            "p100_equiv_gbps", "compute", "gpu_scale", "efficiency_factor", "slice_size", "batch_size", "optimizer",
            "cpu", "update_placement", "baseline_setting", "vgpu", "runs", "measured_s", "simulated_s", "rel_error",
@@ -210,14 +211,41 @@ def simulate_all(points: Sequence[dict], constants: Constants, processes: int = 
 
 
 # --- the one fit on emulated points --------------------------------------------------------------------------
+def _root(f: Callable[[float], float], lo: float, hi: float, rounds: int) -> tuple[float, int]:
+    """(x in [lo, hi] where the increasing f crosses 0, tries): regula falsi (Illinois); lo if f(lo) >= 0, hi if
+    f(hi) <= 0 (then lo where f barely moves over the range)."""
+    f_lo = f(lo)
+    if f_lo >= 0:
+        return lo, 1
+    f_hi = f(hi)
+    if f_hi <= 0:
+        return (hi if f_hi - f_lo > 0.005 else lo), 2
+    tries, side = 2, 0
+    while tries < rounds + 2:
+        x = (lo * f_hi - hi * f_lo) / (f_hi - f_lo)
+        fx = f(x)
+        tries += 1
+        if abs(fx) < 0.002 or hi - lo < 0.05:
+            return x, tries
+        if fx < 0:
+            lo, f_lo = x, fx
+            f_hi, side = (f_hi / 2, side) if side == -1 else (f_hi, -1)
+        else:
+            hi, f_hi = x, fx
+            f_lo, side = (f_lo / 2, side) if side == 1 else (f_lo, 1)
+    return (lo + hi) / 2, tries
+
+
 def fit_links(points: Sequence[dict], loopback: costs_lib.Fitted,
               simulate_many: Callable[[Sequence[dict], Constants], list] = simulate_all,
               rounds: int = 10) -> dict[str, float]:
-    """Each system's extra CPU per byte on the emulated links: the value in [0, MAX_LINK_NS] ns/byte at which
-    the median log error of the system's fit-split points is zero (no systematic bias where it is fitted), found
-    by regula falsi (Illinois) on that median, which grows with the cost. Held-out points are dropped here,
-    before anything is simulated; a system without fit points, or whose points do not depend on the cost, gets
-    0."""
+    """Each system's extra CPU per byte on the emulated links, in [0, MAX_LINK_NS] ns/byte, from the system's
+    fit-split points: where the median log error of their s/iter is zero (no systematic bias where it is fitted);
+    but where their s/iter is already within TIME_INSENSITIVE of the measured one without the cost (their time does
+    not depend on it until the hosts' CPU runs out), where the median log error of their CPU use is zero instead:
+    a time fit there lands on the cliff where CPU starts to limit (Horovod's fit point at 12.6 ns/byte, four times
+    its measured CPU). Held-out points are dropped here, before anything is simulated; a system without fit
+    points gets 0."""
     fit = [p for p in points if p["split"] == "fit"]
     links: dict[str, float] = {}
     for system in LINK_SYSTEMS:
@@ -226,31 +254,22 @@ def fit_links(points: Sequence[dict], loopback: costs_lib.Fitted,
         if not mine:
             continue
 
-        def bias(ns: float, mine=mine, system=system) -> float:
+        def bias(ns: float, what: int, mine=mine, system=system) -> float:
             sims = simulate_many(mine, Constants(loopback, {**links, system: ns * 1e-9}))
-            return statistics.median(math.log(s[0] / p["median_s"]) for s, p in zip(sims, mine))
+            measured = [(p["median_s"], p.get("cpu_total_pct") or 0.0) for p in mine]
+            return statistics.median(math.log(max(s[what], 1e-12) / max(m[what], 1e-12))
+                                     for s, m in zip(sims, measured))
 
-        lo, f_lo = 0.0, bias(0.0)
-        hi, f_hi = MAX_LINK_NS, (bias(MAX_LINK_NS) if f_lo < 0 else 0.0)
-        found, tries = (0.0 if f_lo >= 0 else None), 2
-        if found is None and f_hi <= 0:  # biased fast even at the bound: the bound, unless the cost barely matters
-            found = MAX_LINK_NS if f_hi - f_lo > 0.005 else 0.0
-        side = 0
-        while found is None and tries < rounds + 2:
-            x = (lo * f_hi - hi * f_lo) / (f_hi - f_lo)
-            f = bias(x)
-            tries += 1
-            if abs(f) < 0.002 or hi - lo < 0.05:
-                found = x
-            elif f < 0:
-                lo, f_lo = x, f
-                f_hi, side = (f_hi / 2, side) if side == -1 else (f_hi, -1)
-            else:
-                hi, f_hi = x, f
-                f_lo, side = (f_lo / 2, side) if side == 1 else (f_lo, 1)
-        links[system] = (found if found is not None else (lo + hi) / 2) * 1e-9
-        LOG.info("%s: emulated links cost %.3f ns/byte more CPU (%d fit points, %d tries)", system,
-                 links[system] * 1e9, len(mine), tries)
+        on = "s/iter"
+        found, tries = _root(lambda ns: bias(ns, 0), 0.0, MAX_LINK_NS, rounds)
+        cpu_known = all((p.get("cpu_total_pct") or 0.0) > 0 for p in mine)
+        if found > 0 and abs(bias(0.0, 0)) <= TIME_INSENSITIVE and cpu_known:
+            on = "CPU use"
+            found, more = _root(lambda ns: bias(ns, 1), 0.0, MAX_LINK_NS, rounds)
+            tries += more
+        links[system] = found * 1e-9
+        LOG.info("%s: emulated links cost %.3f ns/byte more CPU (fitted on %s, %d fit points, %d tries)", system,
+                 found, on, len(mine), tries)
     return links
 
 
