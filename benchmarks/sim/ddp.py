@@ -10,7 +10,7 @@ when every bucket is reduced, then optimizer.step() updates every parameter on t
 traffic (torch_compute.VirtualGpuSGD) and only then does the next forward start: communication overlaps backward,
 never the next forward, which is what P3 adds.
 
-Gloo's threads are GPU-side work in the emulation (NCCL's on a GPU host: torch_worker.py keeps them off the
+Gloo's threads are GPU-side work in the emulation (NCCL's on a GPU host: thread_cap.GLOO_THREADS keeps them off the
 per-thread caps), so, like Horovod's background thread in ring.py, they run on the host's quota uncapped.
 """
 
@@ -23,10 +23,11 @@ from benchmarks.sim.cluster import Cluster, CpuCosts
 from benchmarks.sim.model import ModelProfile
 from benchmarks.sim.ps import Result
 from benchmarks.sim.ring import Horovod, RingRun
+from benchmarks.suites import baseline_settings
 
-MIB = 1 << 20
+MIB = baseline_settings.MIB
 FIRST_BUCKET_BYTES = 1 * MIB  # torch's _DEFAULT_FIRST_BUCKET_BYTES
-BUCKET_BYTES = 25 * MIB  # bucket_cap_mb's default
+BUCKET_BYTES = int(float(baseline_settings.DEFAULTS["ddp"]["DDP_BUCKET_CAP_MB"]) * MIB)  # bucket_cap_mb's default
 
 
 @dataclasses.dataclass(frozen=True)
