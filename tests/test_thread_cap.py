@@ -2,6 +2,7 @@
 at one dilated CPU. Unit tests on a fake cgroup tree; the system test holds a real thread to its cap, where the host's
 quota alone lets it run four times faster."""
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -14,7 +15,7 @@ import pytest
 
 from benchmarks.analysis import bench_rows
 from benchmarks.emulation import cpu_limit, emulated_cluster, thread_cap
-from benchmarks.suites import cluster_bench
+from benchmarks.suites import cluster_bench, sweeps
 from benchmarks.suites.cluster_job import Point
 
 
@@ -218,6 +219,15 @@ def test_capped_hosts_give_each_process_their_cpu_count_of_openmp_threads():
     # Rows from before the column ran one thread: they key as one, apart from a host's count.
     assert points.key_value({}, "omp_threads") == points.key_value({"omp_threads": "1"}, "omp_threads") == "1"
     assert points.key_value({"omp_threads": "8"}, "omp_threads") == "8" and "omp_threads" in points.POINT_KEY
+    # --resume: a capped row from before the rule ran one thread, so it is not the run a capped point now makes.
+    point = Point(**base, thread_cap=True)
+    planned = sweeps._signature(sweeps._settings(point))
+    row = {k: ("" if v is None else str(v)) for k, v in sweeps._settings(point).items()}
+    assert sweeps._signature(row) == planned  # the row the point writes counts as done
+    assert sweeps._signature({**row, "omp_threads": ""}) != planned  # one from before the rule does not
+    free = dataclasses.replace(point, thread_cap=False)
+    assert sweeps._signature({**row, "thread_cap_cores": "", "omp_threads": ""}) == sweeps._signature(
+        sweeps._settings(free))  # uncapped rows ran one thread before and after the column
 
 
 def _skip_without_thread_caps() -> None:

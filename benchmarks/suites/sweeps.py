@@ -50,7 +50,7 @@ from collections.abc import Sequence
 
 from benchmarks.analysis import bench_rows, torch_comparison
 from benchmarks.analysis.points import link_burst, optimizer_label
-from benchmarks.emulation import cfs_bandwidth, cpu_limit, emulated_cluster, run_guard
+from benchmarks.emulation import cfs_bandwidth, cpu_limit, emulated_cluster, run_guard, thread_cap
 from benchmarks.emulation.link_shaping import KERNEL_RTO_MIN_MS
 from benchmarks.suites import baseline_settings, cluster_args, cluster_bench, sweep_slices, torch_systems
 from benchmarks.suites.sweep_estimate import (  # noqa: F401  (the callers' names: sweeps.estimate_seconds, ...)
@@ -208,6 +208,7 @@ def _signature(settings: dict) -> tuple:
             number(settings.get("horovod_cycle_ms")),  # Horovod's dilated cycle ("": other systems, older rows)
             number(settings.get("priority_hold_ms")),  # p3kv's sender hold ("": other systems, older p3kv rows)
             number(settings.get("thread_cap_cores")),  # each thread's cap ("": threads uncapped, older rows)
+            number(settings.get("omp_threads")) or 1.0,  # OpenMP threads per process ("": older rows, which ran one)
             baseline_settings.identity(str(settings.get("baseline_setting") or "")))
 
 
@@ -225,6 +226,7 @@ def _settings(point: cluster_bench.Point) -> dict:
     return {**dataclasses.asdict(point), "cfs_period_us": point.cfs_period_us,
             "link_burst_bytes": point.link_burst_bytes, "tcp_rto_min_ms": point.tcp_rto_min_real_ms,
             "horovod_cycle_ms": point.horovod_cycle_real_ms, "thread_cap_cores": point.thread_cap_cores,
+            "omp_threads": thread_cap.omp_threads(point.host_cpus, point.thread_cap_cores),
             "priority_hold_ms": baseline_settings.priority_hold_ms(os.environ)
             if cluster_bench.KVSTORES[point.kvstore][0] == "p3" else None}
 
