@@ -87,6 +87,23 @@ def test_the_sweep_block_and_the_headline_say_how_many_runs_were_faithful(tmp_pa
     assert "not yet: no faithful run" in sweep_blocks.status_block(only_bad)
 
 
+def test_cpu_bound_runs_are_shown_and_said_so_beside_their_numbers(tmp_path):
+    flag = ("cpu: flagged CPU-bound, host 1 throttled 8.0% of the timed window (0.80 of 10.00 s, limit 5%): each "
+            "thread capped at one dilated CPU")
+    path = tmp_path / "sweeps" / "bandwidth.csv"
+    for r in [_row("p3", 0, "True", [[1.0, 1.0], [1.0, 1.0]]),
+              _row("dist_sync", 0, "True", [[2.0, 2.0], [2.0, 2.0]], flag),
+              _row("dist_sync", 1, "True", [[2.0, 2.0], [2.0, 2.0]])]:
+        bench_rows.write_run(path, {k: v for k, v in r.items() if k in bench_rows.RUN_COLUMNS})
+    points = {p["kvstore"]: p for p in point_stats.aggregate(bench_rows.read_runs(path))}
+    assert (points["dist_sync"]["cpu_bound"], points["dist_sync"]["n"], points["p3"]["cpu_bound"]) == (1, 2, 0)
+    block = sweep_blocks.reviewed_block("bandwidth", tmp_path)
+    assert "| dist_sync — CPU-bound in 1 of 2 runs |" in block and "| p3kv |" in block, block
+    text = headline.headline_block(tmp_path)
+    assert "| 2.00× (2.00–2.00), dist_sync CPU-bound |" in text, text
+    assert "'CPU-bound': a host of that system ran out of its --host-cpus CPUs" in text
+
+
 def test_the_runner_summary_counts_its_unfaithful_runs_smoke_included():
     rows = [_row("p3", 0, "False", [[1.0]], "cpu: host 0 throttled 7.8% of the timed window", smoke="True"),
             _row("dist_sync", 0, "True", [[2.0]], smoke="True")]

@@ -83,6 +83,42 @@ def test_a_host_throttled_beyond_the_share_fails_the_run_with_its_numbers():
     assert _judge(cpu_window=[CpuUsage(5.0, 0.5, 100, 40)]).faithful  # 5.0% exactly: within
 
 
+def test_a_capped_host_out_of_its_cpus_is_flagged_cpu_bound_not_failed():
+    # With each thread capped at one dilated CPU, a throttled host had more runnable threads than CPUs: a real
+    # host of that size contends the same way, so the run stands, flagged.
+    cpu_bound = _judge(cpu_window=[CpuUsage(5.0, 0.1, 100, 2), CpuUsage(5.0, 0.8, 100, 40)], thread_caps=True,
+                       caps_lead_s=2.0)
+    assert cpu_bound.faithful
+    assert cpu_bound.text().startswith("cpu: flagged CPU-bound, host 1 throttled 8.0% of the timed window (0.80 of "
+                                       "10.00 s, limit 5%): ")
+    assert ";" not in cpu_bound.text()  # one note (points.fidelity_sentence splits on ";")
+    # The caps' own rule still fails a run whose window began uncapped, throttled or not.
+    assert not _judge(cpu_window=[CpuUsage(5.0, 0.8, 100, 40)], thread_caps=True, caps_lead_s=-1.0).faithful
+
+
+def test_rows_failed_only_for_a_capped_hosts_throttling_are_judged_again_and_nothing_else_is(tmp_path):
+    from benchmarks.analysis import rejudge
+    throttled = "cpu: host 1 throttled 10.9% of the timed window (57.96 of 533.17 s, limit 5%)"
+    flag = "network: 12 packets dropped by the link queues"
+    late = "vgpu: late wake-ups added up to 9000 us per iteration, 2.00% of the median iteration (limit 1%)"
+    rows = [("capped, throttled", "0.035", "False", f"{throttled}; {flag}"),
+            ("uncapped, throttled", "", "False", throttled),
+            ("capped, throttled and late", "0.035", "False", f"{throttled}; {late}"),
+            ("capped, faithful", "0.035", "True", "vgpu: flagged, one completion 80076 us late"),
+            ("capped, caps late", "0.035", "False", "cpu: the per-thread caps began 0.25 s after the timed window")]
+    path = tmp_path / "runs.csv"
+    text = "run_id,thread_cap_cores,faithful,fidelity_notes\n" + "".join(
+        f'"{a}",{b},{c},"{d}"' + ("\r\n" if i % 2 else "\n") for i, (a, b, c, d) in enumerate(rows))
+    path.write_bytes(text.encode())
+    assert rejudge.rewrite(path) == 1
+    lines = path.read_bytes().decode().splitlines(keepends=True)
+    assert lines[2:] == text.splitlines(keepends=True)[2:]  # the other rows, byte for byte
+    first = lines[1]
+    assert first.endswith(",True,\"" + fidelity.cpu_bound_flag(throttled[len("cpu: "):]) + f"; {flag}\"\n")
+    assert rejudge.rewrite(path) == 0  # judged once
+    assert rejudge.failures(f"{throttled}; {flag}; {late}") == [throttled, late]
+
+
 def test_runs_without_cpu_limits_or_a_window_are_not_faithful():
     off = _judge(limited=False)
     assert not off.faithful and "not limited (--no-cpu-limit" in off.text()

@@ -182,15 +182,40 @@ def test_pushpull_answers_without_a_pull_round_trip():
 
 
 def test_a_server_update_runs_once_per_part_with_its_last_push():
-    # 2 workers, 1 server on 3 hosts, one unsliced array, no links: the server processes 2 pushes (1 ns/byte each)
-    # and updates once (0.5 ns/byte), then broadcasts; the worker receives (1 ns/byte).
+    # 2 workers, 1 server on 3 hosts, one unsliced array, no links: the server's one thread processes 2 pushes
+    # (1 ns/byte each) and updates once (0.5 ns/byte), then broadcasts; the worker receives (1 ns/byte).
     m = model.synthetic([(0.0, 0.0, 1_000_000)])
     costs, update = CpuCosts(per_byte=1e-9), CpuCosts(per_byte=0.5e-9)
     cluster = Cluster(4, None, layout="separate")
-    system = dataclasses.replace(P3KV, slice_size=1 << 30, costs=costs, update=update)
+    system = dataclasses.replace(P3KV, slice_size=1 << 30, costs=costs, update=update, receivers="process")
     assert simulate(m, cluster, system).iteration_s == pytest.approx((2 + 0.5 + 1) * 4e6 * 1e-9)
     assert simulate(m, cluster, dataclasses.replace(system, update=CpuCosts())).iteration_s == \
         pytest.approx(3 * 4e6 * 1e-9)
+
+
+def test_p3kv_reads_each_connection_on_its_own_thread_and_its_consumer_only_sums_and_updates():
+    # The same job as above with p3kv's threads: each worker's push is read by its connection's thread at once
+    # (1 ns/byte less the 0.25 ns/byte sum), the consumer sums both (0.25 each) and updates with the second.
+    m = model.synthetic([(0.0, 0.0, 1_000_000)])
+    costs, update, aggregate = CpuCosts(per_byte=1e-9), CpuCosts(per_byte=0.5e-9), CpuCosts(per_byte=0.25e-9)
+    system = dataclasses.replace(P3KV, slice_size=1 << 30, costs=costs, update=update, aggregate=aggregate)
+    assert P3KV.receivers == "connection" and DIST_SYNC.receivers == MXNET_P3.receivers == "process"
+    cluster = Cluster(4, None, layout="separate")
+    assert simulate(m, cluster, system).iteration_s == pytest.approx((0.75 + 2 * 0.25 + 0.5 + 1) * 4e6 * 1e-9)
+    # Under per-thread caps (a tenth of a core each, the host's quota 2 cores) one server uses several threads'
+    # worth: 2 readers in parallel; the ps-lite model's single thread pays all of it at the cap.
+    capped = Cluster(4, None, layout="separate", cores=2.0, thread_cores=0.1)
+    assert simulate(m, capped, system).iteration_s == pytest.approx((0.75 + 2 * 0.25 + 0.5 + 1) * 4e6 * 1e-8)
+    single = dataclasses.replace(system, receivers="process")
+    assert simulate(m, capped, single).iteration_s == pytest.approx((2 + 0.5 + 1) * 4e6 * 1e-8)
+    # Replies from S servers are read by S threads of the worker: 2 servers' halves of an array in parallel.
+    two = model.synthetic([(0.0, 0.0, 2_000_000)])
+    halves = dataclasses.replace(system, slice_size=1_000_000, update=CpuCosts(), aggregate=CpuCosts())
+    assert simulate(two, capped, halves).iteration_s == pytest.approx((1 + 1) * 4e6 * 1e-8)
+    assert simulate(two, capped, dataclasses.replace(halves, receivers="process")).iteration_s == \
+        pytest.approx((2 + 2) * 4e6 * 1e-8)
+    with pytest.raises(ValueError, match="receivers 'thread'"):
+        dataclasses.replace(P3KV, receivers="thread")
 
 
 def test_a_worker_update_runs_on_every_worker_when_its_part_comes_back():
@@ -281,3 +306,21 @@ def test_p3kvs_update_cost_is_the_line_through_the_measured_kernel_times(tmp_pat
     path.write_text(lines[0] + "\n2,50000,sgd,100\n")
     with pytest.raises(ValueError, match="rerun benchmarks/suites/server_bench.py"):
         costs_lib.server_update(path)
+
+
+def test_p3kvs_sum_per_push_is_the_line_through_the_measured_work_without_an_optimizer(tmp_path):
+    from benchmarks.sim import costs as costs_lib
+    path = tmp_path / "server_slice.csv"
+    lines = ["workers,count,optimizer,work_cpu_ns_median"]
+    for count in (10_000, 50_000, 200_000):
+        # 2 pushes of 1 us + 0.1 ns per byte each; the SGD rows and the 4-worker rows must be ignored.
+        lines += [f"2,{count},none,{2 * (1000 + 0.1 * 4 * count)}", f"2,{count},sgd,1e9", f"4,{count},none,1e9"]
+    path.write_text("\n".join(lines) + "\n")
+    found = costs_lib.server_aggregate(path)
+    assert found.per_message == pytest.approx(1e-6) and found.per_byte == pytest.approx(0.1e-9)
+    assert costs_lib.with_aggregate(P3KV).aggregate == costs_lib.server_aggregate()  # the committed file's
+    assert costs_lib.with_aggregate(DIST_SYNC) == DIST_SYNC  # ps-lite's one receive thread: no split
+    short = tmp_path / "short.csv"
+    short.write_text(lines[0] + "\n2,50000,none,100\n")
+    with pytest.raises(ValueError, match="rerun benchmarks/suites/server_bench.py"):
+        costs_lib.server_aggregate(short)

@@ -76,6 +76,25 @@ def test_the_link_fit_uses_cpu_where_the_time_does_not_depend_on_the_cost():
     assert validate.fit_links([{**fit, "cpu_total_pct": 0.0}], loopback=None, simulate_many=fake)["horovod"] > 10e-9
 
 
+def test_p3kvs_links_are_fitted_on_cpu_use_and_ps_lites_on_time():
+    # p3kv's threads are the model's (one per connection): its links' CPU is what makes the simulated CPU use the
+    # measured one (30% + 10 points per ns: 4 ns), whatever the time says. dist_sync's one modelled receive thread
+    # stands for several real ones: its fit stays on s/iter (bias = cost - 3 ns).
+    def fake(points, constants):
+        out = []
+        for p in points:
+            ns = constants.links.get(p["kvstore"], 0.0) * 1e9
+            out.append((p["median_s"] * (1 + 0.01 * (ns - 3.0)), 30.0 + 10.0 * ns))
+        return out
+
+    assert validate.own_threads("p3") and not validate.own_threads("dist_sync")
+    assert not validate.own_threads("mxnet-p3") and not validate.own_threads("horovod")
+    points = [{"split": "fit", "kvstore": kv, "median_s": 2.0, "cpu_total_pct": 70.0} for kv in ("p3", "dist_sync")]
+    links = validate.fit_links(points, loopback=None, simulate_many=fake)
+    assert links["p3"] == pytest.approx(4e-9, abs=0.1e-9)
+    assert links["dist_sync"] == pytest.approx(3e-9, abs=0.2e-9)
+
+
 def test_faithful_rows_are_used_alone_when_there_are_any(tmp_path):
     write(tmp_path / "sweeps" / "bandwidth.csv", [run_row(), run_row(model="vgg19")])
     points, selection = validate.measured_points(tmp_path)

@@ -148,6 +148,7 @@ def aggregate(rows: Sequence[dict], include_smoke: bool = False, include_unfaith
                             default=None),
             "dirty": any(str(r.get("git_dirty")) == "True" for r in runs),
             "forced": any(str(r.get("forced")) == "True" for r in runs),
+            "cpu_bound": sum(cpu_bound(r) for r in runs),
         })
     by_key: dict[tuple, dict[str, float]] = {}
     for p in points:
@@ -157,6 +158,12 @@ def aggregate(rows: Sequence[dict], include_smoke: bool = False, include_unfaith
         for peer in ("dist_sync", "horovod", "mxnet-p3"):
             p[f"vs_{peer}"] = p["throughput"] / peers[peer] if peer in peers and peer != p["kvstore"] else None
     return points
+
+
+def cpu_bound(row: dict) -> bool:
+    """Whether a faithful capped run's host ran out of its CPUs (fidelity.py's rule 1 flags it CPU-bound): its
+    result holds for hosts of its --host-cpus."""
+    return "cpu: flagged CPU-bound" in str(row.get("fidelity_notes") or "")
 
 
 def optimizer_label(recorded: str | None) -> str:
@@ -214,6 +221,8 @@ def point_table(points: Sequence[dict]) -> str:
         system = LABEL.get(p["kvstore"], p["kvstore"])
         if setting(p):
             system += f" ({setting(p)})"
+        if p.get("cpu_bound"):  # beside its numbers: the result holds for hosts of that many CPUs (fidelity.py)
+            system += f" — CPU-bound in {p['cpu_bound']} of {p['n']} runs"
         iqr = "-" if p["legacy"] else f"{fmt(p['low'])}–{fmt(p['high'])}"
         runs = "-" if p["n"] == 1 else f"{fmt(p['run_min'])}–{fmt(p['run_max'])}"
         lines.append(f"| {p['model']} | {p['hosts']} | {link_label(p)} | {p['optimizer']} | {system} "

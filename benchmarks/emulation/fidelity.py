@@ -2,9 +2,14 @@
 fidelity monitors), with the thresholds and why.
 
 An emulated run is a measurement of P3 only while the emulated hosts behave like the hosts they stand for:
-1. CPU: each host gets the CPU its quota promises and rarely asks for more. A host throttled for a large share of
-   the timed iterations was limited by `--host-cpus`, a choice of ours, not by the system measured
-   (cpu_limit.py). A run without CPU limits (--no-cpu-limit) is not faithful: its CPUs were not dilated.
+1. CPU: each host gets the CPU its quota promises. Without per-thread caps a host throttled for a large share of
+   the timed iterations fails: its threads ran on the machine's real cores, far faster than the host's dilated
+   CPUs, until the period's quota ran out and then not at all, which no host of that size does (cpu_limit.py).
+   With per-thread caps (thread_cap.py) each thread runs at one dilated CPU at most, so the host's quota runs out
+   only when more of its threads are runnable than it has CPUs: the contention a real host of `--host-cpus` CPUs
+   has, stretched over the same share of each period. Such a run is faithful and flagged CPU-bound: its result
+   holds for hosts of that size, and a point that needs it can be rerun with more (`--host-cpus`).
+   A run without CPU limits (--no-cpu-limit) is not faithful: its CPUs were not dilated.
 2. The virtual GPU: ops complete when due. A late wake-up of the timer thread (it did not get a core in time)
    delays what waits on that completion; their lateness summed per iteration must stay a small share of an
    iteration (a single one over MAX_VGPU_LATE_US is flagged); gap time the virtual GPU forgives (starts the next
@@ -75,8 +80,10 @@ class Verdict:
         return "; ".join(self.notes)  # no note holds a ";" (points.fidelity_sentence splits on it)
 
 
-def cpu_notes(window: Sequence[CpuUsage] | None, window_s: float, limited: bool) -> tuple[bool, list[str]]:
-    """(passed, notes) of monitor 1 from each host's usage over the timed window."""
+def cpu_notes(window: Sequence[CpuUsage] | None, window_s: float, limited: bool, thread_caps: bool = False
+              ) -> tuple[bool, list[str]]:
+    """(passed, notes) of monitor 1 from each host's usage over the timed window; with per-thread caps a host
+    throttled beyond the share is flagged CPU-bound, not failed (the module doc says why)."""
     if not limited:
         return False, ["cpu: not limited (--no-cpu-limit, or compute that is not dilated): the host CPUs ran "
                        "undilated"]
@@ -85,9 +92,18 @@ def cpu_notes(window: Sequence[CpuUsage] | None, window_s: float, limited: bool)
     shares = [u.throttled_s / window_s for u in window]
     worst = max(range(len(shares)), key=shares.__getitem__)
     if shares[worst] > MAX_THROTTLED_SHARE:
-        return False, [f"cpu: host {worst} throttled {100 * shares[worst]:.1f}% of the timed window "
-                       f"({window[worst].throttled_s:.2f} of {window_s:.2f} s, limit {100 * MAX_THROTTLED_SHARE:g}%)"]
+        what = (f"host {worst} throttled {100 * shares[worst]:.1f}% of the timed window "
+                f"({window[worst].throttled_s:.2f} of {window_s:.2f} s, limit {100 * MAX_THROTTLED_SHARE:g}%)")
+        if thread_caps:
+            return True, [cpu_bound_flag(what)]
+        return False, [f"cpu: {what}"]
     return True, []
+
+
+def cpu_bound_flag(what: str) -> str:
+    """The note of a capped run whose host ran out of its CPUs: `what` says which host, how long, the limit."""
+    return (f"cpu: flagged CPU-bound, {what}: each thread capped at one dilated CPU, so more threads were runnable "
+            "than the host has CPUs, as on a real host of --host-cpus CPUs")
 
 
 def vgpu_notes(ranks: Sequence[dict], median_iter_s: float | None, gpu_scale: float = 1.0) -> tuple[bool, list[str]]:
@@ -199,7 +215,7 @@ def judge(*, cpu_window: Sequence[CpuUsage] | None, window_s: float, limited: bo
           steal: float | None = None, thread_caps: bool = False, caps_lead_s: float | None = None) -> Verdict:
     """The run's verdict: faithful when the CPU (with the per-thread caps' start), virtual-GPU and link monitors
     pass; flags and what was not measured go to the notes."""
-    cpu_ok, notes = cpu_notes(cpu_window, window_s, limited)
+    cpu_ok, notes = cpu_notes(cpu_window, window_s, limited, thread_caps)
     caps_ok, caps = caps_notes(thread_caps, caps_lead_s)
     cpu_ok, notes = cpu_ok and caps_ok, notes + caps
     vgpu_ok, more = vgpu_notes(ranks, median_iter_s, gpu_scale)

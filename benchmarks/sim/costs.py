@@ -92,6 +92,29 @@ def server_update(path: pathlib.Path = RESULTS / "server_slice.csv", workers: in
     return CpuCosts(max(intercept, 0.0), slope)
 
 
+@functools.cache
+def server_aggregate(path: pathlib.Path = RESULTS / "server_slice.csv", workers: int = 2) -> CpuCosts:
+    """p3kv's consumer thread summing one push of a slice, measured on the server's hot path without an optimizer
+    (server_bench.py: all `workers` pushes of a slice summed, then the aggregate copied to the value): the
+    least-squares line through the CPU per push against slice bytes (float32). The part of a push's transport
+    cost that p3kv's consumer, not the connection's receive thread, pays (ps.py's `receivers`)."""
+    points = []
+    with open(path) as f:
+        for row in csv.DictReader(f):
+            if row["optimizer"] == "none" and int(row["workers"]) == workers:
+                points.append((int(row["count"]) * 4, float(row["work_cpu_ns_median"]) * 1e-9 / workers))
+    if len(points) < 2:
+        raise ValueError(f"{path} has fewer than two slice sizes without an optimizer with {workers} workers; "
+                         "rerun benchmarks/suites/server_bench.py")
+    slope, intercept = statistics.linear_regression([b for b, _ in points], [s for _, s in points])
+    return CpuCosts(max(intercept, 0.0), slope)
+
+
+def with_aggregate(system: PSSystem) -> PSSystem:
+    """The system with its consumer's measured sum where it reads each connection on a thread of its own."""
+    return dataclasses.replace(system, aggregate=server_aggregate()) if system.receivers == "connection" else system
+
+
 def no_compute(profile: model_lib.ModelProfile) -> model_lib.ModelProfile:
     layers = tuple(model_lib.Layer(0.0, 0.0, layer.arrays, layer.itemsize) for layer in profile.layers)
     return dataclasses.replace(profile, layers=layers)
@@ -158,8 +181,8 @@ def _fit_transport(kv: str) -> CpuCosts:
 
     def seconds(costs: CpuCosts, case: Hashable) -> float:
         model, slice_size = case
-        system = dataclasses.replace(SYSTEMS[kv].with_costs(costs), update_on="workers-cpu" if kv == "mxnet-p3"
-                                     else SYSTEMS[kv].update_on, gpu_accesses=0)
+        system = dataclasses.replace(with_aggregate(SYSTEMS[kv]).with_costs(costs), update_on="workers-cpu"
+                                     if kv == "mxnet-p3" else SYSTEMS[kv].update_on, gpu_accesses=0)
         if slice_size:
             system = dataclasses.replace(system, slice_size=slice_size)
         return transport_seconds(system, model)
@@ -169,7 +192,7 @@ def _fit_transport(kv: str) -> CpuCosts:
 
 def _fit_update(kv_and_transport: tuple[str, CpuCosts]) -> CpuCosts:
     kv, transport = kv_and_transport
-    base = dataclasses.replace(SYSTEMS[kv].with_costs(transport), gpu_accesses=0,
+    base = dataclasses.replace(with_aggregate(SYSTEMS[kv]).with_costs(transport), gpu_accesses=0,
                                update_on="workers-cpu" if kv == "mxnet-p3" else "servers")
     found = medians("kvstore_bench.csv")
     return fit_pair(lambda costs, m: transport_seconds(dataclasses.replace(base, update=costs), m),
@@ -226,7 +249,7 @@ def system(name: str, found: Fitted | None = None, optimizer: str = "none", upda
     "workers-gpu" costs the virtual GPU's memory traffic, not CPU)."""
     found = fitted() if found is None else found
     measured = MEASURED_AS[name]
-    base = SYSTEMS[name]
+    base = with_aggregate(SYSTEMS[name])
     place = update_on or base.update_on
     sgd = optimizer != "none"
     if place == "servers" and base.update_on != "servers":

@@ -6,7 +6,17 @@ backward ends its parts are handed to the worker's sender. A part reaching its s
 server's one consumer thread (by priority where the system orders it), its CPU served by the server host's
 pool; once all W pushes of a part were processed the server sends the aggregate to every worker (P3's
 broadcast, and MXNet's pushpull, which answers each worker's ZPushPull request). A part coming back is processed
-by the worker's receive thread (its CPU on the worker host's pool). An array whose parts are all back is ready,
+by the worker's receive thread (its CPU on the worker host's pool).
+
+Which thread pays a message's CPU (`receivers`): MXNet's ps-lite van reads every peer's messages on one receive
+thread per process, so the model charges a message's whole cost to the one consumer (server) or receive thread
+(worker), as it always did. p3kv's C++ core reads each peer's connection on a thread of its own (ServerNode's
+ReceiveLoop per worker, WorkerNode's per server: cpp/src/server.cc, worker.cc) and hands the frame to one consumer
+that only sums and updates: with "connection" a push costs its receive thread the transport's cost less the sum
+(measured on the server's hot path, server_slice.csv) and the consumer the sum (and the update with the last
+push), and a reply costs the receive thread of its server's connection. Where every thread may use a core the
+split hardly matters; under the emulation's per-thread caps (one dilated CPU per thread) it decides how much of a
+host's quota one server can use. An array whose parts are all back is ready,
 after its update where the workers run the optimizer: on the virtual GPU at its memory traffic (update_on
 "workers-gpu": MXNet's P3 in the runs with GPU-side updates) or on the worker's CPU engine thread (update_on
 "workers-cpu": those runs' predecessors). With update_on "servers" (p3kv, dist_sync) the update is CPU on the
@@ -25,6 +35,7 @@ from benchmarks.sim.model import ModelProfile
 MXNET_BIGARRAY_BOUND = 1_000_000  # MXNET_KVSTORE_BIGARRAY_BOUND's default: larger arrays split over servers
 SGD_ACCESSES = 5  # emulated_compute.SGD_MOMENTUM_ACCESSES: read weight, gradient, momentum; write two
 UPDATE_PLACES = ("servers", "workers-gpu", "workers-cpu")
+RECEIVERS = ("process", "connection")  # one receive thread per process (ps-lite) or per peer connection (p3kv)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,10 +51,14 @@ class PSSystem:
     update: CpuCosts = CpuCosts()  # the optimizer's CPU per part (servers) or array (workers-cpu); zero: none
     gpu_accesses: int = 0  # workers-gpu: the update's passes over each array on the virtual GPU (0: none)
     link_costs: CpuCosts = CpuCosts()  # extra receive CPU of the emulated links (veth, bridge, tc), fitted
+    receivers: str = "process"  # RECEIVERS: which thread reads a message (the module doc)
+    aggregate: CpuCosts = CpuCosts()  # receivers "connection": the consumer's sum per push, part of `costs`
 
     def __post_init__(self) -> None:
         if self.update_on not in UPDATE_PLACES:
             raise ValueError(f"update_on {self.update_on!r}: one of {', '.join(UPDATE_PLACES)}")
+        if self.receivers not in RECEIVERS:
+            raise ValueError(f"receivers {self.receivers!r}: one of {', '.join(RECEIVERS)}")
 
     def with_costs(self, costs: CpuCosts, update: CpuCosts | None = None) -> PSSystem:
         return dataclasses.replace(self, costs=costs, update=self.update if update is None else update)
@@ -121,14 +136,23 @@ class PSRun:
         costs, link = system.costs, system.link_costs
         self.prio = [p.layer if system.priority else 0 for p in self.parts]
         self.part_host = [cluster.server_host(p.server) for p in self.parts]
-        self.push_cost = [costs.of(p.nbytes) + link.of(p.nbytes) for p in self.parts]
-        self.reply_cost = list(self.push_cost)
+        self.reply_cost = [costs.of(p.nbytes) + link.of(p.nbytes) for p in self.parts]
+        per_connection = system.receivers == "connection"
+        # A push's CPU on the server's consumer (all of it, or with a receive thread per connection only the sum)
+        # and on the receive thread of the worker's connection (the rest).
+        self.push_cost = [min(system.aggregate.of(p.nbytes), c) if per_connection else c
+                          for p, c in zip(self.parts, self.reply_cost)]
+        self.read_cost = [c - pushed for c, pushed in zip(self.reply_cost, self.push_cost)]
         self.update_cost = [system.update.of(p.nbytes) if system.update_on == "servers" else 0.0 for p in self.parts]
         self.worker_hosts = [cluster.worker_host(w) for w in range(W)]
         self.server_threads = [CpuThread(self.cpus[cluster.server_host(s)], self._push_cost, self._pushed,
                                          system.priority) for s in range(S)]
-        self.receive_threads = [CpuThread(self.cpus[h], self._reply_cost, self._received, False)
-                                for h in self.worker_hosts]
+        # Per (server, worker) connection: the thread that reads the worker's pushes (None: the consumer does).
+        self.read_threads = [[CpuThread(self.cpus[cluster.server_host(s)], self._read_cost, self._read, False)
+                              for _ in range(W)] if per_connection else None for s in range(S)]
+        # Per worker, the thread reading each server's replies (one for all servers without per_connection).
+        self.receive_threads = [[CpuThread(self.cpus[h], self._reply_cost, self._received, False)
+                                 for _ in range(S if per_connection else 1)] for h in self.worker_hosts]
         self.update_threads = [CpuThread(self.cpus[h], self._array_update_cost, self._updated, False)
                                for h in self.worker_hosts]
         self.worker_senders = [self.net.sender(h, system.priority, system.window) for h in self.worker_hosts]
@@ -178,6 +202,16 @@ class PSRun:
 
     # --- server ---
     def _at_server(self, t: float, i: int, w: int) -> None:
+        readers = self.read_threads[self.parts[i].server]
+        if readers is None:
+            self.server_threads[self.parts[i].server].put(self.prio[i], i)
+        else:
+            readers[w].put(0, i)  # its connection's thread reads it (in arrival order), then queues it
+
+    def _read_cost(self, i: int) -> float:
+        return self.read_cost[i]
+
+    def _read(self, i: int) -> None:
         self.server_threads[self.parts[i].server].put(self.prio[i], i)
 
     def _push_cost(self, i: int) -> float:
@@ -195,7 +229,8 @@ class PSRun:
 
     # --- worker receive ---
     def _at_worker(self, t: float, i: int, w: int) -> None:
-        self.receive_threads[w].put(0, (i, w))
+        threads = self.receive_threads[w]
+        threads[self.parts[i].server if len(threads) > 1 else 0].put(0, (i, w))
 
     def _reply_cost(self, job) -> float:
         return self.reply_cost[job[0]]
@@ -254,12 +289,13 @@ def summarise(forward_done: list[list[float]], model: ModelProfile, workers: int
 
 
 # The systems under test. Costs are attached by costs.py (measured constants), settings by settings.py.
-P3KV = PSSystem("p3", slice_size=50_000, priority=True)
-SLICING_ONLY = PSSystem("p3-slicing-only", slice_size=50_000, priority=False)
-PRIORITY_ONLY = PSSystem("p3-priority-only", slice_size=None, priority=True)
+P3KV = PSSystem("p3", slice_size=50_000, priority=True, receivers="connection")
+SLICING_ONLY = PSSystem("p3-slicing-only", slice_size=50_000, priority=False, receivers="connection")
+PRIORITY_ONLY = PSSystem("p3-priority-only", slice_size=None, priority=True, receivers="connection")
 # The fair priority-only ablation (cluster_worker --split-big-arrays SERVERS): no slices, arrays above 10^6
 # elements cut into one key per server.
-PRIORITY_SPLIT = PSSystem("p3-priority-split", slice_size=None, priority=True, split_bound=MXNET_BIGARRAY_BOUND)
+PRIORITY_SPLIT = PSSystem("p3-priority-split", slice_size=None, priority=True, split_bound=MXNET_BIGARRAY_BOUND,
+                          receivers="connection")
 # MXNet 1.9's kv.pushpull is one ps-lite ZPushPull request per part (kvstore_dist.h PushPullDefault; P3StoreDist
 # one per slice): the server answers every worker's request with the aggregate as soon as it has all of them, so
 # no ack and no pull round trip: the same traffic as P3's broadcast. ZMQ: a socket per peer, no send limit.
@@ -270,8 +306,8 @@ MXNET_P3 = PSSystem("mxnet-p3", slice_size=40_000, priority=True, window=10, upd
 # p3kv.torch runs p3kv's C++ transport: the same slices, priorities and sender; its worker placement updates each
 # parameter on the virtual GPU as its slices land (torch_compute.VirtualGpuSGD), its server placement on the servers.
 TORCH_P3KV = PSSystem("torch-p3kv", slice_size=50_000, priority=True, update_on="workers-gpu",
-                      gpu_accesses=SGD_ACCESSES)
-TORCH_P3KV_SERVER = PSSystem("torch-p3kv-server", slice_size=50_000, priority=True)
+                      gpu_accesses=SGD_ACCESSES, receivers="connection")
+TORCH_P3KV_SERVER = PSSystem("torch-p3kv-server", slice_size=50_000, priority=True, receivers="connection")
 SYSTEMS = {s.name: s for s in (P3KV, SLICING_ONLY, PRIORITY_ONLY, PRIORITY_SPLIT, DIST_SYNC, MXNET_P3, TORCH_P3KV,
                                TORCH_P3KV_SERVER)}
 

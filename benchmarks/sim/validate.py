@@ -39,7 +39,7 @@ from benchmarks.sim import costs as costs_lib
 from benchmarks.sim import ddp, ring, settings
 from benchmarks.sim import model as model_lib
 from benchmarks.sim.cluster import Cluster, CpuCosts
-from benchmarks.sim.ps import simulate
+from benchmarks.sim.ps import SYSTEMS, simulate
 
 LOG = logging.getLogger("sim.validate")
 RESULTS = costs_lib.RESULTS
@@ -236,16 +236,23 @@ def _root(f: Callable[[float], float], lo: float, hi: float, rounds: int) -> tup
     return (lo + hi) / 2, tries
 
 
+def own_threads(system: str) -> bool:
+    """Whether the model reads `system`'s messages on the threads it has (p3kv: one per connection, ps.py): then
+    its links' CPU is fitted on the hosts' measured CPU use. ps-lite's receive path (ZMQ's I/O thread, the van's,
+    the customer's, the engine's) is one thread in the model, which that CPU would overload: fitted on s/iter."""
+    return system in SYSTEMS and SYSTEMS[system].receivers == "connection"
+
+
 def fit_links(points: Sequence[dict], loopback: costs_lib.Fitted,
               simulate_many: Callable[[Sequence[dict], Constants], list] = simulate_all,
               rounds: int = 10) -> dict[str, float]:
     """Each system's extra CPU per byte on the emulated links, in [0, MAX_LINK_NS] ns/byte, from the system's
-    fit-split points: where the median log error of their s/iter is zero (no systematic bias where it is fitted);
-    but where their s/iter is already within TIME_INSENSITIVE of the measured one without the cost (their time does
-    not depend on it until the hosts' CPU runs out), where the median log error of their CPU use is zero instead:
-    a time fit there lands on the cliff where CPU starts to limit (Horovod's fit point at 12.6 ns/byte, four times
-    its measured CPU). Held-out points are dropped here, before anything is simulated; a system without fit
-    points gets 0."""
+    fit-split points. A system whose threads the model has (own_threads): where the median log error of their CPU
+    use is zero. The others: where the median log error of their s/iter is zero (no systematic bias where it is
+    fitted), except where their s/iter is already within TIME_INSENSITIVE of the measured one without the cost
+    (it does not depend on it until the hosts' CPU runs out): there on CPU use too, as a time fit lands on the
+    cliff where CPU starts to limit (Horovod's at 12.6 ns/byte, four times its measured CPU). Held-out points are
+    dropped here, before anything is simulated; a system without fit points gets 0."""
     fit = [p for p in points if p["split"] == "fit"]
     links: dict[str, float] = {}
     for system in LINK_SYSTEMS:
@@ -260,13 +267,17 @@ def fit_links(points: Sequence[dict], loopback: costs_lib.Fitted,
             return statistics.median(math.log(max(s[what], 1e-12) / max(m[what], 1e-12))
                                      for s, m in zip(sims, measured))
 
-        on = "s/iter"
-        found, tries = _root(lambda ns: bias(ns, 0), 0.0, MAX_LINK_NS, rounds)
         cpu_known = all((p.get("cpu_total_pct") or 0.0) > 0 for p in mine)
-        if found > 0 and abs(bias(0.0, 0)) <= TIME_INSENSITIVE and cpu_known:
+        if cpu_known and own_threads(system):
             on = "CPU use"
-            found, more = _root(lambda ns: bias(ns, 1), 0.0, MAX_LINK_NS, rounds)
-            tries += more
+            found, tries = _root(lambda ns: bias(ns, 1), 0.0, MAX_LINK_NS, rounds)
+        else:
+            on = "s/iter"
+            found, tries = _root(lambda ns: bias(ns, 0), 0.0, MAX_LINK_NS, rounds)
+            if found > 0 and abs(bias(0.0, 0)) <= TIME_INSENSITIVE and cpu_known:
+                on = "CPU use"
+                found, more = _root(lambda ns: bias(ns, 1), 0.0, MAX_LINK_NS, rounds)
+                tries += more
         links[system] = found * 1e-9
         LOG.info("%s: emulated links cost %.3f ns/byte more CPU (fitted on %s, %d fit points, %d tries)", system,
                  found, on, len(mine), tries)

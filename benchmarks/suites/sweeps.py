@@ -79,10 +79,8 @@ EQUIVALENTS = {"resnet50_v1": [1, 2, 4, 10, 20, 30], "inceptionv3": [1, 2, 4, 10
 
 SLICE_POINT = ("resnet50_v1", 2)  # link-bound: 0.62 s of traffic vs 0.16 s of compute per iteration, 4 hosts
 SLICE_SIZES = [5_000, 20_000, 50_000, 200_000, 1_000_000]
-
 ABLATION = ("vgg19", 30, ["dist_sync", "p3-priority-split", "p3-slicing-only", "p3"])
 SCALE = (["resnet50_v1", "sockeye", "vgg19"], 10, [2, 4, 8])
-
 SENSITIVITY = ([("resnet50_v1", 4), ("vgg19", 15)], [0.5, 1.0, 2.0])
 # The dilation check (issue 26): the headline points (ResNet-50 at 4 Gbps-equivalent, VGG-19 at 15, the paper's)
 # at three dilations each, every one within 4 hosts' CPU quotas on 2 cores (ResNet-50's 4 CPUs per host: 4 x 4 x 0.1
@@ -208,7 +206,7 @@ def _signature(settings: dict) -> tuple:
             number(settings.get("horovod_cycle_ms")),  # Horovod's dilated cycle ("": other systems, older rows)
             number(settings.get("priority_hold_ms")),  # p3kv's sender hold ("": other systems, older p3kv rows)
             number(settings.get("thread_cap_cores")),  # each thread's cap ("": threads uncapped, older rows)
-            number(settings.get("omp_threads")) or 1.0,  # OpenMP threads per process ("": older rows, which ran one)
+            number(settings.get("omp_threads")) or 1.0,  # OpenMP threads per process ("": older rows ran one)
             baseline_settings.identity(str(settings.get("baseline_setting") or "")))
 
 
@@ -223,10 +221,10 @@ def not_yet_run(points: Sequence[cluster_bench.Point], csv_path: pathlib.Path, r
 
 def _settings(point: cluster_bench.Point) -> dict:
     """A point's fields with the conditions its row records as derived columns (period, bucket)."""
-    return {**dataclasses.asdict(point), "cfs_period_us": point.cfs_period_us,
-            "link_burst_bytes": point.link_burst_bytes, "tcp_rto_min_ms": point.tcp_rto_min_real_ms,
-            "horovod_cycle_ms": point.horovod_cycle_real_ms, "thread_cap_cores": point.thread_cap_cores,
-            "omp_threads": thread_cap.omp_threads(point.host_cpus, point.thread_cap_cores),
+    return {**dataclasses.asdict(point), "cfs_period_us": point.cfs_period_us, "link_burst_bytes":
+            point.link_burst_bytes, "tcp_rto_min_ms": point.tcp_rto_min_real_ms, "horovod_cycle_ms":
+            point.horovod_cycle_real_ms, "thread_cap_cores": point.thread_cap_cores, "omp_threads":
+            thread_cap.omp_threads(point.host_cpus, point.thread_cap_cores),
             "priority_hold_ms": baseline_settings.priority_hold_ms(os.environ)
             if cluster_bench.KVSTORES[point.kvstore][0] == "p3" else None}
 
