@@ -333,8 +333,8 @@ def note(point: dict, rel_error: float, simulated_cpu_pct: float) -> str:
     if point["tcp_retrans"] > 0:
         reasons.append(f"measured: {point['tcp_retrans']:.0f} TCP retransmits per job (loss not modelled)")
     if point["throttled_pct"] > 5:
-        reasons.append(f"measured: a host throttled {point['throttled_pct']:.0f}% of the timed window (the quota "
-                       "is enforced per 100 ms period; the model shares it evenly)")
+        reasons.append(f"measured: a host throttled {point['throttled_pct']:.0f}% of the timed window (its quota "
+                       "ran out within CFS periods; the model shares it evenly)")
     if point["vgpu_late_us"] > 1000:
         reasons.append(f"measured: virtual GPU completions up to {point['vgpu_late_us'] / 1000:.1f} ms late")
     return "; ".join(reasons) or "no measured cause found"
