@@ -116,7 +116,7 @@ def test_rows_failed_only_for_a_capped_hosts_throttling_are_judged_again_and_not
     first = lines[1]
     assert first.endswith(",True,\"" + fidelity.cpu_bound_flag(throttled[len("cpu: "):]) + f"; {flag}\"\n")
     assert rejudge.rewrite(path) == 0  # judged once
-    assert rejudge.failures(f"{throttled}; {flag}; {late}") == [throttled, late]
+    assert fidelity.failures(f"{throttled}; {flag}; {late}") == [throttled, late]
 
 
 def test_runs_without_cpu_limits_or_a_window_are_not_faithful():

@@ -9,6 +9,7 @@ import statistics
 from collections.abc import Sequence
 
 from benchmarks.analysis import bench_rows, bench_stats
+from benchmarks.emulation import fidelity
 from benchmarks.emulation.link_shaping import DEFAULT_BURST_MS, DEFAULT_QUEUE_MS, KERNEL_RTO_MIN_MS, burst_bytes
 
 LABEL = {"p3": "p3kv", "dist_sync": "dist_sync", "mxnet-p3": "MXNet P3", "horovod": "Horovod",
@@ -85,11 +86,7 @@ def fidelity_sentence(rows: Sequence[dict], include_smoke: bool = False) -> str:
     failed: dict[str, int] = {}
     for r in _counted(rows, include_smoke):
         if bench_rows.verdict(r) is False:
-            notes = [n.strip() for n in str(r.get("fidelity_notes", "")).split(";") if ":" in n]
-            # Flags and what was not measured or judged never fail a run (fidelity.py).
-            quiet = ("not measured", "not judged", "flagged")
-            for monitor in sorted({n.split(":")[0] for n in notes if not any(q in n for q in quiet)}
-                                  - {"network", "sampling", "machine"}):
+            for monitor in sorted({n.split(":")[0] for n in fidelity.failures(r.get("fidelity_notes"))}):
                 failed[monitor] = failed.get(monitor, 0) + 1
     why = f" (failed: {', '.join(f'{m} {n}' for m, n in sorted(failed.items()))})" if failed else ""
     unjudged = f"; {count['unjudged']} from before the monitors, shown without a verdict" if count["unjudged"] else ""
@@ -163,7 +160,7 @@ def aggregate(rows: Sequence[dict], include_smoke: bool = False, include_unfaith
 def cpu_bound(row: dict) -> bool:
     """Whether a faithful capped run's host ran out of its CPUs (fidelity.py's rule 1 flags it CPU-bound): its
     result holds for hosts of its --host-cpus."""
-    return "cpu: flagged CPU-bound" in str(row.get("fidelity_notes") or "")
+    return fidelity.CPU_BOUND in str(row.get("fidelity_notes") or "")
 
 
 def optimizer_label(recorded: str | None) -> str:

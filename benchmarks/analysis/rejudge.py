@@ -21,20 +21,12 @@ import re
 import sys
 from collections.abc import Sequence
 
-from benchmarks.emulation.fidelity import cpu_bound_flag
+from benchmarks.emulation import fidelity
 from benchmarks.paths import RESULTS
 
 LOG = logging.getLogger("rejudge")
 
 THROTTLED = re.compile(r"^cpu: (host \d+ throttled [\d.]+% of the timed window \([\d.]+ of [\d.]+ s, limit [\d.]+%\))$")
-# The notes that fail a run (fidelity.py); every other note is a flag or says what was not measured.
-FAILURES = (re.compile(r"^cpu: (?!flagged)"), re.compile(r"^vgpu: (?!flagged|not measured)"),
-            re.compile(r"^link: host \d+'s \w+ sent under"))
-
-
-def failures(notes: str) -> list[str]:
-    """The notes of a row's fidelity_notes that fail a run."""
-    return [n for n in notes.split("; ") if any(p.match(n) for p in FAILURES)] if notes else []
 
 
 def rejudged(row: dict) -> dict | None:
@@ -42,10 +34,10 @@ def rejudged(row: dict) -> dict | None:
     if str(row.get("faithful")) != "False" or not row.get("thread_cap_cores"):
         return None
     notes = row.get("fidelity_notes") or ""
-    failed = failures(notes)
+    failed = fidelity.failures(notes)
     if len(failed) != 1 or not (found := THROTTLED.match(failed[0])):
         return None
-    kept = [cpu_bound_flag(found.group(1)) if n == failed[0] else n for n in notes.split("; ")]
+    kept = [fidelity.cpu_bound_flag(found.group(1)) if n == failed[0] else n for n in notes.split("; ")]
     return {**row, "faithful": "True", "fidelity_notes": "; ".join(kept)}
 
 

@@ -100,10 +100,22 @@ def cpu_notes(window: Sequence[CpuUsage] | None, window_s: float, limited: bool,
     return True, []
 
 
+CPU_BOUND = "cpu: flagged CPU-bound"  # how a capped run's note says its host ran out of its CPUs
+# Notes that never fail a run: flags, what was not measured or judged, and the monitors that only flag.
+QUIET = ("not measured", "not judged", "flagged")
+FLAG_MONITORS = ("network", "sampling", "machine")
+
+
 def cpu_bound_flag(what: str) -> str:
     """The note of a capped run whose host ran out of its CPUs: `what` says which host, how long, the limit."""
-    return (f"cpu: flagged CPU-bound, {what}: each thread capped at one dilated CPU, so more threads were runnable "
-            "than the host has CPUs, as on a real host of --host-cpus CPUs")
+    return (f"{CPU_BOUND}, {what}: each thread capped at one dilated CPU, so more threads were runnable than the "
+            "host has CPUs, as on a real host of --host-cpus CPUs")
+
+
+def failures(text: str | None) -> list[str]:
+    """The notes of a verdict's text (Verdict.text(), a row's fidelity_notes) that failed its run."""
+    notes = [n.strip() for n in str(text or "").split(";") if ":" in n]
+    return [n for n in notes if not any(q in n for q in QUIET) and n.split(":")[0] not in FLAG_MONITORS]
 
 
 def vgpu_notes(ranks: Sequence[dict], median_iter_s: float | None, gpu_scale: float = 1.0) -> tuple[bool, list[str]]:

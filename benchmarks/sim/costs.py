@@ -77,37 +77,33 @@ def medians(source: str) -> dict[tuple[str, str], float]:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def server_update(path: pathlib.Path = RESULTS / "server_slice.csv", workers: int = 2) -> CpuCosts:
-    """p3kv's SGD update per slice, measured on the server's hot path: the least-squares line through the
-    kernel's CPU time against slice bytes (float32), on the rows with `workers` pushers (kvstore_bench has 2)."""
+def _slice_line(path: pathlib.Path, optimizer: str, column: str, workers: int, share: float) -> CpuCosts:
+    """The least-squares line through `column` (ns) x `share` against slice bytes (float32) on the rows of
+    server_slice.csv with `optimizer` and `workers` pushers (kvstore_bench has 2)."""
     points = []
     with open(path) as f:
         for row in csv.DictReader(f):
-            if row["optimizer"] == "sgd" and int(row["workers"]) == workers:
-                points.append((int(row["count"]) * 4, float(row["kernel_cpu_ns_median"]) * 1e-9))
+            if row["optimizer"] == optimizer and int(row["workers"]) == workers:
+                points.append((int(row["count"]) * 4, float(row[column]) * 1e-9 * share))
     if len(points) < 2:
-        raise ValueError(f"{path} has fewer than two SGD slice sizes with {workers} workers; rerun "
-                         "benchmarks/suites/server_bench.py")
+        raise ValueError(f"{path} has fewer than two slice sizes with optimizer {optimizer} and {workers} workers; "
+                         "rerun benchmarks/suites/server_bench.py")
     slope, intercept = statistics.linear_regression([b for b, _ in points], [s for _, s in points])
     return CpuCosts(max(intercept, 0.0), slope)
+
+
+def server_update(path: pathlib.Path = RESULTS / "server_slice.csv", workers: int = 2) -> CpuCosts:
+    """p3kv's SGD update per slice, measured on the server's hot path: the kernel's CPU time per slice."""
+    return _slice_line(path, "sgd", "kernel_cpu_ns_median", workers, 1.0)
 
 
 @functools.cache
 def server_aggregate(path: pathlib.Path = RESULTS / "server_slice.csv", workers: int = 2) -> CpuCosts:
     """p3kv's consumer thread summing one push of a slice, measured on the server's hot path without an optimizer
-    (server_bench.py: all `workers` pushes of a slice summed, then the aggregate copied to the value): the
-    least-squares line through the CPU per push against slice bytes (float32). The part of a push's transport
-    cost that p3kv's consumer, not the connection's receive thread, pays (ps.py's `receivers`)."""
-    points = []
-    with open(path) as f:
-        for row in csv.DictReader(f):
-            if row["optimizer"] == "none" and int(row["workers"]) == workers:
-                points.append((int(row["count"]) * 4, float(row["work_cpu_ns_median"]) * 1e-9 / workers))
-    if len(points) < 2:
-        raise ValueError(f"{path} has fewer than two slice sizes without an optimizer with {workers} workers; "
-                         "rerun benchmarks/suites/server_bench.py")
-    slope, intercept = statistics.linear_regression([b for b, _ in points], [s for _, s in points])
-    return CpuCosts(max(intercept, 0.0), slope)
+    (server_bench.py: all `workers` pushes of a slice summed, then the aggregate copied to the value), per push.
+    The part of a push's transport cost that p3kv's consumer, not the connection's receive thread, pays (ps.py's
+    `receivers`)."""
+    return _slice_line(path, "none", "work_cpu_ns_median", workers, 1.0 / workers)
 
 
 def with_aggregate(system: PSSystem) -> PSSystem:
