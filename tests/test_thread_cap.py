@@ -245,6 +245,7 @@ BURNER = r"""
 import json, sys, threading, time
 seconds, out = float(sys.argv[1]), {}
 def burn():
+    open("/proc/thread-self/comm", "w").write("burner")
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         pass
@@ -272,9 +273,12 @@ def test_a_busy_thread_runs_at_one_dilated_cpu_not_at_its_hosts_whole_quota():
             return json.loads(done.stdout)
 
         free = burn()
-        caps = thread_cap.ThreadCaps(cluster.cpu.cpu_dirs(), cores, cluster.cpu.period_us).start()
+        caps = thread_cap.ThreadCaps(cluster.cpu.cpu_dirs(), cores, cluster.cpu.period_us, full_every=5,
+                                     usage_every=1).start()  # a usage sample every 0.1 s
         try:
+            began = time.time()
             capped = burn()
+            ended = time.time()
         finally:
             hosts = caps.stop()
         host_dir = cluster.cpu.cpu_dirs()[0]
@@ -286,6 +290,11 @@ def test_a_busy_thread_runs_at_one_dilated_cpu_not_at_its_hosts_whole_quota():
     assert capped["cgroup"].endswith(f"/t{capped['tid']}"), capped
     assert hosts[0].placed >= 2  # the main thread and the burner
     assert hosts[0].throttled_s > 0.5 * seconds, hosts[0]
+    # The per-thread usage (thread_usage.py) names the burner as its process's busiest thread, at its cap and
+    # throttled most of the window, as the kernel's own accounts above say.
+    (busiest, *_), = caps.usage.summary(began, ended, cores).values()
+    name, cap_pct, throttled_pct = busiest
+    assert name == "burner" and 60 <= cap_pct <= 110 and throttled_pct > 40, caps.usage.summary(began, ended, cores)
 
 
 # A capped main thread starts a GPU-side thread (as a worker starts the virtual GPU's timer) and makes it real-time.
@@ -343,3 +352,10 @@ def test_a_capped_run_caps_its_threads_after_start_up_and_before_its_timed_windo
     assert float(row["thread_caps_lead_s"]) > 0, row  # began before the timed window
     assert row["omp_threads"] == "4", row  # the host's CPUs (cluster_bench's default 4), one OpenMP thread each
     assert "per-thread caps" not in row["fidelity_notes"], row["fidelity_notes"]
+    # Each role's busiest threads in the timed window, by their own names: p3kv's C++ threads name themselves
+    # (cpp/src/thread_name.h), so the server's receive and consumer threads are told apart from Python's.
+    busiest = json.loads(row["thread_cpu"])
+    assert {"server", "worker"} <= busiest.keys(), busiest
+    names = [name for name, _, _ in busiest["server"]]
+    assert any(n.startswith("p3-srv-recv-w") for n in names) and "p3-consume" in names, busiest
+    assert all(cap >= 0 and 0 <= held <= 100 for _, cap, held in busiest["server"]), busiest

@@ -61,6 +61,10 @@ RUN_COLUMNS = (
     # the caps began (start-up runs at the host's quota: thread_cap.py; "": uncapped, or a row from before).
     "thread_cap_cores", "threads_capped", "threads_gpu_side", "thread_throttled_s", "thread_caps_lead_s",
     "omp_threads",  # OpenMP threads per process (thread_cap.omp_threads: the host's CPUs when capped); "": one
+    # Per role (worker, server, scheduler), the busiest threads of its busiest process in the timed window, JSON:
+    # {role: [[thread name, % of one dilated CPU, % of the window throttled], ...]} (emulation/thread_usage.py);
+    # "": threads uncapped, or a row from before it.
+    "thread_cpu",
 )
 ITERATION_COLUMNS = ("run_id", "tag", "model", "kvstore", "hosts", "bandwidth", "gpu_scale", "repeat", "rank",
                      "iteration", "time_s")

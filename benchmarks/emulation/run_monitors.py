@@ -10,11 +10,13 @@ ran).
 The timed window is cut from the CPU groups' samples: it ends when the last rank wrote its result (the file's
 modification time: ranks write it right after their last timed iteration) and lasts as long as the slowest rank's
 timed iterations together. With per-thread caps, how long before that window they began is a column
-(thread_caps_lead_s) and a rule of the verdict.
+(thread_caps_lead_s) and a rule of the verdict, and the busiest threads of each role's busiest process in the
+window are another (thread_cpu, thread_usage.py).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pathlib
@@ -32,7 +34,7 @@ COLUMNS = ("host_cpus", "cpu_limit", "cpu_quota_cores", "host_cpu_s", "host_thro
            "tcp_out_segs_total", "sampling_cpu_s", "faithful", "fidelity_notes", "cfs_period_us", "cfs_slice_us",
            "link_rx", "link_backlogged_pct", "link_starved_pct", "link_starved_max_pct", "link_monitor_cpu_s",
            "vgpu_late_us_per_iter", "steal_pct", "thread_cap_cores", "threads_capped", "thread_throttled_s",
-           "thread_caps_lead_s")
+           "thread_caps_lead_s", "thread_cpu")
 
 
 def joined(values: Sequence[float], digits: int = 3) -> str:
@@ -156,6 +158,8 @@ class RunMonitors:
             began = self._threads.began_at
             caps_lead = None if began is None else end - window_s - began
             row["thread_caps_lead_s"] = "" if caps_lead is None else round(caps_lead, 2)
+            busiest = self._threads.usage.summary(end - window_s, end, self.thread_cores)
+            row["thread_cpu"] = json.dumps(busiest, separators=(",", ":")) if busiest else ""
         late = [r["vgpu_late_max_us"] for r in results if r.get("vgpu_late_max_us") is not None]
         late_sum = [r["vgpu_late_us_per_iter"] for r in results if r.get("vgpu_late_us_per_iter") is not None]
         forgiven = [r["vgpu_forgiven_us_per_iter"] for r in results if r.get("vgpu_forgiven_us_per_iter") is not None]

@@ -46,6 +46,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 
+from benchmarks.emulation import thread_usage
 from benchmarks.emulation.cfs_bandwidth import MIN_QUOTA_US
 from benchmarks.emulation.cpu_limit import CpuLimitError, parse_stat
 
@@ -126,11 +127,13 @@ class ThreadCaps:
     `exempt`: thread ids left alone (the links' receive threads adopted into a host, link_napi.py). The scanner
     reads the hosts' own groups every `interval_s` and looks at their processes every `full_every` scans (a
     thread found late has been held to its creator's cap meanwhile, never freed of one); `proc` is /proc (a fake
-    tree in the tests). `ready`: caps begin once it returns True (asked every scan until then); None: at once."""
+    tree in the tests). `ready`: caps begin once it returns True (asked every scan until then); None: at once.
+    Once they have begun, every `usage_every` full scans (and once at `stop`) each thread's CPU is sampled into
+    `usage` (thread_usage.py)."""
 
     def __init__(self, host_dirs: Sequence[pathlib.Path], cores: float, period_us: int, *,
                  exempt: Collection[int] = (), interval_s: float = 0.02, full_every: int = 25,
-                 proc: pathlib.Path = PROC, ready: Callable[[], bool] | None = None,
+                 proc: pathlib.Path = PROC, ready: Callable[[], bool] | None = None, usage_every: int = 2,
                  rmdir: Callable[[pathlib.Path], None] = pathlib.Path.rmdir):
         for d in host_dirs:
             if not (d / "tasks").exists() or not (d / "cpu.cfs_quota_us").exists():
@@ -146,9 +149,13 @@ class ThreadCaps:
         self._seen: set[int] = set()  # every pid in /proc looked at once (pids of other processes included)
         self._left: dict[int, int] = {}  # threads left in their host's group (refused, exempt, GPU-side) -> host
         self._placed: dict[int, int] = {}  # capped threads -> host (each in its child PREFIX + tid)
+        self._tgid: dict[int, int] = {}  # the threads of the hosts' processes -> their process
         self._waiting: dict[int, int] = {}  # threads noted before the caps began -> host (still in its group)
         self._ready = ready
         self.began_at: float | None = None  # time.time() when the caps began; None: not yet
+        self.usage = thread_usage.ThreadUsage(proc)
+        self._usage_every = max(1, usage_every)
+        self._full_scans = 0
         self.scans, self.cpu_s = 0, 0.0
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="thread-caps", daemon=True)
@@ -186,9 +193,18 @@ class ThreadCaps:
                 self._place(i, tid)
         for tid in self._placed.keys() - alive:
             self._retire(tid)
-        for noted in (self._left, self._waiting):
+        for noted in (self._left, self._waiting, self._tgid):
             for tid in noted.keys() - alive:
                 del noted[tid]
+        self._full_scans += 1
+        if self.began_at is not None and self._full_scans % self._usage_every == 0:
+            self.sample_usage()
+
+    def sample_usage(self) -> None:
+        """One sample of every known thread's CPU (and its group's throttled time, capped) into `usage`."""
+        threads = {tid: (i, self._tgid[tid], self.dirs[i] / f"{PREFIX}{tid}" if tid in self._placed else None)
+                   for noted in (self._placed, self._left) for tid, i in noted.items() if tid in self._tgid}
+        self.usage.sample(threads, time.time())
 
     def _host_of(self, pid: int) -> int | None:
         """The host whose group (or one of its children) holds process `pid`'s main thread; None: no host's."""
@@ -209,6 +225,7 @@ class ThreadCaps:
         except OSError:
             return  # exited meanwhile
         name, pid = status.get("Name", "").strip(), int(status.get("Tgid", tid))
+        self._tgid[tid] = pid
         self._pids.setdefault(pid, i)  # its process: later threads are found in its task list
         if name == GPU_SIDE or name in GLOO_THREADS:  # born in its creator's group, perhaps a capped one: to its host's
             try:
@@ -280,6 +297,8 @@ class ThreadCaps:
         children (their throttled time counted). Returns each host's totals."""
         self._stopped.set()
         self._thread.join(timeout=10)
+        if self.began_at is not None:
+            self.sample_usage()  # the last sample, after the timed window's end
         LOG.info("thread caps: %d scans in %.2f s of CPU", self.scans, self.cpu_s)
         for i, host in enumerate(self.dirs):
             for child in _children(host):

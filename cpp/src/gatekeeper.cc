@@ -11,6 +11,7 @@
 #include "handshake.h"
 #include "p3/log.h"
 #include "p3/message.h"
+#include "thread_name.h"
 
 namespace p3 {
 namespace {
@@ -51,7 +52,10 @@ Status Gatekeeper::Start(const Socket* listener, std::string who) {
   who_ = std::move(who);
   listener_->SetNonBlocking(true);
   if (pipe2(wake_pipe_, O_CLOEXEC | O_NONBLOCK) != 0) return Status::IoError("pipe2 failed");
-  thread_ = std::thread([this] { Loop(); });
+  thread_ = std::thread([this] {
+    NameThisThread("p3-gatekeeper");
+    Loop();
+  });
   return Status::Ok();
 }
 

@@ -6,6 +6,7 @@
 #include "frame_builder.h"
 #include "handshake.h"
 #include "p3/log.h"
+#include "thread_name.h"
 
 namespace p3 {
 
@@ -74,8 +75,14 @@ Status SchedulerClient::Join(const std::string& host, uint16_t listen_port, Node
 
 void SchedulerClient::Start(Handlers handlers) {
   handlers_ = std::move(handlers);
-  reader_ = std::thread([this] { ReadLoop(); });
-  heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+  reader_ = std::thread([this] {
+    NameThisThread("p3-sched-read");
+    ReadLoop();
+  });
+  heartbeat_ = std::thread([this] {
+    NameThisThread("p3-heartbeat");
+    HeartbeatLoop();
+  });
 }
 
 void SchedulerClient::HeartbeatLoop() {

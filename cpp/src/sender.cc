@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "codec.h"
+#include "thread_name.h"
 
 namespace p3 {
 namespace {
@@ -83,6 +84,7 @@ Sender::~Sender() {
 void Sender::Start(double priority_hold_s) {
   hold_ = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(std::max(0.0, priority_hold_s)));
   thread_ = std::thread([this] {
+    NameThisThread("p3-send");
     while (RunOnce()) {
     }
   });

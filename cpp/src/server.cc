@@ -8,6 +8,7 @@
 
 #include "frame_builder.h"
 #include "p3/log.h"
+#include "thread_name.h"
 
 namespace p3 {
 namespace {
@@ -84,7 +85,10 @@ Status ServerNode::Start() {
     }
   }
   sender_.Start(config_.priority_hold);
-  consumer_ = std::thread([this] { ConsumeLoop(); });
+  consumer_ = std::thread([this] {
+    NameThisThread("p3-consume");
+    ConsumeLoop();
+  });
   st = gate_.Start(&listener_, Name());
   if (!st.ok()) return st;
   scheduler_.Start({[this] {
@@ -138,7 +142,10 @@ Status ServerNode::OnHello(Socket* s, const std::string& peer, const uint8_t* he
   // and then says so (NoticePause), so that the worker's own check spares it.
   conn->SetSendTimeout(config_.heartbeat_timeout);
   workers_[static_cast<size_t>(rank)] = conn;
-  receivers_.push_back(Receiver{std::thread([this, rank, conn] { ReceiveLoop(rank, conn); }), conn});
+  receivers_.push_back(Receiver{std::thread([this, rank, conn] {
+                                      NameThisThread("p3-srv-recv-w" + std::to_string(rank));
+                                      ReceiveLoop(rank, conn);
+                                    }), conn});
   return Status::Ok();
 }
 

@@ -7,6 +7,7 @@
 #include "frame_builder.h"
 #include "handshake.h"
 #include "p3/log.h"
+#include "thread_name.h"
 
 namespace p3 {
 namespace {
@@ -64,8 +65,14 @@ Status WorkerNode::Start() {
     if (!servers_[i]) return Status::Invalid("the node table has no server " + std::to_string(i));
   }
   sender_.Start(config_.priority_hold);
-  release_thread_ = std::thread([this] { ReleaseLoop(); });
-  for (int s = 0; s < config_.num_server; ++s) receivers_.emplace_back([this, s] { ReceiveLoop(s); });
+  release_thread_ = std::thread([this] {
+    NameThisThread("p3-release");
+    ReleaseLoop();
+  });
+  for (int s = 0; s < config_.num_server; ++s) receivers_.emplace_back([this, s] {
+      NameThisThread("p3-wrk-recv-s" + std::to_string(s));
+      ReceiveLoop(s);
+    });
   scheduler_.Start({[] {}, [this](const Status& st) { Fail(st, /*from_scheduler=*/true); }});
   std::lock_guard<std::mutex> lock(mu_);
   started_ = true;
