@@ -198,3 +198,29 @@ def test_a_point_rerun_with_threads_capped_says_so_in_its_tables(tmp_path):
     assert "except Horovod's background thread" in text
     table = point_stats.point_table(point_stats.aggregate(bench_rows.read_runs(path)))
     assert table.count("(1 CPU per thread)") == 3 and "| p3kv |" in table, table
+
+
+def test_a_headline_point_only_the_dilation_check_ran_dilated_is_read_from_it_dilations_pooled(tmp_path):
+    """VGG-19 at 15 Gbps: the bandwidth sweep's runs there predate the dilated CPUs, the dilation check has runs
+    at two dilations. The headline reads the check, each job in P100-equivalent seconds (iterations x gpu_scale)."""
+    def vgg(kvstore, repeat, seconds, scale, **extra):
+        dilated = {"thread_cap_cores": str(scale), "cpu_quota_cores": str(8 * scale), **extra}
+        faithful = dilated.pop("faithful", "True")
+        return _row(kvstore, repeat, faithful, [[seconds, seconds], [seconds, seconds]], model="vgg19",
+                    p100_equiv_gbps="15.0", gpu_scale=str(scale), bandwidth=f"{round(15000 * scale)}mbit",
+                    tag="dilation", **dilated)
+
+    older = {"cpu_limit": "", "cpu_quota_cores": "", "faithful": "", "thread_cap_cores": ""}
+    for r in [vgg("p3", 0, 1.0, 0.1, **older), vgg("dist_sync", 0, 1.5, 0.1, **older)]:  # 1.5x, not dilated
+        bench_rows.write_run(tmp_path / "sweeps" / "bandwidth.csv",
+                             {k: v for k, v in r.items() if k in bench_rows.RUN_COLUMNS})
+    # p3kv: 1.0 s at 0.1 and 0.5 s at 0.2 are both 0.1 P100-equivalent seconds; dist_sync twice that at both.
+    for r in [vgg("p3", 0, 1.0, 0.1), vgg("dist_sync", 0, 2.0, 0.1), vgg("p3", 0, 0.5, 0.2),
+              vgg("dist_sync", 0, 1.0, 0.2)]:
+        bench_rows.write_run(tmp_path / "sweeps" / "dilation.csv",
+                             {k: v for k, v in r.items() if k in bench_rows.RUN_COLUMNS})
+    text = headline.headline_block(tmp_path)
+    line = next(l for l in text.splitlines() if l.startswith("| VGG-19"))
+    assert "| 640 images/s | 2.00× (2.00–2.00) |" in line, line  # 2 x 32 images / 0.1 s; not the older 1.5x
+    assert "0.8/1.6 cores per host, 0.1/0.2 per thread); the dilation check's 2 dilations pooled" in line, line
+    assert "; 4 of 4 runs faithful |" in line and "from `dilation.csv`, its dilations pooled" in text, text

@@ -1,5 +1,9 @@
 """The README's headline: p3kv against each baseline at the paper's headline points of the bandwidth sweep, with
-95% confidence intervals on every ratio and the conditions in one line."""
+95% confidence intervals on every ratio and the conditions in one line.
+
+Where the bandwidth sweep has no run with dilated CPUs at a named point yet and the dilation check has some there
+(VGG-19 at 15 Gbps), the point is read from the dilation check, its dilations pooled: each job's iterations in
+P100-equivalent seconds (times its gpu_scale), which that check shows to agree across dilations."""
 
 from __future__ import annotations
 
@@ -45,28 +49,52 @@ def dilated(row: dict) -> bool:
     return str(row.get("cpu_limit", "")).startswith("cgroup")
 
 
+# What changes with the dilation alone (the link's rate, the scale, each thread's cap, the real CFS period, the
+# link's bucket and TCP's minimum RTO, all dilated with it): left out of a pooled point's key.
+DILATED = ("tag", "bandwidth", "gpu_scale", "thread_cap_cores", "cfs_period_us", "link_burst_bytes", "tcp_rto_min_ms")
+
+
 def point_key(row: dict) -> tuple:
     """A row's point as the tables compare it (points.POINT_KEY: link, dilation, CPU quota, queues, ...)."""
     return tuple(key_value(row, c) for c in POINT_KEY)
 
 
-def _point_rows(rows: Sequence[dict], model: str, gbps: float) -> list[dict]:
-    """The point's rows under its newest conditions: those whose point_key is the last p3kv row's (rows are
+def pooled_key(row: dict) -> tuple:
+    """A row's point with its dilations pooled (the dilation check's rows)."""
+    return tuple(key_value(row, c) for c in POINT_KEY if c not in DILATED)
+
+
+def _point_rows(rows: Sequence[dict], model: str, gbps: float, key=point_key) -> list[dict]:
+    """The point's rows under its newest conditions: those whose `key` is the last p3kv row's (rows are
     appended). A point rerun under new conditions is read from its newest runs only; older runs of a system not
     yet rerun are never pooled with them."""
     mine = [r for r in rows if r["model"] == model and equivalent_gbps(r) == gbps]
     p3 = [r for r in mine if r["kvstore"] == "p3"]
     if not p3:
         return []
-    newest = point_key(p3[-1])
-    return [r for r in mine if point_key(r) == newest]
+    newest = key(p3[-1])
+    return [r for r in mine if key(r) == newest]
 
 
-def _runs(rows: Sequence[dict], model: str, gbps: float, kvstore: str) -> list[np.ndarray]:
+def _runs(rows: Sequence[dict], model: str, gbps: float, kvstore: str, key=point_key) -> list[np.ndarray]:
     """Each shown (not unfaithful, not smoke) job's timed iterations as (iterations, ranks), under the point's
-    newest conditions."""
-    return [job_iterations(r) for r in _point_rows(rows, model, gbps) if r["kvstore"] == kvstore
+    newest conditions, in P100-equivalent seconds (times the run's gpu_scale: a ratio of one scale's runs is the
+    same either way, and runs of several scales pool)."""
+    return [job_iterations(r) * (number(r.get("gpu_scale"), 1.0) or 1.0)
+            for r in _point_rows(rows, model, gbps, key) if r["kvstore"] == kvstore
             and str(r.get("smoke")) != "True" and shown(r)]
+
+
+def _source(bandwidth: Sequence[dict], dilation: Sequence[dict], model: str, gbps: float):
+    """(rows, key, name) a named point is read from: the bandwidth sweep, or the dilation check's pooled rows
+    where only it has runs with dilated CPUs there."""
+    point = _point_rows(bandwidth, model, gbps)
+    if point and dilated(point[0]):
+        return bandwidth, point_key, "bandwidth"
+    pooled = _point_rows(dilation, model, gbps, pooled_key)
+    if any(r["kvstore"] == "p3" and dilated(r) and shown(r) for r in pooled):
+        return dilation, pooled_key, "dilation"
+    return bandwidth, point_key, "bandwidth"
 
 
 def _gain(rows: Sequence[dict], model: str, gbps: float) -> float:
@@ -75,19 +103,23 @@ def _gain(rows: Sequence[dict], model: str, gbps: float) -> float:
     return ratio(p3, dist, resamples=1).value if p3 and dist else float("-inf")
 
 
-def emulation_cell(point: Sequence[dict], moved: Sequence[dict]) -> str:
+def emulation_cell(point: Sequence[dict], moved: Sequence[dict], key=point_key) -> str:
     """How the point's runs were emulated and judged: the CPU quota per host (and per thread where threads were
     capped) and how many runs were faithful (its unfaithful runs that superseded.py moved to results/legacy/,
-    `moved`, counted too), or that they predate the dilated CPUs (and so the fidelity monitors)."""
+    `moved`, counted too), or that they predate the dilated CPUs (and so the fidelity monitors); with `key`
+    pooled_key, the dilations pooled."""
     if not point or not dilated(point[0]):
         return "CPUs not dilated (older runs, no verdict)"
     quotas = sorted({number(r.get("cpu_quota_cores")) for r in point})
-    key = point_key(point[0])
-    count = fidelity_count([*point, *(r for r in moved if point_key(r) == key and bench_rows.verdict(r) is False)])
+    mine = key(point[0])
+    count = fidelity_count([*point, *(r for r in moved if key(r) == mine and bench_rows.verdict(r) is False)])
     threads = sorted({number(r.get("thread_cap_cores")) for r in point} - {0.0})
     capped = f", {'/'.join(f'{t:g}' for t in threads)} per thread" if threads else ""
-    return (f"CPUs dilated ({'/'.join(f'{q:g}' for q in quotas)} cores per host{capped}); {count['faithful']} of "
-            f"{count['all']} runs faithful")
+    scales = sorted({number(r.get("gpu_scale")) for r in point})
+    pooled = (f"; the dilation check's {len(scales)} dilations pooled (`dilation.csv`)"
+              if key is pooled_key else "")
+    return (f"CPUs dilated ({'/'.join(f'{q:g}' for q in quotas)} cores per host{capped}){pooled}; "
+            f"{count['faithful']} of {count['all']} runs faithful")
 
 
 def ratio(a: list[np.ndarray], b: list[np.ndarray], resamples: int = bootstrap.RESAMPLES) -> bootstrap.Estimate:
@@ -102,6 +134,9 @@ def headline_block(results: pathlib.Path) -> str:
     path = results / "sweeps" / "bandwidth.csv"
     everything = bench_rows.read_runs(path)
     moved = bench_rows.read_runs(results / "legacy" / "superseded_bandwidth.csv")  # counted in the emulation column
+    dilation = bench_rows.read_runs(results / "sweeps" / "dilation.csv")
+    dilation_moved = bench_rows.read_runs(results / "legacy" / "superseded_dilation.csv")
+    sources: set[str] = set()
     rows = [r for r in everything if shown(r)]
     if everything and not rows:
         return f"No faithful runs yet in `benchmarks/results/sweeps/bandwidth.csv`: {fidelity_sentence(everything)}"
@@ -122,18 +157,19 @@ def headline_block(results: pathlib.Path) -> str:
             where = f"{gbps:g} Gbps (our largest gain)"
         else:
             where = f"{gbps:g} Gbps"
-        p3 = _runs(everything, model, gbps, "p3")
+        source, key, name_of = _source(everything, dilation, model, gbps)
+        p3 = _runs(source, model, gbps, "p3", key)
         if not p3:
             continue
-        point = _point_rows(everything, model, gbps)
+        sources.add(name_of)
+        point = _point_rows(source, model, gbps, key)
         first = next(r for r in point if r["kvstore"] == "p3" and shown(r))
         behind.append(first)
         per_iteration = int(first["workers"]) * number(first["samples_per_batch"])
-        scale = number(first.get("gpu_scale"), 1.0) or 1.0
-        rate = per_iteration / float(np.median(np.concatenate([job.ravel() for job in p3]))) / scale
+        rate = per_iteration / float(np.median(np.concatenate([job.ravel() for job in p3])))  # P100-equivalent
         cells = []
         for baseline in BASELINES:
-            other = _runs(everything, model, gbps, baseline)
+            other = _runs(source, model, gbps, baseline, key)
             if not other:
                 failed = sum(r["kvstore"] == baseline for r in point)  # rerun, but no run judged faithful
                 older = any(r["kvstore"] == baseline for r in mine if point_key(r) != point_key(first))
@@ -147,7 +183,7 @@ def headline_block(results: pathlib.Path) -> str:
             cells.append(f"{r.value:.2f}× ({r.low:.2f}–{r.high:.2f})"
                          + (f", {' and '.join(bound)} CPU-bound" if bound else ""))
         lines.append(f"| {name} | {where} | {rate:,.0f} {first['unit']}/s | {' | '.join(cells)} | {paper} | "
-                     f"{emulation_cell(point, moved)} |")
+                     f"{emulation_cell(point, dilation_moved if key is pooled_key else moved, key)} |")
     if not behind:
         return "Not measured yet: `make sweeps` writes `benchmarks/results/sweeps/bandwidth.csv`."
     iters = sorted({int(number(r["iters"])) for r in behind})
@@ -178,8 +214,9 @@ def headline_block(results: pathlib.Path) -> str:
         f"p3kv's throughput as P100s on those links would reach it, and its ratio to each baseline with a 95% "
         f"confidence interval (a percentile bootstrap over the {_span(repeats)} interleaved repeats per system, then "
         f"over {ranks} {'/'.join(map(str, iters))} timed iterations within each: benchmarks/analysis/bootstrap.py), "
-        f"from "
-        f"`benchmarks/results/sweeps/bandwidth.csv`. Conditions: {'/'.join(map(str, hosts))} emulated hosts (network "
+        f"from `benchmarks/results/sweeps/bandwidth.csv`"
+        + (" (rows whose emulation cell says so: from `dilation.csv`, its dilations pooled in P100-equivalent time)"
+           if "dilation" in sources else "") + f". Conditions: {'/'.join(map(str, hosts))} emulated hosts (network "
         f"namespaces on one 2-core machine, one worker and one server each), {'/'.join(links)} links with compute "
         f"slowed to match the P100-equivalent rate, batch {'/'.join(map(str, batch))} per worker, SGD with momentum "
         f"on the servers ({LABEL['p3']}, dist_sync) or on the workers "

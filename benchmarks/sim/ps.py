@@ -8,15 +8,18 @@ pool; once all W pushes of a part were processed the server sends the aggregate 
 broadcast, and MXNet's pushpull, which answers each worker's ZPushPull request). A part coming back is processed
 by the worker's receive thread (its CPU on the worker host's pool).
 
-Which thread pays a message's CPU (`receivers`): MXNet's ps-lite van reads every peer's messages on one receive
-thread per process, so the model charges a message's whole cost to the one consumer (server) or receive thread
-(worker), as it always did. p3kv's C++ core reads each peer's connection on a thread of its own (ServerNode's
-ReceiveLoop per worker, WorkerNode's per server: cpp/src/server.cc, worker.cc) and hands the frame to one consumer
-that only sums and updates: with "connection" a push costs its receive thread the transport's cost less the sum
-(measured on the server's hot path, server_slice.csv) and the consumer the sum (and the update with the last
-push), and a reply costs the receive thread of its server's connection. Where every thread may use a core the
-split hardly matters; under the emulation's per-thread caps (one dilated CPU per thread) it decides how much of a
-host's quota one server can use. An array whose parts are all back is ready,
+Which thread pays a message's CPU (`receivers`): MXNet's ps-lite reads every peer's messages through one chain of
+threads per process (ZMQ's I/O thread, the van, the customer, the engine's worker with its OpenMP team): with
+"process" a message passes the process's serial stages in turn, each paying its measured share, and the rest is the
+last stage's OpenMP loop (stages.py; `server_stages` and `worker_stages`, measured by threads.py; none: one thread
+pays it all, the model before the measurement). p3kv's C++ core reads each peer's connection on a thread of its own
+(ServerNode's ReceiveLoop per worker, WorkerNode's per server: cpp/src/server.cc, worker.cc) and hands the frame to
+one consumer that only sums and updates: with "connection" a push costs its receive thread the transport's cost
+less the sum (measured on the server's hot path, server_slice.csv) and the consumer the sum (and the update with
+the last push), and a reply costs the receive thread of its server's connection. Where every thread may use a core
+the split hardly matters; under the emulation's per-thread caps (one dilated CPU per thread) it decides how much of
+a host's quota one server can use.
+An array whose parts are all back is ready,
 after its update where the workers run the optimizer: on the virtual GPU at its memory traffic (update_on
 "workers-gpu": MXNet's P3 in the runs with GPU-side updates) or on the worker's CPU engine thread (update_on
 "workers-cpu": those runs' predecessors). With update_on "servers" (p3kv, dist_sync) the update is CPU on the
@@ -31,6 +34,7 @@ import statistics
 from benchmarks.sim.cluster import Cluster, CpuCosts
 from benchmarks.sim.engine import CpuThread, Device, EventLoop, FairNetwork, host_cpus
 from benchmarks.sim.model import ModelProfile
+from benchmarks.sim.stages import Stages
 
 MXNET_BIGARRAY_BOUND = 1_000_000  # MXNET_KVSTORE_BIGARRAY_BOUND's default: larger arrays split over servers
 SGD_ACCESSES = 5  # emulated_compute.SGD_MOMENTUM_ACCESSES: read weight, gradient, momentum; write two
@@ -53,12 +57,16 @@ class PSSystem:
     link_costs: CpuCosts = CpuCosts()  # extra receive CPU of the emulated links (veth, bridge, tc), fitted
     receivers: str = "process"  # RECEIVERS: which thread reads a message (the module doc)
     aggregate: CpuCosts = CpuCosts()  # receivers "connection": the consumer's sum per push, part of `costs`
+    server_stages: tuple[float, ...] = ()  # receivers "process": a push's shares on the server's serial threads
+    worker_stages: tuple[float, ...] = ()  # ... and a reply's on the worker's (stages.py; (): one thread)
 
     def __post_init__(self) -> None:
         if self.update_on not in UPDATE_PLACES:
             raise ValueError(f"update_on {self.update_on!r}: one of {', '.join(UPDATE_PLACES)}")
         if self.receivers not in RECEIVERS:
             raise ValueError(f"receivers {self.receivers!r}: one of {', '.join(RECEIVERS)}")
+        if (self.server_stages or self.worker_stages) and self.receivers != "process":
+            raise ValueError("stages are for receivers 'process' (a receive thread per connection has no chain)")
 
     def with_costs(self, costs: CpuCosts, update: CpuCosts | None = None) -> PSSystem:
         return dataclasses.replace(self, costs=costs, update=self.update if update is None else update)
@@ -145,14 +153,21 @@ class PSRun:
         self.read_cost = [c - pushed for c, pushed in zip(self.reply_cost, self.push_cost)]
         self.update_cost = [system.update.of(p.nbytes) if system.update_on == "servers" else 0.0 for p in self.parts]
         self.worker_hosts = [cluster.worker_host(w) for w in range(W)]
-        self.server_threads = [CpuThread(self.cpus[cluster.server_host(s)], self._push_cost, self._pushed,
-                                         system.priority) for s in range(S)]
-        # Per (server, worker) connection: the thread that reads the worker's pushes (None: the consumer does).
-        self.read_threads = [[CpuThread(self.cpus[cluster.server_host(s)], self._read_cost, self._read, False)
-                              for _ in range(W)] if per_connection else None for s in range(S)]
-        # Per worker, the thread reading each server's replies (one for all servers without per_connection).
-        self.receive_threads = [[CpuThread(self.cpus[h], self._reply_cost, self._received, False)
-                                 for _ in range(S if per_connection else 1)] for h in self.worker_hosts]
+        team = max(1, round(cluster.cores / cluster.thread_cores)) if cluster.cores and cluster.thread_cores else 1
+        if per_connection:  # the consumer per server; a thread per (server, worker) connection reads the pushes
+            self.server_threads = [CpuThread(self.cpus[cluster.server_host(s)], self._push_cost, self._pushed,
+                                             system.priority) for s in range(S)]
+            self.read_threads = [[CpuThread(self.cpus[cluster.server_host(s)], self._read_cost, self._read, False)
+                                  for _ in range(W)] for s in range(S)]
+            self.receive_threads = [[CpuThread(self.cpus[h], self._reply_cost, self._received, False)
+                                     for _ in range(S)] for h in self.worker_hosts]  # one per server
+        else:  # one chain of threads per process (OpenMP: a thread per host CPU, thread_cap.omp_threads)
+            self.server_paths = [Stages(self.cpus[cluster.server_host(s)], system.server_stages, team,
+                                        self.reply_cost.__getitem__, self._pushed,
+                                        self.prio.__getitem__ if system.priority else None, self._update_if_last)
+                                 for s in range(S)]
+            self.worker_paths = [Stages(self.cpus[h], system.worker_stages, team, self._reply_cost, self._received)
+                                 for h in self.worker_hosts]
         self.update_threads = [CpuThread(self.cpus[h], self._array_update_cost, self._updated, False)
                                for h in self.worker_hosts]
         self.worker_senders = [self.net.sender(h, system.priority, system.window) for h in self.worker_hosts]
@@ -202,11 +217,10 @@ class PSRun:
 
     # --- server ---
     def _at_server(self, t: float, i: int, w: int) -> None:
-        readers = self.read_threads[self.parts[i].server]
-        if readers is None:
-            self.server_threads[self.parts[i].server].put(self.prio[i], i)
+        if self.system.receivers == "process":
+            self.server_paths[self.parts[i].server].put(i)
         else:
-            readers[w].put(0, i)  # its connection's thread reads it (in arrival order), then queues it
+            self.read_threads[self.parts[i].server][w].put(0, i)  # its connection's thread reads it, then queues it
 
     def _read_cost(self, i: int) -> float:
         return self.read_cost[i]
@@ -215,8 +229,11 @@ class PSRun:
         self.server_threads[self.parts[i].server].put(self.prio[i], i)
 
     def _push_cost(self, i: int) -> float:
+        return self.push_cost[i] + self._update_if_last(i)
+
+    def _update_if_last(self, i: int) -> float:
         last = self.pushed[i] == self.cluster.workers - 1  # the last push completes the aggregate: update with it
-        return self.push_cost[i] + (self.update_cost[i] if last else 0.0)
+        return self.update_cost[i] if last else 0.0
 
     def _pushed(self, i: int) -> None:
         self.pushed[i] += 1
@@ -229,8 +246,10 @@ class PSRun:
 
     # --- worker receive ---
     def _at_worker(self, t: float, i: int, w: int) -> None:
-        threads = self.receive_threads[w]
-        threads[self.parts[i].server if len(threads) > 1 else 0].put(0, (i, w))
+        if self.system.receivers == "process":
+            self.worker_paths[w].put((i, w))
+        else:
+            self.receive_threads[w][self.parts[i].server].put(0, (i, w))
 
     def _reply_cost(self, job) -> float:
         return self.reply_cost[job[0]]

@@ -2,23 +2,21 @@
 -> results/sim_validation.csv (and the fitted constants, results/sim_fit.json).
 
 Which rows. Every ok, non-smoke row of the run CSVs (results/sweeps/*.csv, results/demo_cpu_limited/*.csv) with
-emulated or no compute. Runs carry a fidelity verdict (column `faithful`, benchmarks/emulation/fidelity.py) since
-the emulation limits each host's CPU; when any row is faithful, only faithful rows are used. Until then every ok
-row is used and each point says what it is (column `fidelity`: unjudged rows predate the monitors, unfaithful
-ones failed them) and the `selection` column says that no faithful row exists yet: those numbers validate the
-model against an emulation that was not yet faithful.
+emulated or no compute; when any row is faithful (column `faithful`, benchmarks/emulation/fidelity.py), only
+faithful rows (column `selection`; `fidelity` says what each point's rows were).
 
 What is simulated: what was run there (the link rate tc enforced, not its P100-equivalent; compute dilated by
---gpu-scale at the point's efficiency; the optimizer where the system ran it, on the virtual GPU or on a CPU, as
-the row's update_placement says; each host's CPU quota when the row has one, else all hosts time-sharing the
-machine's cores; the virtual GPU's rule of the time: chained operations, or a 1 ms forgiven gap before them;
-each system at the setting its row ran, its baseline_setting).
+--gpu-scale at the point's efficiency; the optimizer where the system ran it, as the row's update_placement says;
+each host's CPU quota and per-thread cap when the row has them, else all hosts time-sharing the machine's cores;
+the virtual GPU's rule of the time: chained operations, or a 1 ms forgiven gap before them; each system at the
+setting its row ran, its baseline_setting).
 
 The split. Fit: the ResNet-50 and VGG-19 points of the bandwidth sweep. Held out: every other point (InceptionV3
 and Sockeye, the scale, slice, ablation, dilation, sensitivity, utilisation and demo points). CPU costs come from
-loopback benchmarks only (costs.py); the one constant fitted on emulated points, each system's extra CPU per byte
-on the emulated links (veth, bridge, tc: absent on loopback), is fitted on the fit split only (fit_links).
-The measured s/iter is the median over every timed iteration of every repeat (every rank's where recorded).
+loopback benchmarks only (costs.py). Fitted on the fit split only: each system's extra CPU per byte on the emulated
+links (veth, bridge, tc: absent on loopback; fit_links), and how ps-lite's processes spread a message's CPU over
+their threads (threads.py, from the rows' thread_cpu). The measured s/iter is the median over every timed
+iteration of every repeat (every rank's where recorded).
 """
 
 from __future__ import annotations
@@ -36,7 +34,7 @@ import statistics
 from collections.abc import Callable, Sequence
 
 from benchmarks.sim import costs as costs_lib
-from benchmarks.sim import ddp, ring, settings
+from benchmarks.sim import ddp, ring, settings, threads
 from benchmarks.sim import model as model_lib
 from benchmarks.sim.cluster import Cluster, CpuCosts
 from benchmarks.sim.ps import SYSTEMS, simulate
@@ -126,6 +124,7 @@ def measured_points(results: pathlib.Path = RESULTS) -> tuple[list[dict], str]:
                  "tcp_retrans": statistics.median(_number(r.get("tcp_retrans_total")) for r in runs),
                  "throttled_pct": max(_max_of(r.get("host_throttled_pct")) for r in runs),
                  "vgpu_late_us": max(_number(r.get("vgpu_late_max_us")) for r in runs),
+                 "thread_cpu": [r["thread_cpu"] for r in runs if r.get("thread_cpu")],
                  "selection": selection}
         point["split"] = split_of(point)
         points.append(point)
@@ -162,6 +161,7 @@ def cpu_label(point: dict) -> str:
 class Constants:
     loopback: costs_lib.Fitted
     links: dict[str, float]  # system -> extra receive CPU per byte on the emulated links (seconds)
+    stages: dict = dataclasses.field(default_factory=dict)  # ps-lite's systems' thread shares (threads.measured)
 
 
 def simulate_point(point: dict, constants: Constants) -> tuple[float, float]:
@@ -183,6 +183,9 @@ def simulate_point(point: dict, constants: Constants) -> tuple[float, float]:
         result = ddp.simulate(profile, cluster, d, iters=3)
     else:
         system = costs_lib.system(kv, constants.loopback, point["optimizer"], update_place(point), link)
+        staged = constants.stages.get(costs_lib.MEASURED_AS.get(kv, kv))
+        if staged and system.receivers == "process":
+            system = dataclasses.replace(system, server_stages=staged["server"], worker_stages=staged["worker"])
         slice_size = int(point["slice_size"]) if point.get("slice_size") else None
         result = simulate(profile, cluster, settings.apply_ps(system, env, slice_size), iters=3)
     return result.iteration_s, result.cpu_pct
@@ -236,16 +239,16 @@ def _root(f: Callable[[float], float], lo: float, hi: float, rounds: int) -> tup
     return (lo + hi) / 2, tries
 
 
-def own_threads(system: str) -> bool:
-    """Whether the model reads `system`'s messages on the threads it has (p3kv: one per connection, ps.py): then
-    its links' CPU is fitted on the hosts' measured CPU use. ps-lite's receive path (ZMQ's I/O thread, the van's,
-    the customer's, the engine's) is one thread in the model, which that CPU would overload: fitted on s/iter."""
-    return system in SYSTEMS and SYSTEMS[system].receivers == "connection"
+def own_threads(system: str, stages: dict | None = None) -> bool:
+    """Whether the model reads `system`'s messages on the threads it has (p3kv: one per connection, ps.py; ps-lite's
+    where the fit points measured its threads' `stages`): then its links' CPU is fitted on the hosts' measured CPU
+    use; else ps-lite's receive path is one thread, which that CPU would overload: fitted on s/iter."""
+    return system in SYSTEMS and (SYSTEMS[system].receivers == "connection" or bool((stages or {}).get(system)))
 
 
 def fit_links(points: Sequence[dict], loopback: costs_lib.Fitted,
               simulate_many: Callable[[Sequence[dict], Constants], list] = simulate_all,
-              rounds: int = 10) -> dict[str, float]:
+              rounds: int = 10, stages: dict | None = None) -> dict[str, float]:
     """Each system's extra CPU per byte on the emulated links, in [0, MAX_LINK_NS] ns/byte, from the system's
     fit-split points. A system whose threads the model has (own_threads): where the median log error of their CPU
     use is zero. The others: where the median log error of their s/iter is zero (no systematic bias where it is
@@ -262,13 +265,13 @@ def fit_links(points: Sequence[dict], loopback: costs_lib.Fitted,
             continue
 
         def bias(ns: float, what: int, mine=mine, system=system) -> float:
-            sims = simulate_many(mine, Constants(loopback, {**links, system: ns * 1e-9}))
+            sims = simulate_many(mine, Constants(loopback, {**links, system: ns * 1e-9}, stages or {}))
             measured = [(p["median_s"], p.get("cpu_total_pct") or 0.0) for p in mine]
             return statistics.median(math.log(max(s[what], 1e-12) / max(m[what], 1e-12))
                                      for s, m in zip(sims, measured))
 
         cpu_known = all((p.get("cpu_total_pct") or 0.0) > 0 for p in mine)
-        if cpu_known and own_threads(system):
+        if cpu_known and own_threads(system, stages):
             on = "CPU use"
             found, tries = _root(lambda ns: bias(ns, 1), 0.0, MAX_LINK_NS, rounds)
         else:
@@ -286,13 +289,12 @@ def fit_links(points: Sequence[dict], loopback: costs_lib.Fitted,
 
 def _inputs_hash(points: Sequence[dict]) -> str:
     digest = hashlib.sha256()
-    for name in ("kvstore_bench.csv", "kvstore_bench_slice10000/kvstore_bench.csv", "transport.csv",
-                 "server_slice.csv"):
-        digest.update((RESULTS / name).read_bytes())
+    for path in [RESULTS / name for name in ("kvstore_bench.csv", "kvstore_bench_slice10000/kvstore_bench.csv",
+                                             "transport.csv", "server_slice.csv")] + sorted(
+            pathlib.Path(__file__).parent.glob("*.py")):  # the loopback CSVs, this simulator's source
+        digest.update(path.read_bytes())
     for p in sorted(json.dumps(p, sort_keys=True, default=str) for p in points if p["split"] == "fit"):
         digest.update(p.encode())
-    for path in sorted(pathlib.Path(__file__).parent.glob("*.py")):
-        digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
 
@@ -300,17 +302,18 @@ def constants(points: Sequence[dict], refit: bool = False, path: pathlib.Path = 
     """The fitted constants: from `path` when it was fitted on the same inputs (loopback CSVs, fit points,
     this simulator's source), else fitted now and written there."""
     key = _inputs_hash(points)
+    stages = threads.measured(points)
     if not refit and path.exists():
         saved = json.loads(path.read_text())
         if saved.get("inputs") == key:
-            return Constants(costs_lib.from_dict(saved["loopback"]), saved["links_s_per_byte"])
+            return Constants(costs_lib.from_dict(saved["loopback"]), saved["links_s_per_byte"], stages)
     loopback = costs_lib.fitted()
-    links = fit_links(points, loopback)
+    links = fit_links(points, loopback, stages=stages)
     path.write_text(json.dumps({
         "inputs": key, "fitted": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "fit_points": sum(p["split"] == "fit" for p in points), "loopback": costs_lib.as_dict(loopback),
-        "links_s_per_byte": links}, indent=1) + "\n")
-    return Constants(loopback, links)
+        "links_s_per_byte": links, "thread_stages": stages}, indent=1) + "\n")
+    return Constants(loopback, links, stages)
 
 
 # --- the rows ----------------------------------------------------------------------------------------------------
@@ -324,12 +327,9 @@ def note(point: dict, rel_error: float, simulated_cpu_pct: float) -> str:
     if point["run_spread"] > MISS:
         reasons.append(f"measured: its repeats' medians differ by {100 * point['run_spread']:.0f}%")
     cpu = point["cpu_total_pct"]
-    if cpu and cpu - simulated_cpu_pct > 20:
-        reasons.append(f"measured: the hosts used {cpu:.0f}% CPU, the model {simulated_cpu_pct:.0f}% (CPU it does "
-                       "not charge)")
-    if cpu and simulated_cpu_pct - cpu > 20:
-        reasons.append(f"measured: the hosts used {cpu:.0f}% CPU, the model charges {simulated_cpu_pct:.0f}% (more "
-                       "CPU than was used)")
+    if cpu and abs(cpu - simulated_cpu_pct) > 20:
+        what = "CPU it does not charge" if cpu > simulated_cpu_pct else "more CPU than was used"
+        reasons.append(f"measured: the hosts used {cpu:.0f}% CPU, the model {simulated_cpu_pct:.0f}% ({what})")
     if point["tcp_retrans"] > 0:
         reasons.append(f"measured: {point['tcp_retrans']:.0f} TCP retransmits per job (loss not modelled)")
     if point["throttled_pct"] > 5:
