@@ -220,7 +220,7 @@ def test_a_headline_point_only_the_dilation_check_ran_dilated_is_read_from_it_di
         bench_rows.write_run(tmp_path / "sweeps" / "dilation.csv",
                              {k: v for k, v in r.items() if k in bench_rows.RUN_COLUMNS})
     text = headline.headline_block(tmp_path)
-    line = next(l for l in text.splitlines() if l.startswith("| VGG-19"))
+    line = next(x for x in text.splitlines() if x.startswith("| VGG-19"))
     assert "| 640 images/s | 2.00× (2.00–2.00) |" in line, line  # 2 x 32 images / 0.1 s; not the older 1.5x
     assert "0.8/1.6 cores per host, 0.1/0.2 per thread); the dilation check's 2 dilations pooled" in line, line
     assert "; 4 of 4 runs faithful |" in line and "from `dilation.csv`, its dilations pooled" in text, text
