@@ -48,7 +48,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 
 from benchmarks.emulation import thread_usage
 from benchmarks.emulation.cfs_bandwidth import MIN_QUOTA_US
-from benchmarks.emulation.cpu_limit import CpuLimitError, parse_stat
+from benchmarks.emulation.cpu_limit import CpuLimitError
 
 LOG = logging.getLogger("thread_cap")
 PREFIX = "t"  # a child group's name: PREFIX + the thread id
@@ -262,7 +262,7 @@ class ThreadCaps:
         still exiting keeps it busy: a later scan tries again)."""
         i = self._placed[tid]
         child = self.dirs[i] / f"{PREFIX}{tid}"
-        throttled = _throttled_s(child)
+        throttled = thread_usage.throttled_s(child)
         if self._remove(child):
             self.hosts[i].throttled_s += throttled
             del self._placed[tid]
@@ -337,10 +337,3 @@ def _children(host: pathlib.Path) -> list[pathlib.Path]:
         return [d for d in host.iterdir() if d.is_dir() and is_thread_group(d.name)]
     except OSError:
         return []
-
-
-def _throttled_s(group: pathlib.Path) -> float:
-    try:
-        return parse_stat((group / "cpu.stat").read_text()).get("throttled_time", 0) / 1e9
-    except OSError:
-        return 0.0

@@ -84,7 +84,7 @@ class ThreadUsage:
                     self.roles[pid] = role_of(_read(self._proc / str(pid) / "environ"))
             if len(track.samples) < NAME_READS:
                 track.name = _read(task / "comm").strip() or track.name
-            track.samples.append((now, cpu, _throttled_s(group) if group is not None else 0.0))
+            track.samples.append((now, cpu, throttled_s(group) if group is not None else 0.0))
 
     def summary(self, start: float, end: float, thread_cores: float, top: int = TOP) -> dict[str, list]:
         """Per role, its busiest process's threads in the window [start, end], busiest first: [name, % of one
@@ -127,6 +127,7 @@ def _schedstat_s(path: pathlib.Path) -> float | None:
     return int(text.split()[0]) / 1e9 if text else None
 
 
-def _throttled_s(group: pathlib.Path) -> float:
+def throttled_s(group: pathlib.Path) -> float:
+    """The time a cgroup v1 cpu group was held back (its cpu.stat's throttled_time); 0 once it has gone."""
     text = _read(group / "cpu.stat")
     return parse_stat(text).get("throttled_time", 0) / 1e9 if text else 0.0

@@ -44,6 +44,12 @@ def job_iterations(row: dict) -> np.ndarray:
     return np.asarray([r[:shortest] for r in ranks], dtype=float).T
 
 
+def equivalent_iterations(row: dict) -> np.ndarray:
+    """job_iterations in P100-equivalent seconds (times the run's gpu_scale): runs of several scales pool, and a
+    ratio of one scale's runs is the same either way."""
+    return job_iterations(row) * (number(row.get("gpu_scale"), 1.0) or 1.0)
+
+
 def dilated(row: dict) -> bool:
     """Whether a run's hosts had CPU quotas (rows from before the CPUs were dilated have none, and no verdict)."""
     return str(row.get("cpu_limit", "")).startswith("cgroup")
@@ -78,10 +84,8 @@ def _point_rows(rows: Sequence[dict], model: str, gbps: float, key=point_key) ->
 
 def _runs(rows: Sequence[dict], model: str, gbps: float, kvstore: str, key=point_key) -> list[np.ndarray]:
     """Each shown (not unfaithful, not smoke) job's timed iterations as (iterations, ranks), under the point's
-    newest conditions, in P100-equivalent seconds (times the run's gpu_scale: a ratio of one scale's runs is the
-    same either way, and runs of several scales pool)."""
-    return [job_iterations(r) * (number(r.get("gpu_scale"), 1.0) or 1.0)
-            for r in _point_rows(rows, model, gbps, key) if r["kvstore"] == kvstore
+    newest conditions, in P100-equivalent seconds (equivalent_iterations)."""
+    return [equivalent_iterations(r) for r in _point_rows(rows, model, gbps, key) if r["kvstore"] == kvstore
             and str(r.get("smoke")) != "True" and shown(r)]
 
 

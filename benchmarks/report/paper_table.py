@@ -17,7 +17,7 @@ import numpy as np
 
 from benchmarks.analysis import bench_rows
 from benchmarks.analysis.points import equivalent_gbps
-from benchmarks.report.headline import job_iterations, point_key, pooled_key, ratio
+from benchmarks.report.headline import equivalent_iterations, point_key, pooled_key, ratio
 
 GAP_POINTS = 10.0
 RESULTS_ROOT = pathlib.Path(__file__).resolve().parents[1]  # an explanation's file: relative to benchmarks/
@@ -74,9 +74,8 @@ def _at(rows: Sequence[dict], claim: Claim, gbps: float) -> list[dict]:
 
 
 def _jobs(rows: Sequence[dict], claim: Claim, kvstore: str, gbps: float) -> list[np.ndarray]:
-    """Each job's iterations in P100-equivalent seconds (times its gpu_scale), so that pooled dilations compare."""
-    return [job_iterations(r) * (float(r.get("gpu_scale") or 1.0)) for r in _at(rows, claim, gbps)
-            if r["kvstore"] == kvstore]
+    """Each job's iterations in P100-equivalent seconds, so that pooled dilations compare."""
+    return [equivalent_iterations(r) for r in _at(rows, claim, gbps) if r["kvstore"] == kvstore]
 
 
 def _gain(value: float) -> str:

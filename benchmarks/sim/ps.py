@@ -3,10 +3,10 @@ few switches (how keys are cut and placed, send order, the sender's sockets, whe
 
 A worker runs forward layer 0..n-1 then backward n-1..0 on its virtual GPU (engine.Device). When layer k's
 backward ends its parts are handed to the worker's sender. A part reaching its server is processed by the
-server's one consumer thread (by priority where the system orders it), its CPU served by the server host's
-pool; once all W pushes of a part were processed the server sends the aggregate to every worker (P3's
-broadcast, and MXNet's pushpull, which answers each worker's ZPushPull request). A part coming back is processed
-by the worker's receive thread (its CPU on the worker host's pool).
+server's threads (below; by priority where the system orders it), its CPU served by the server host's pool;
+once all W pushes of a part were processed the server sends the aggregate to every worker (P3's broadcast, and
+MXNet's pushpull, which answers each worker's ZPushPull request). A part coming back is processed by the
+worker's receive threads (their CPU on the worker host's pool).
 
 Which thread pays a message's CPU (`receivers`): MXNet's ps-lite reads every peer's messages through one chain of
 threads per process (ZMQ's I/O thread, the van, the customer, the engine's worker with its OpenMP team): with
@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 
+from benchmarks.emulation.thread_cap import omp_threads
 from benchmarks.sim.cluster import Cluster, CpuCosts
 from benchmarks.sim.engine import CpuThread, Device, EventLoop, FairNetwork, host_cpus
 from benchmarks.sim.model import ModelProfile
@@ -146,22 +147,21 @@ class PSRun:
         self.part_host = [cluster.server_host(p.server) for p in self.parts]
         self.reply_cost = [costs.of(p.nbytes) + link.of(p.nbytes) for p in self.parts]
         per_connection = system.receivers == "connection"
-        # A push's CPU on the server's consumer (all of it, or with a receive thread per connection only the sum)
-        # and on the receive thread of the worker's connection (the rest).
-        self.push_cost = [min(system.aggregate.of(p.nbytes), c) if per_connection else c
-                          for p, c in zip(self.parts, self.reply_cost)]
-        self.read_cost = [c - pushed for c, pushed in zip(self.reply_cost, self.push_cost)]
         self.update_cost = [system.update.of(p.nbytes) if system.update_on == "servers" else 0.0 for p in self.parts]
         self.worker_hosts = [cluster.worker_host(w) for w in range(W)]
-        team = max(1, round(cluster.cores / cluster.thread_cores)) if cluster.cores and cluster.thread_cores else 1
         if per_connection:  # the consumer per server; a thread per (server, worker) connection reads the pushes
+            # A push's CPU on the consumer (the sum) and on the receive thread of the worker's connection (the rest).
+            self.push_cost = [min(system.aggregate.of(p.nbytes), c) for p, c in zip(self.parts, self.reply_cost)]
+            self.read_cost = [c - pushed for c, pushed in zip(self.reply_cost, self.push_cost)]
             self.server_threads = [CpuThread(self.cpus[cluster.server_host(s)], self._push_cost, self._pushed,
                                              system.priority) for s in range(S)]
             self.read_threads = [[CpuThread(self.cpus[cluster.server_host(s)], self._read_cost, self._read, False)
                                   for _ in range(W)] for s in range(S)]
             self.receive_threads = [[CpuThread(self.cpus[h], self._reply_cost, self._received, False)
                                      for _ in range(S)] for h in self.worker_hosts]  # one per server
-        else:  # one chain of threads per process (OpenMP: a thread per host CPU, thread_cap.omp_threads)
+        else:  # one chain of threads per process, with the OpenMP team the emulation gives each process
+            cpus_per_host = cluster.cores / cluster.thread_cores if cluster.cores and cluster.thread_cores else None
+            team = omp_threads(cpus_per_host, cluster.thread_cores)
             self.server_paths = [Stages(self.cpus[cluster.server_host(s)], system.server_stages, team,
                                         self.reply_cost.__getitem__, self._pushed,
                                         self.prio.__getitem__ if system.priority else None, self._update_if_last)
