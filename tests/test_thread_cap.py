@@ -356,6 +356,11 @@ def test_a_capped_run_caps_its_threads_after_start_up_and_before_its_timed_windo
     # (cpp/src/thread_name.h), so the server's receive and consumer threads are told apart from Python's.
     busiest = json.loads(row["thread_cpu"])
     assert {"server", "worker"} <= busiest.keys(), busiest
-    names = [name for name, _, _ in busiest["server"]]
+    names = [name for name, _, _, _ in busiest["server"]]
     assert any(n.startswith("p3-srv-recv-w") for n in names) and "p3-consume" in names, busiest
-    assert all(cap >= 0 and 0 <= held <= 100 for _, cap, held in busiest["server"]), busiest
+    assert all(cap >= 0 and 0 <= held <= 100 for _, cap, held, _ in busiest["server"]), busiest
+    # ... and by where each sleeps (/proc/<tid>/wchan): a receive thread in its socket read, the consumer on its
+    # queue's condition variable; that is how ps-lite's threads, all named "python", are told apart.
+    where = {name: w for name, _, _, w in busiest["server"]}
+    assert all(w == "recv" for n, w in where.items() if n.startswith("p3-srv-recv-w")), busiest
+    assert where["p3-consume"] == "futex", busiest

@@ -13,10 +13,15 @@ around the window's ends; a thread that exits between samples loses at most one 
 
 A process's role comes from its environment: DMLC_ROLE for MXNet's ps-lite processes, P3_ROLE for p3kv's; with
 neither, it is a worker (Horovod's and DDP's ranks). `summary` gives, per role, the threads of its busiest process
-(most CPU in the window), busiest first, as [name, % of one dilated CPU, % of the window throttled]: 100 is a
-thread that ran at its cap the whole window. Names are the threads' own (p3kv names its threads "p3-...": see
-cpp/src/thread_name.h; ZMQ's are "ZMQbg/..."; MXNet's engine, ps-lite's and OpenMP's threads keep the
-interpreter's "python").
+(most CPU in the window), busiest first, as [name, % of one dilated CPU, % of the window throttled, where it
+waits]: 100 is a thread that ran at its cap the whole window. Names are the threads' own (p3kv names its threads
+"p3-...": see cpp/src/thread_name.h; ZMQ's are "ZMQbg/..."), but MXNet's engine, ps-lite's, ZMQ's (in the
+libzmq MXNet links) and OpenMP's threads all keep the interpreter's "python". What tells them apart is where each
+one sleeps between its work, sampled with the CPU time from /proc/<pid>/task/<tid>/wchan: ZMQ's I/O thread in
+epoll_wait ("epoll"), ps-lite's receiving thread in zmq_msg_recv's poll() ("poll"), the engine's and OpenMP's
+threads on a futex ("futex"), p3kv's receive threads in a socket read ("recv"). The process's first thread (the
+interpreter's main thread in a Python process, whose tid is the pid) is "main" wherever it waits; a thread never
+seen asleep is "".
 """
 
 from __future__ import annotations
@@ -31,6 +36,10 @@ PROC = pathlib.Path("/proc")
 ROLE_VARIABLES = ("DMLC_ROLE", "P3_ROLE")  # ps-lite's, p3kv's (p3kv/core/config.py)
 TOP = 8  # threads listed per role
 NAME_READS = 3  # samples that re-read a thread's name (it may name itself just after it starts)
+# The kernel functions a blocked thread's wchan names, by the call it blocked in (others are kept as they are).
+WAITS = (("epoll", "epoll"), ("futex", "futex"), ("poll", "poll"), ("select", "poll"), ("sk_wait", "recv"),
+         ("wait_woken", "recv"), ("stream_read", "recv"), ("csk_accept", "accept"),
+         ("nanosleep", "sleep"), ("pipe_read", "pipe"), ("wait4", "wait"))
 
 
 @dataclasses.dataclass
@@ -41,6 +50,15 @@ class Track:
     pid: int
     name: str
     samples: list[tuple[float, float, float]] = dataclasses.field(default_factory=list)
+    waits: dict[str, int] = dataclasses.field(default_factory=dict)  # where it slept -> samples that saw it there
+    main: bool = False  # the process's first thread (tid == pid)
+
+    @property
+    def where(self) -> str:
+        """A process's first thread is "main"; any other is where it was most often seen asleep ("": never)."""
+        if self.main:
+            return "main"
+        return max(self.waits, key=lambda w: (self.waits[w], w)) if self.waits else ""
 
     def at(self, t: float) -> tuple[float, float]:
         """(CPU, throttled) seconds at time `t`, interpolated; before the first sample the first, after the last
@@ -79,31 +97,35 @@ class ThreadUsage:
                 continue  # exited meanwhile
             track = self.tracks.get(tid)
             if track is None:
-                track = self.tracks[tid] = Track(host, pid, "")
+                track = self.tracks[tid] = Track(host, pid, "", main=tid == pid)
                 if pid not in self.roles:
                     self.roles[pid] = role_of(_read(self._proc / str(pid) / "environ"))
             if len(track.samples) < NAME_READS:
                 track.name = _read(task / "comm").strip() or track.name
             track.samples.append((now, cpu, throttled_s(group) if group is not None else 0.0))
+            wait = wait_of(_read(task / "wchan"))
+            if wait:
+                track.waits[wait] = track.waits.get(wait, 0) + 1
 
     def summary(self, start: float, end: float, thread_cores: float, top: int = TOP) -> dict[str, list]:
         """Per role, its busiest process's threads in the window [start, end], busiest first: [name, % of one
-        dilated CPU (`thread_cores` cores), % of the window throttled] (one decimal), at most `top` of them."""
+        dilated CPU (`thread_cores` cores), % of the window throttled (one decimal), where it waits], at most `top`
+        of them."""
         span = end - start
         if span <= 0 or thread_cores <= 0:
             return {}
-        per_process: dict[int, list[tuple[str, float, float]]] = {}
+        per_process: dict[int, list[tuple[str, float, float, str]]] = {}
         for track in self.tracks.values():
             if track.samples:
                 cpu, throttled = track.between(start, end)
-                per_process.setdefault(track.pid, []).append((track.name, cpu, throttled))
+                per_process.setdefault(track.pid, []).append((track.name, cpu, throttled, track.where))
         out: dict[str, list] = {}
         for role in sorted(set(self.roles[p] for p in per_process)):
             busiest = max((p for p in per_process if self.roles[p] == role),
-                          key=lambda p: sum(c for _, c, _ in per_process[p]))
+                          key=lambda p: sum(t[1] for t in per_process[p]))
             threads = sorted(per_process[busiest], key=lambda t: -t[1])[:top]
-            out[role] = [[name, round(100 * cpu / (span * thread_cores), 1), round(100 * held / span, 1)]
-                         for name, cpu, held in threads]
+            out[role] = [[name, round(100 * cpu / (span * thread_cores), 1), round(100 * held / span, 1), where]
+                         for name, cpu, held, where in threads]
         return out
 
 
@@ -112,6 +134,15 @@ def role_of(environ: str) -> str:
     neither, a worker."""
     variables = dict(v.split("=", 1) for v in environ.split("\0") if "=" in v)
     return next((variables[v] for v in ROLE_VARIABLES if variables.get(v)), "worker")
+
+
+def wait_of(wchan: str) -> str:
+    """Where a thread sleeps, from its wchan's text: a short name for the calls WAITS knows, the kernel function
+    itself for others, "" while it runs (the kernel writes "0") or when unreadable."""
+    symbol = wchan.strip()
+    if symbol in ("", "0"):
+        return ""
+    return next((short for part, short in WAITS if part in symbol), symbol)
 
 
 def _read(path: pathlib.Path) -> str:
