@@ -35,6 +35,7 @@ class Claim:
     paper: float  # throughput ratio the paper reports
     paper_text: str
     pooled: bool = False  # the sweep's dilations pooled in P100-equivalent time (the dilation check: headline.py)
+    fallback: str | None = None  # read instead, its dilations pooled, while `sweep` has no faithful run there
 
 
 # The P3 paper (Jayarajan et al., SysML'19): the abstract's Sockeye / VGG-19 gains over MXNet's parameter server,
@@ -43,8 +44,10 @@ class Claim:
 CLAIMS = (
     Claim("resnet50", "ResNet-50", "bandwidth", "resnet50_v1", 4.0, "p3", "dist_sync", 1.26, "+26% at 4 Gbps"),
     Claim("inceptionv3", "InceptionV3", "bandwidth", "inceptionv3", None, "p3", "dist_sync", 1.18, "+18%"),
-    # VGG-19's point ran with dilated CPUs in the dilation check only, at three dilations (headline.py).
-    Claim("vgg19", "VGG-19", "dilation", "vgg19", 15.0, "p3", "dist_sync", 1.66, "+66% at 15 Gbps", pooled=True),
+    # VGG-19's point: the bandwidth sweep's runs, or while it has no faithful ones, the dilation check's, its three
+    # dilations pooled (as headline.py reads it).
+    Claim("vgg19", "VGG-19", "bandwidth", "vgg19", 15.0, "p3", "dist_sync", 1.66, "+66% at 15 Gbps",
+          fallback="dilation"),
     Claim("sockeye", "Sockeye", "bandwidth", "sockeye", None, "p3", "dist_sync", 1.38, "+38%"),
     Claim("vgg19-slicing", "VGG-19, slicing alone", "ablation", "vgg19", 30.0, "p3-slicing-only", "dist_sync", 1.49,
           "+49% at 30 Gbps"),
@@ -91,6 +94,8 @@ def claim_row(claim: Claim, results: pathlib.Path) -> str:
                    if {r["kvstore"] for r in _at(faithful, claim, g)} >= {claim.system, claim.baseline})
     if claim.gbps is not None:
         rates = [g for g in rates if g == claim.gbps]
+    if not rates and claim.fallback:
+        return claim_row(dataclasses.replace(claim, sweep=claim.fallback, pooled=True, fallback=None), results)
     if not rates:
         unjudged = sum(bench_rows.verdict(r) is None for r in mine)
         unfaithful = sum(bench_rows.verdict(r) is False for r in mine)
