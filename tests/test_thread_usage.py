@@ -90,6 +90,6 @@ def test_a_thread_is_known_by_where_it_sleeps_most_often_and_a_running_thread_sa
     assert usage.tracks[62].waits == {"futex": 1, "poll": 2}  # the running sample ("0") counts nowhere
     assert [t[3] for t in usage.summary(0.0, 3.0, 1.0)["worker"]] == ["poll", "main"]
     assert thread_usage.wait_of("do_epoll_wait") == "epoll"
-    assert thread_usage.wait_of("sk_wait_data\n") == "recv"  # p3kv's receive threads, blocked in a socket read
+    assert thread_usage.wait_of("sk_wait_data\n") == "recv"  # a thread blocked in a socket read
     assert thread_usage.wait_of("some_new_kernel_function") == "some_new_kernel_function"  # kept as it is
     assert thread_usage.wait_of("") == ""  # unreadable: the thread exited

@@ -14,14 +14,15 @@ around the window's ends; a thread that exits between samples loses at most one 
 A process's role comes from its environment: DMLC_ROLE for MXNet's ps-lite processes, P3_ROLE for p3kv's; with
 neither, it is a worker (Horovod's and DDP's ranks). `summary` gives, per role, the threads of its busiest process
 (most CPU in the window), busiest first, as [name, % of one dilated CPU, % of the window throttled, where it
-waits]: 100 is a thread that ran at its cap the whole window. Names are the threads' own (p3kv names its threads
-"p3-...": see cpp/src/thread_name.h; ZMQ's are "ZMQbg/..."), but MXNet's engine, ps-lite's, ZMQ's (in the
-libzmq MXNet links) and OpenMP's threads all keep the interpreter's "python". What tells them apart is where each
-one sleeps between its work, sampled with the CPU time from /proc/<pid>/task/<tid>/wchan: ZMQ's I/O thread in
-epoll_wait ("epoll"), ps-lite's receiving thread in zmq_msg_recv's poll() ("poll"), the engine's and OpenMP's
-threads on a futex ("futex"), p3kv's receive threads in a socket read ("recv"). The process's first thread (the
-interpreter's main thread in a Python process, whose tid is the pid) is "main" wherever it waits; a thread never
-seen asleep is "".
+waits]: 100 is a thread that ran at its cap the whole window. Names are the threads' own: p3kv names its threads
+"p3-..." (cpp/src/thread_name.h), while MXNet's engine, ps-lite's, the ZMQ MXNet links and OpenMP's threads all
+keep the interpreter's "python". What can tell those apart is where each one sleeps between its work, read with
+each CPU sample from /proc/<pid>/task/<tid>/wchan and shortened (WAITS): "epoll", "poll", "futex", "recv", ...
+By their code one expects ZMQ's I/O thread in epoll_wait, ps-lite's receiving thread in zmq_msg_recv's poll(),
+the engine's and OpenMP's threads on a futex; no ps-lite row has been read this way yet. p3kv's receive threads
+show "poll" or "recv" (socket.cc waits in poll() before it reads), its consumer "futex" (test_thread_cap.py). The
+process's first thread (a Python process's main thread: its tid is the pid) is "main" wherever it waits; a thread
+never seen asleep is "". Where a thread waits counts every sample since the caps began, the CPU only the window.
 """
 
 from __future__ import annotations
