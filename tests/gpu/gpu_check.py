@@ -8,11 +8,14 @@ core), both workers on the one GPU (cuda:0), compared with the same training els
 - p3kv, worker placement, on the device == 2-process DDP (gloo) on the device, bit for bit (SGD with momentum and
   weight decay, no BatchNorm): the same CUDA kernels on both sides, and the sum of two terms is order-free.
 - p3kv, BatchNorm model, on the device == DDP on the device, bit for bit (buffers broadcast from worker 0 as DDP).
+- p3kv in float16, bfloat16, with Adam, and with AdamW accumulating in no_sync, on the device == DDP on the device,
+  bit for bit (tests/test_torch_ddp.py's cases on CUDA tensors).
 - p3kv, server placement, on the device vs DDP on the device: within rtol 1e-5, atol 1e-6 (the servers run torch's
   CPU formulas, the reference torch's CUDA kernels, which may fuse a multiply and an add).
 - p3kv, worker placement, on the device vs the same p3kv job on CPU tensors: within rtol 1e-4, atol 1e-5 (the
   forward and backward passes run cuBLAS on one side and the CPU's GEMM on the other: not the same roundings).
-- timing: iterations/s of p3kv on the device and on the CPU (a model with a 10 M-parameter last layer, 30 steps).
+- timing: iterations/s of p3kv on the device and on the CPU, and of DDP on the device (a model with a 10 M-parameter
+  last layer, 30 steps; one machine, loopback: a check of the staging path's speed, not of what P3 gains).
 
 With --device cpu (the dry run, on any machine) the "device" jobs run CPU models through the staging path's CPU
 double (p3kv.torch.stream_double), and every comparison is bit for bit.
@@ -174,6 +177,18 @@ def main() -> int:
 
     check("p3kv with BatchNorm on the device == DDP (gloo) on the device", "worker", "bn", batchnorm_vs_ddp)
 
+    # The other cases of tests/test_torch_ddp.py, on the device: half precision (the servers sum in float32 and
+    # round once), Adam, and accumulation in no_sync. Both sides step one parameter at a time (foreach=False).
+    for case, extra in (("float16", ["--dtype", "float16"]), ("bfloat16", ["--dtype", "bfloat16"]),
+                        ("adam", ["--optimizer", "adam"]),
+                        ("adamw-no_sync", ["--optimizer", "adamw", "--accumulate", "2"])):
+        def case_vs_ddp(case=case, extra=extra):
+            p3kv_job(path(f"p3kv-device-{case}"), [*base, *extra, *on_device])
+            ddp_job(path(f"ddp-device-{case}"), [*base, *extra, *ddp_device])
+            return path(f"p3kv-device-{case}"), path(f"ddp-device-{case}")
+
+        check(f"p3kv {case} on the device == DDP (gloo) on the device", "worker", "reversed", case_vs_ddp)
+
     def server_vs_ddp():
         p3kv_job(path("p3kv-device-server"), [*base, "--placement", "server", *on_device])
         if not os.path.exists(path("ddp-device")):
@@ -193,26 +208,33 @@ def main() -> int:
           *((None, None) if exact else (1e-4, 1e-5)))
 
     timing = {}
-    for where, extra in (("device", on_device), ("cpu", [])):
+    for where, extra in (("device", on_device), ("cpu", []), ("ddp-device", ddp_device)):
         started = time.monotonic()
         try:
-            out = p3kv_job(os.devnull, ["--model", "wide", "--steps", str(args.timing_steps), "--timing", *extra],
-                           slice_size=50_000)
+            job_args = ["--model", "wide", "--steps", str(args.timing_steps), "--timing", *extra]
+            if where == "ddp-device":
+                out = ddp_job(path("ddp-timing"), job_args)
+            else:
+                out = p3kv_job(os.devnull, job_args, slice_size=50_000)
             per_worker = rates(out)
             timing[where] = sum(per_worker) / len(per_worker) if per_worker else float("nan")
             result = "pass" if per_worker else "ERROR"
             detail = ""
         except Exception as e:
             timing[where], result, detail = float("nan"), "ERROR", str(e)[-1500:]
-        rows.append({"check": f"timing p3kv worker placement ({where})", "device": args.device if where == "device"
-                     else "cpu", "placement": "worker", "model": "wide", "expectation": "", "result": result,
+        system = "DDP (gloo)" if where == "ddp-device" else "p3kv worker placement"
+        rows.append({"check": f"timing {system} ({where.removeprefix('ddp-')})",
+                     "device": "cpu" if where == "cpu" else args.device, "placement": "worker" if
+                     where != "ddp-device" else "", "model": "wide", "expectation": "", "result": result,
                      "max_abs_diff": "", "iterations_per_s": f"{timing[where]:.3f}",
                      "seconds": f"{time.monotonic() - started:.1f}", "detail": detail})
     label = "cuda:0" if args.device == "cuda" else "cpu via the staging double"
     print(f"timing: p3kv (worker placement, 2 workers, 2 servers, the 'wide' model of 10.9 M parameters, "
           f"{args.timing_steps} steps) "
-          f"{timing['device']:.2f} iterations/s on {label}, {timing['cpu']:.2f} iterations/s on CPU tensors",
-          flush=True)
+          f"{timing['device']:.2f} iterations/s on {label}, {timing['cpu']:.2f} iterations/s on CPU tensors; "
+          f"2-process DDP (gloo) {timing['ddp-device']:.2f} iterations/s on {label.split()[0]} "
+          f"(one machine: loopback, no network limit, so this says the staging path works at speed, "
+          f"not what P3 gains)", flush=True)
     with open(os.path.join(args.out, "gpu_check.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
