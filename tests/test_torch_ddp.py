@@ -10,27 +10,13 @@ With four workers the servers add in arrival order and gloo in its ring's: equal
 from __future__ import annotations
 
 import pytest
+from torch_cases import DDP_CASES
 from torch_jobs import ddp_job, p3kv_job
 
 pytestmark = pytest.mark.integration
 torch = pytest.importorskip("torch", reason="p3kv.torch needs torch (pip install '.[torch]')")
 
-CASES = {
-    # SGD with momentum and weight decay, a StepLR scheduler that halves lr every 2 steps (after step()).
-    "sgd": [],
-    "adam": ["--optimizer", "adam"],
-    # Gradient accumulation: the first of two backward passes per step inside model.no_sync().
-    "adamw-no_sync": ["--optimizer", "adamw", "--accumulate", "2"],
-    # The same accumulation with distribute(backward_passes_per_step=3) instead of no_sync (Horovod's way).
-    "sgd-passes_per_step": ["--accumulate", "3", "--passes-per-step"],
-    # BatchNorm: worker 0's running statistics reach every worker as DDP's broadcast_buffers does.
-    "batchnorm": ["--model", "bn"],
-    # Clipping by global norm reads every averaged gradient: optimizer.synchronize() first, then one whole step.
-    "adam-clip": ["--optimizer", "adam", "--clip", "0.05"],
-    # Half-precision parameters and gradients: the servers sum two of them in float32 and round once.
-    "float16": ["--dtype", "float16"],
-    "bfloat16": ["--dtype", "bfloat16"],
-}
+CASES = DDP_CASES
 
 
 def _compare(a: dict, b: dict) -> dict:

@@ -36,6 +36,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN = os.path.join(ROOT, "tests", "scripts", "torch_train.py")
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+from torch_cases import DDP_CASES  # noqa: E402  (tests/ is no package)
+
 JOB_TIMEOUT_S = 150
 
 
@@ -177,11 +180,11 @@ def main() -> int:
 
     check("p3kv with BatchNorm on the device == DDP (gloo) on the device", "worker", "bn", batchnorm_vs_ddp)
 
-    # The other cases of tests/test_torch_ddp.py, on the device: half precision (the servers sum in float32 and
-    # round once), Adam, and accumulation in no_sync. Both sides step one parameter at a time (foreach=False).
-    for case, extra in (("float16", ["--dtype", "float16"]), ("bfloat16", ["--dtype", "bfloat16"]),
-                        ("adam", ["--optimizer", "adam"]),
-                        ("adamw-no_sync", ["--optimizer", "adamw", "--accumulate", "2"])):
+    # More of tests/test_torch_ddp.py's cases, on the device: half precision (the servers sum in float32 and round
+    # once), Adam, and accumulation in no_sync. Both sides step one parameter at a time (foreach=False).
+    for case in ("float16", "bfloat16", "adam", "adamw-no_sync"):
+        extra = DDP_CASES[case]
+
         def case_vs_ddp(case=case, extra=extra):
             p3kv_job(path(f"p3kv-device-{case}"), [*base, *extra, *on_device])
             ddp_job(path(f"ddp-device-{case}"), [*base, *extra, *ddp_device])
@@ -208,31 +211,29 @@ def main() -> int:
           *((None, None) if exact else (1e-4, 1e-5)))
 
     timing = {}
-    for where, extra in (("device", on_device), ("cpu", []), ("ddp-device", ddp_device)):
+    timed = (("p3kv", "device", args.device, lambda a: p3kv_job(os.devnull, [*a, *on_device], slice_size=50_000)),
+             ("p3kv", "cpu", "cpu", lambda a: p3kv_job(os.devnull, a, slice_size=50_000)),
+             ("ddp", "device", args.device, lambda a: ddp_job(path("ddp-timing"), [*a, *ddp_device])))
+    for system, where, device, job in timed:
         started = time.monotonic()
         try:
-            job_args = ["--model", "wide", "--steps", str(args.timing_steps), "--timing", *extra]
-            if where == "ddp-device":
-                out = ddp_job(path("ddp-timing"), job_args)
-            else:
-                out = p3kv_job(os.devnull, job_args, slice_size=50_000)
-            per_worker = rates(out)
-            timing[where] = sum(per_worker) / len(per_worker) if per_worker else float("nan")
-            result = "pass" if per_worker else "ERROR"
-            detail = ""
+            per_worker = rates(job(["--model", "wide", "--steps", str(args.timing_steps), "--timing"]))
+            rate = sum(per_worker) / len(per_worker) if per_worker else float("nan")
+            result, detail = ("pass" if per_worker else "ERROR"), ""
         except Exception as e:
-            timing[where], result, detail = float("nan"), "ERROR", str(e)[-1500:]
-        system = "DDP (gloo)" if where == "ddp-device" else "p3kv worker placement"
-        rows.append({"check": f"timing {system} ({where.removeprefix('ddp-')})",
-                     "device": "cpu" if where == "cpu" else args.device, "placement": "worker" if
-                     where != "ddp-device" else "", "model": "wide", "expectation": "", "result": result,
-                     "max_abs_diff": "", "iterations_per_s": f"{timing[where]:.3f}",
+            rate, result, detail = float("nan"), "ERROR", str(e)[-1500:]
+        timing[system, where] = rate
+        name = "DDP (gloo)" if system == "ddp" else "p3kv worker placement"
+        rows.append({"check": f"timing {name} ({where})", "device": device,
+                     "placement": "worker" if system == "p3kv" else "", "model": "wide", "expectation": "",
+                     "result": result, "max_abs_diff": "", "iterations_per_s": f"{rate:.3f}",
                      "seconds": f"{time.monotonic() - started:.1f}", "detail": detail})
     label = "cuda:0" if args.device == "cuda" else "cpu via the staging double"
     print(f"timing: p3kv (worker placement, 2 workers, 2 servers, the 'wide' model of 10.9 M parameters, "
           f"{args.timing_steps} steps) "
-          f"{timing['device']:.2f} iterations/s on {label}, {timing['cpu']:.2f} iterations/s on CPU tensors; "
-          f"2-process DDP (gloo) {timing['ddp-device']:.2f} iterations/s on {label.split()[0]} "
+          f"{timing['p3kv', 'device']:.2f} iterations/s on {label}, {timing['p3kv', 'cpu']:.2f} iterations/s on CPU "
+          f"tensors; "
+          f"2-process DDP (gloo) {timing['ddp', 'device']:.2f} iterations/s on {label.split()[0]} "
           f"(one machine: loopback, no network limit, so this says the staging path works at speed, "
           f"not what P3 gains)", flush=True)
     with open(os.path.join(args.out, "gpu_check.csv"), "w", newline="") as f:
