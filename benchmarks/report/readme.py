@@ -27,7 +27,13 @@ from benchmarks.paths import RESULTS, ROOT
 from benchmarks.report.headline import headline_block
 from benchmarks.report.loopback_blocks import server_slice_block, startup_sentences, summary_block
 from benchmarks.report.paper_table import paper_table_block
-from benchmarks.report.sim_blocks import sim_future_block, sim_paper_block, sim_slice_block, sim_validation_block
+from benchmarks.report.sim_blocks import (
+    sim_future_block,
+    sim_paper_block,
+    sim_slice_block,
+    sim_summary_block,
+    sim_validation_block,
+)
 from benchmarks.report.sweep_blocks import LEGACY, legacy_block, reviewed_block, status_block
 
 LOG = logging.getLogger("report")
@@ -81,6 +87,7 @@ def blocks(results: pathlib.Path = RESULTS) -> dict[str, Callable[[], str]]:
     named["torch-headline"] = lambda: _torch_headline(results)
     named["paper-comparison"] = lambda: paper_table_block(results)
     named["sim-validation"] = lambda: sim_validation_block(results)
+    named["sim-summary"] = lambda: sim_summary_block(results)
     named["sim-paper"] = lambda: sim_paper_block(results)
     named["sim-future"] = lambda: sim_future_block(results)
     named["sim-slice"] = lambda: sim_slice_block(results)

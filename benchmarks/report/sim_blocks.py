@@ -76,10 +76,42 @@ def _fit_sentence(results: pathlib.Path) -> str:
     import json
 
     fit = json.loads(path.read_text())
-    links = ", ".join(f"{LABEL.get(k, k)} {v * 1e9:.2f} ns/byte" for k, v in fit["links_s_per_byte"].items())
-    return (f"Fitted on emulated points (the fit split, {fit['fit_points']} points, nothing else): each system's "
-            f"extra CPU per byte on the emulated links - {links}. Everything else comes from loopback benchmarks "
-            "(`benchmarks/sim/costs.py`).")
+    threads = fit.get("thread_costs") or {}
+    links = ", ".join(f"{LABEL.get(k, k)} {v * 1e9:.2f} ns/byte" for k, v in fit["links_s_per_byte"].items()
+                      if k not in threads)
+    text = (f"Fitted on emulated points (the fit split, {fit['fit_points']} points, nothing else): each system's "
+            f"extra CPU per byte on the emulated links - {links}")
+    if threads:
+        def role(r: dict) -> str:
+            total = sum(c[1] for c in r["stages"]) + r["team"][1]
+            return f"{len(r['stages'])} serial threads and the OpenMP team, {total * 1e9:.2f} ns/byte in all"
+
+        text += ("; and what each thread of " + " and ".join(LABEL.get(k, k) for k in threads)
+                 + " spends per message and per byte received, from the runs' thread_cpu (their links' CPU "
+                 "included: " + "; ".join(f"{LABEL.get(k, k)} server {role(v['server'])}, worker {role(v['worker'])}"
+                                           for k, v in threads.items() if "server" in v and "worker" in v) + ")")
+    return text + ". Everything else comes from loopback benchmarks (`benchmarks/sim/costs.py`)."
+
+
+def sim_summary_block(results: pathlib.Path) -> str:
+    """The README's one paragraph on how well the simulator predicts runs it was not fitted on, from
+    results/sim_validation.csv: held-out points within 10%, and each system's count and median signed error."""
+    rows = [r for r in plain_rows(results / "sim_validation.csv") if r.get("split") == "held-out"]
+    if not rows:
+        return "The simulator has no held-out validation yet (`python -m benchmarks.sim.run validate`)."
+    errors = [number(r["rel_error"]) for r in rows]
+    within = sum(abs(e) <= 0.10 for e in errors)
+    per_system: dict[str, list[float]] = {}
+    for r in rows:
+        per_system.setdefault(LABEL.get(r["kvstore"], r["kvstore"]), []).append(number(r["rel_error"]))
+    ordered = sorted(per_system.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+    systems = "; ".join(f"{k} {sum(abs(e) <= 0.10 for e in v)} of {len(v)} (median {_pct(statistics.median(v))})"
+                        for k, v in ordered)
+    return (f"Simulator validation, on faithful runs only (`benchmarks/results/sim_validation.csv`): {within} of "
+            f"{len(errors)} held-out points within 10% ({100 * within / len(errors):.0f}%; the goal is 80%); per "
+            f"system, points within 10% and the median signed error (negative: the simulator is too fast): "
+            f"{systems}. The misses and what their runs measured: [docs/benchmarks.md](docs/benchmarks.md), "
+            "\"Simulator\".")
 
 
 def sim_validation_block(results: pathlib.Path) -> str:

@@ -210,12 +210,15 @@ class Sender:
         self._admitted = 0
         self.id = next(net._ids)
 
-    def put(self, priority: int, dst: int, nbytes: float, on_arrival, *args) -> None:
-        """on_arrival(t, *args) at the receiver once the message is there (at once on the same host)."""
+    def put(self, priority: int, dst: int, nbytes: float, on_arrival, *args, on_start=None) -> None:
+        """on_arrival(t, *args) at the receiver once the message is there (at once on the same host); on_start(*args),
+        where given, when its first byte leaves (a receiver that reads as the bytes come: stages.py)."""
         if dst == self.host:
+            if on_start is not None:
+                on_start(*args)
             on_arrival(self.net.loop.now, *args)
             return
-        message = (dst, nbytes, on_arrival, args)
+        message = (dst, nbytes, on_arrival, args, on_start)
         if self._window is None or (self._admitted < self._window and not self._queue):
             self._admit(message)
         elif self._prioritised:
@@ -268,8 +271,10 @@ class FairNetwork:
         return Sender(self, host, prioritised, window)
 
     def _enqueue(self, sender: Sender, message) -> None:
-        dst, nbytes, on_arrival, args = message
+        dst, nbytes, on_arrival, args, on_start = message
         if not self._seconds_per_byte:  # unlimited links: only the latency
+            if on_start is not None:
+                on_start(*args)
             self.loop.at(self.loop.now + self._latency, on_arrival, self.loop.now + self._latency, *args)
             sender._sent()
             return
@@ -282,8 +287,10 @@ class FairNetwork:
             self._start(sender, pipe)
 
     def _start(self, sender: Sender, pipe: deque) -> None:
-        dst, nbytes, _, _ = pipe[0]
+        dst, nbytes, _, args, on_start = pipe[0]
         m = _Message(pipe, sender, pipe[0], self.loop.now)
+        if on_start is not None:
+            on_start(*args)
         seconds = nbytes * self._seconds_per_byte
         self._egress[sender.host].run(seconds, self._sent, m)
         self._ingress[dst].run(seconds, self._half_done, m)
@@ -302,7 +309,7 @@ class FairNetwork:
         m.left -= 1
         if m.left:
             return
-        dst, nbytes, on_arrival, args = m.message
+        dst, nbytes, on_arrival, args, _ = m.message
         arrive = self.loop.now + self._latency
         if self.busy is not None:
             self.busy.setdefault(("ingress", dst), []).append((m.start + self._latency, arrive, nbytes))

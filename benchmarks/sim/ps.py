@@ -10,9 +10,10 @@ worker's receive threads (their CPU on the worker host's pool).
 
 Which thread pays a message's CPU (`receivers`): MXNet's ps-lite reads every peer's messages through one chain of
 threads per process (ZMQ's I/O thread, the van, the customer, the engine's worker with its OpenMP team): with
-"process" a message passes the process's serial stages in turn, each paying its measured share, and the rest is the
-last stage's OpenMP loop (stages.py; `server_stages` and `worker_stages`, measured by threads.py; none: one thread
-pays it all, the model before the measurement). p3kv's C++ core reads each peer's connection on a thread of its own
+"process" a message passes the process's serial threads in turn, each paying its own measured CPU per message and
+per byte, then the last one's OpenMP loop (stages.py; `server_threads` and `worker_threads`, fitted by threads.py on
+the fit split's runs; None: one thread pays the loopback-fitted `costs` and `link_costs`, the model before the
+measurement). p3kv's C++ core reads each peer's connection on a thread of its own
 (ServerNode's ReceiveLoop per worker, WorkerNode's per server: cpp/src/server.cc, worker.cc) and hands the frame to
 one consumer that only sums and updates: with "connection" a push costs its receive thread the transport's cost
 less the sum (measured on the server's hot path, server_slice.csv) and the consumer the sum (and the update with
@@ -35,7 +36,7 @@ from benchmarks.emulation.thread_cap import omp_threads
 from benchmarks.sim.cluster import Cluster, CpuCosts
 from benchmarks.sim.engine import CpuThread, Device, EventLoop, FairNetwork, host_cpus
 from benchmarks.sim.model import ModelProfile
-from benchmarks.sim.stages import Stages
+from benchmarks.sim.stages import Stages, ThreadCosts
 
 MXNET_BIGARRAY_BOUND = 1_000_000  # MXNET_KVSTORE_BIGARRAY_BOUND's default: larger arrays split over servers
 SGD_ACCESSES = 5  # emulated_compute.SGD_MOMENTUM_ACCESSES: read weight, gradient, momentum; write two
@@ -58,16 +59,16 @@ class PSSystem:
     link_costs: CpuCosts = CpuCosts()  # extra receive CPU of the emulated links (veth, bridge, tc), fitted
     receivers: str = "process"  # RECEIVERS: which thread reads a message (the module doc)
     aggregate: CpuCosts = CpuCosts()  # receivers "connection": the consumer's sum per push, part of `costs`
-    server_stages: tuple[float, ...] = ()  # receivers "process": a push's shares on the server's serial threads
-    worker_stages: tuple[float, ...] = ()  # ... and a reply's on the worker's (stages.py; (): one thread)
+    server_threads: ThreadCosts | None = None  # receivers "process": a push's CPU on the server's threads
+    worker_threads: ThreadCosts | None = None  # ... and a reply's on the worker's (stages.py; None: one thread)
 
     def __post_init__(self) -> None:
         if self.update_on not in UPDATE_PLACES:
             raise ValueError(f"update_on {self.update_on!r}: one of {', '.join(UPDATE_PLACES)}")
         if self.receivers not in RECEIVERS:
             raise ValueError(f"receivers {self.receivers!r}: one of {', '.join(RECEIVERS)}")
-        if (self.server_stages or self.worker_stages) and self.receivers != "process":
-            raise ValueError("stages are for receivers 'process' (a receive thread per connection has no chain)")
+        if (self.server_threads or self.worker_threads) and self.receivers != "process":
+            raise ValueError("thread costs are for receivers 'process' (a thread per connection has no chain)")
 
     def with_costs(self, costs: CpuCosts, update: CpuCosts | None = None) -> PSSystem:
         return dataclasses.replace(self, costs=costs, update=self.update if update is None else update)
@@ -162,12 +163,14 @@ class PSRun:
         else:  # one chain of threads per process, with the OpenMP team the emulation gives each process
             cpus_per_host = cluster.cores / cluster.thread_cores if cluster.cores and cluster.thread_cores else None
             team = omp_threads(cpus_per_host, cluster.thread_cores)
-            self.server_paths = [Stages(self.cpus[cluster.server_host(s)], system.server_stages, team,
-                                        self.reply_cost.__getitem__, self._pushed,
+            one = ThreadCosts((CpuCosts(costs.per_message + link.per_message, costs.per_byte + link.per_byte),))
+            nbytes = [p.nbytes for p in self.parts]
+            self.server_paths = [Stages(self.cpus[cluster.server_host(s)], system.server_threads or one, team,
+                                        nbytes.__getitem__, self._pushed,
                                         self.prio.__getitem__ if system.priority else None, self._update_if_last)
                                  for s in range(S)]
-            self.worker_paths = [Stages(self.cpus[h], system.worker_stages, team, self._reply_cost, self._received)
-                                 for h in self.worker_hosts]
+            self.worker_paths = [Stages(self.cpus[h], system.worker_threads or one, team,
+                                        lambda job: nbytes[job[0]], self._received) for h in self.worker_hosts]
         self.update_threads = [CpuThread(self.cpus[h], self._array_update_cost, self._updated, False)
                                for h in self.worker_hosts]
         self.worker_senders = [self.net.sender(h, system.priority, system.window) for h in self.worker_hosts]
@@ -207,8 +210,12 @@ class PSRun:
         if j >= n:
             k = 2 * n - 1 - j
             sender, prio, host, parts = self.worker_senders[w], self.prio, self.part_host, self.parts
+            streamed = self.system.receivers == "process"
             for i in range(self.first_part[k], self.first_part[k + 1]):
-                sender.put(prio[i], host[i], parts[i].nbytes, self._at_server, i, w)
+                if streamed:  # ps-lite's reader works on a push as it comes (stages.py)
+                    sender.put(prio[i], host[i], parts[i].nbytes, self._at_server, i, w, [], on_start=self._to_server)
+                else:
+                    sender.put(prio[i], host[i], parts[i].nbytes, self._at_server, i, w)
         self.op[w] = j + 1
         if self.op[w] == 2 * n:
             self.op[w] = 0
@@ -216,9 +223,12 @@ class PSRun:
         self._advance(w)
 
     # --- server ---
-    def _at_server(self, t: float, i: int, w: int) -> None:
-        if self.system.receivers == "process":
-            self.server_paths[self.parts[i].server].put(i)
+    def _to_server(self, i: int, w: int, token: list) -> None:
+        token.append(self.server_paths[self.parts[i].server].begin(i))
+
+    def _at_server(self, t: float, i: int, w: int, token: list | None = None) -> None:
+        if token is not None:
+            self.server_paths[self.parts[i].server].arrived(token[0])
         else:
             self.read_threads[self.parts[i].server][w].put(0, i)  # its connection's thread reads it, then queues it
 
@@ -242,12 +252,19 @@ class PSRun:
         self.pushed[i] = 0
         sender = self.server_senders[self.parts[i].server]
         for v, host in enumerate(self.worker_hosts):
-            sender.put(self.prio[i], host, self.parts[i].nbytes, self._at_worker, i, v)
+            if self.system.receivers == "process":
+                sender.put(self.prio[i], host, self.parts[i].nbytes, self._at_worker, i, v, [],
+                           on_start=self._to_worker)
+            else:
+                sender.put(self.prio[i], host, self.parts[i].nbytes, self._at_worker, i, v)
 
     # --- worker receive ---
-    def _at_worker(self, t: float, i: int, w: int) -> None:
-        if self.system.receivers == "process":
-            self.worker_paths[w].put((i, w))
+    def _to_worker(self, i: int, w: int, token: list) -> None:
+        token.append(self.worker_paths[w].begin((i, w)))
+
+    def _at_worker(self, t: float, i: int, w: int, token: list | None = None) -> None:
+        if token is not None:
+            self.worker_paths[w].arrived(token[0])
         else:
             self.receive_threads[w][self.parts[i].server].put(0, (i, w))
 

@@ -3,33 +3,50 @@
 ps-lite's receive path is not one thread. A message is read by ZMQ's I/O thread, handed through the van and the
 customer to MXNet's engine, whose worker thread runs the copy and the sum with OpenMP. Under the emulation's
 per-thread caps (one dilated CPU per thread) what limits such a process is its busiest thread, not the sum of its
-threads' work, so charging everything to one thread (the model before this) made dist_sync and MXNet's P3 two
-to three times too slow at VGG-19. The shares are measured, not assumed: each capped run records the busiest
-threads of each role's busiest process (benchmarks/emulation/thread_usage.py, the rows' thread_cpu), and
-threads.py turns the fit split's rows into shares. Stage k pays `shares[k]` of a message's cost; what the shares
-leave is an OpenMP loop at the end of the last stage, split evenly over `team` threads (the last stage's thread
-among them, as the team's master), the message done when the last of them ends.
+threads' work, so charging everything to one thread (the first model) made dist_sync and MXNet's P3 two to three
+times too slow at VGG-19; so did splitting one loopback-fitted cost over the threads by their measured shares (the
+second), because the loopback cost overstates what each thread spends under the emulation. The costs here are the
+threads' own: each capped run records the busiest threads of each role's busiest process
+(benchmarks/emulation/thread_usage.py, the rows' thread_cpu), and threads.py fits each thread's CPU per message and
+per byte on the fit split's rows. A message pays stage k's `stages[k]` on that thread in turn; the last stage then
+runs the OpenMP loop, `team` split evenly over the team's threads (the last stage's thread among them, as the
+team's master), the message done when the last of them ends.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import dataclasses
+from collections.abc import Callable
 
+from benchmarks.sim.cluster import CpuCosts
 from benchmarks.sim.engine import CpuThread, SharedCpu
 
 
+@dataclasses.dataclass(frozen=True)
+class ThreadCosts:
+    """What one received message costs each thread of a process (core-seconds: per message, per payload byte)."""
+
+    stages: tuple[CpuCosts, ...]  # the serial threads it passes in turn, in order
+    team: CpuCosts = CpuCosts()  # the OpenMP loop at the end of the last stage, over all of the team's threads
+
+    def __post_init__(self) -> None:
+        if not self.stages:
+            raise ValueError("a process's thread costs need at least one stage")
+        if any(c.per_message < 0 or c.per_byte < 0 for c in (*self.stages, self.team)):
+            raise ValueError(f"negative thread costs: {self}")
+
+
 class TeamCpu:
-    """An engine thread whose every job ends with an OpenMP loop: `serial` of a job's cost on the thread alone,
-    then the rest split evenly over `team` threads (itself among them) on `cpu`; done when the last one ends."""
+    """An engine thread whose every job ends with an OpenMP loop: its own cost on the thread alone, then the loop's
+    cost split evenly over `team` threads (itself among them) on `cpu`; done when the last one ends."""
 
-    def __init__(self, cpu: SharedCpu, team: int, serial: float) -> None:
-        if team < 1 or not 0.0 <= serial <= 1.0:
-            raise ValueError(f"an OpenMP team of {team} threads with a serial share of {serial}")
-        self.cpu, self.team, self.serial = cpu, team, serial
+    def __init__(self, cpu: SharedCpu, team: int) -> None:
+        if team < 1:
+            raise ValueError(f"an OpenMP team of {team} threads")
+        self.cpu, self.team = cpu, team
 
-    def run(self, cost: float, done, *args) -> None:
-        first = cost * self.serial
-        chunk = (cost - first) / self.team
+    def run(self, own: float, loop_cost: float, done, *args) -> None:
+        chunk = loop_cost / self.team
         left = [self.team]
 
         def one() -> None:
@@ -41,38 +58,96 @@ class TeamCpu:
             for _ in range(self.team):
                 self.cpu.run(chunk, one)
 
-        self.cpu.run(first, loop)
+        if own > 0:
+            self.cpu.run(own, loop)
+        else:
+            loop()
+
+
+class _LastStage:
+    """The last stage's CPU target. CpuThread asks it to run a job's whole cost (run(cost, done, job)); the part of
+    it that is the team's loop (`loop_cost(job)`) runs over the team, the rest on the thread alone first."""
+
+    def __init__(self, cpu: SharedCpu, team: int, loop_cost: Callable) -> None:
+        self._team = TeamCpu(cpu, team) if team > 1 else None
+        self._cpu, self._loop_cost = cpu, loop_cost
+
+    def run(self, cost: float, done, job) -> None:
+        loop = self._loop_cost(job)
+        if self._team is None or loop <= 0:
+            self._cpu.run(cost, done, job)
+        else:
+            self._team.run(max(0.0, cost - loop), loop, done, job)
+
+
+class _Read:
+    """One message on its way in: its first stage (the thread that reads the socket) works on it as its bytes come,
+    so the message moves on once that thread is done with it and its last byte is there."""
+
+    __slots__ = ("job", "read", "here")
+
+    def __init__(self, job) -> None:
+        self.job, self.read, self.here = job, False, False
 
 
 class Stages:
-    """Serial threads on `cpu` that a job passes in turn, stage k paying `shares[k]` of `cost_of(job)`; the rest
-    (1 - sum of shares) is the last stage's OpenMP loop over `team` threads, and `extra(job)` (an update with the
-    last push) is the last stage's too. Stages before the last serve in arrival order; the last by
-    `priority_of(job)` where one is given. `done(job)` when the last stage ends. No shares: one thread pays it all."""
+    """Serial threads on `cpu` that a job of `nbytes_of(job)` bytes passes in turn, stage k paying
+    `costs.stages[k]`; the last stage then runs `costs.team` as an OpenMP loop over `team` threads, and `extra(job)`
+    (an update with the last push) is the last stage's own. Stages before the last serve in arrival order; the last
+    by `priority_of(job)` where one is given. `done(job)` when the last stage ends.
 
-    def __init__(self, cpu: SharedCpu, shares: Sequence[float], team: int, cost_of: Callable, done: Callable,
+    The first stage reads the socket: begin(job) when the message's first byte leaves its sender, arrived(token)
+    when its last is in; it may work on the message in between (ZMQ's I/O thread reads a message as it comes, which
+    hides most of a 100 MB part's reading behind its transfer). put(job): a message that is all here already."""
+
+    def __init__(self, cpu: SharedCpu, costs: ThreadCosts, team: int, nbytes_of: Callable, done: Callable,
                  priority_of: Callable | None = None, extra: Callable | None = None) -> None:
-        shares = tuple(shares) or (1.0,)
-        if any(s <= 0 for s in shares) or sum(shares) > 1.0 + 1e-9:
-            raise ValueError(f"stage shares {shares}: each positive, together at most 1")
-        rest = max(0.0, 1.0 - sum(shares))
-        self._priority_of = priority_of
+        self._priority_of, self._done = priority_of, done
         self.threads: list[CpuThread] = []
-        last = len(shares) - 1
-        for k, share in enumerate(shares):
+        last = len(costs.stages) - 1
+        for k, stage in enumerate(costs.stages):
+            job_of = (lambda r: r.job) if k == 0 else (lambda job: job)  # the first stage serves _Read tokens
+            finished = self._read if k == 0 else (lambda job, k=k: self._put(k + 1, job))
             if k < last:
-                self.threads.append(CpuThread(cpu, lambda job, f=share: f * cost_of(job),
-                                              lambda job, k=k: self._put(k + 1, job), False))
+                self.threads.append(CpuThread(cpu, lambda job, c=stage, of=job_of: c.of(nbytes_of(of(job))),
+                                              finished, False))
                 continue
-            whole = share + rest
-            target = TeamCpu(cpu, team, share / whole) if rest > 0 and team > 1 else cpu
-            self.threads.append(CpuThread(
-                target, lambda job, f=whole: f * cost_of(job) + (extra(job) if extra is not None else 0.0), done,
-                priority_of is not None))
+
+            def whole(job, c=stage, of=job_of) -> float:  # its own, the update with the last push, the team's loop
+                job = of(job)
+                n = nbytes_of(job)
+                return c.of(n) + (extra(job) if extra is not None else 0.0) + costs.team.of(n)
+
+            target = _LastStage(cpu, team, lambda job, of=job_of: costs.team.of(nbytes_of(of(job))))
+            self.threads.append(CpuThread(target, whole, self._read if k == 0 else done, priority_of is not None))
+        self._last = last
+
+    def begin(self, job) -> _Read:
+        token = _Read(job)
+        self._put(0, token)
+        return token
+
+    def arrived(self, token: _Read) -> None:
+        token.here = True
+        if token.read:
+            self._onward(token)
 
     def put(self, job) -> None:
-        self._put(0, job)
+        self.arrived(self.begin(job))
+
+    def _read(self, token: _Read) -> None:
+        token.read = True
+        if token.here:
+            self._onward(token)
+
+    def _onward(self, token: _Read) -> None:
+        if self._last == 0:
+            self._done(token.job)
+        else:
+            self._put(1, token.job)
 
     def _put(self, k: int, job) -> None:
-        last = k == len(self.threads) - 1
-        self.threads[k].put(self._priority_of(job) if last and self._priority_of is not None else 0, job)
+        if k == self._last and self._priority_of is not None:
+            self.threads[k].put(self._priority_of(job.job if k == 0 else job), job)
+        else:
+            self.threads[k].put(0, job)

@@ -14,9 +14,10 @@ setting its row ran, its baseline_setting).
 The split. Fit: the ResNet-50 and VGG-19 points of the bandwidth sweep. Held out: every other point (InceptionV3
 and Sockeye, the scale, slice, ablation, dilation, sensitivity, utilisation and demo points). CPU costs come from
 loopback benchmarks only (costs.py). Fitted on the fit split only: each system's extra CPU per byte on the emulated
-links (veth, bridge, tc: absent on loopback; fit_links), and how ps-lite's processes spread a message's CPU over
-their threads (threads.py, from the rows' thread_cpu). The measured s/iter is the median over every timed
-iteration of every repeat (every rank's where recorded).
+links (veth, bridge, tc: absent on loopback; fit_links) for the systems the model reads on one thread or on a
+thread per connection, and what each thread of ps-lite's processes spends on a received message, per message and per
+byte (threads.py, from the rows' thread_cpu; in place of the loopback cost and the links' for those systems). The
+measured s/iter is the median over every timed iteration of every repeat (every rank's where recorded).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from benchmarks.sim import costs as costs_lib
 from benchmarks.sim import ddp, ring, settings, threads
 from benchmarks.sim import model as model_lib
 from benchmarks.sim.cluster import Cluster, CpuCosts
-from benchmarks.sim.ps import SYSTEMS, simulate
+from benchmarks.sim.ps import SYSTEMS, parts_of, simulate
 
 LOG = logging.getLogger("sim.validate")
 RESULTS = costs_lib.RESULTS
@@ -161,7 +162,7 @@ def cpu_label(point: dict) -> str:
 class Constants:
     loopback: costs_lib.Fitted
     links: dict[str, float]  # system -> extra receive CPU per byte on the emulated links (seconds)
-    stages: dict = dataclasses.field(default_factory=dict)  # ps-lite's systems' thread shares (threads.measured)
+    thread_costs: dict = dataclasses.field(default_factory=dict)  # ps-lite's systems' threads (threads.fitted)
 
 
 def simulate_point(point: dict, constants: Constants) -> tuple[float, float]:
@@ -183,9 +184,10 @@ def simulate_point(point: dict, constants: Constants) -> tuple[float, float]:
         result = ddp.simulate(profile, cluster, d, iters=3)
     else:
         system = costs_lib.system(kv, constants.loopback, point["optimizer"], update_place(point), link)
-        staged = constants.stages.get(costs_lib.MEASURED_AS.get(kv, kv))
-        if staged and system.receivers == "process":
-            system = dataclasses.replace(system, server_stages=staged["server"], worker_stages=staged["worker"])
+        measured = constants.thread_costs.get(costs_lib.MEASURED_AS.get(kv, kv))
+        if measured and system.receivers == "process":
+            system = dataclasses.replace(system, server_threads=measured.get("server"),
+                                         worker_threads=measured.get("worker"))
         slice_size = int(point["slice_size"]) if point.get("slice_size") else None
         result = simulate(profile, cluster, settings.apply_ps(system, env, slice_size), iters=3)
     return result.iteration_s, result.cpu_pct
@@ -239,16 +241,28 @@ def _root(f: Callable[[float], float], lo: float, hi: float, rounds: int) -> tup
     return (lo + hi) / 2, tries
 
 
-def own_threads(system: str, stages: dict | None = None) -> bool:
-    """Whether the model reads `system`'s messages on the threads it has (p3kv: one per connection, ps.py; ps-lite's
-    where the fit points measured its threads' `stages`): then its links' CPU is fitted on the hosts' measured CPU
-    use; else ps-lite's receive path is one thread, which that CPU would overload: fitted on s/iter."""
-    return system in SYSTEMS and (SYSTEMS[system].receivers == "connection" or bool((stages or {}).get(system)))
+def traffic(point: dict) -> dict[str, tuple[float, float]]:
+    """What each role's busiest process of a ps-lite point received per iteration (threads.traffic_of), with the
+    point's settings (slice size, big-array bound)."""
+    kv = point["kvstore"]
+    env = settings.setting(kv, settings.parse_label(point.get("baseline_setting", "")))
+    slice_size = int(point["slice_size"]) if point.get("slice_size") else None
+    system = settings.apply_ps(SYSTEMS[kv], env, slice_size)
+    cluster = cluster_of(point)
+    return threads.traffic_of(parts_of(model_lib.load(point["model"]), system, cluster.servers), cluster.workers,
+                              cluster.servers)
+
+
+def own_threads(system: str) -> bool:
+    """Whether the model reads `system`'s messages on the threads it has (p3kv: one per connection, ps.py): then its
+    links' CPU is fitted on the hosts' measured CPU use; else ps-lite's receive path is one thread, which that CPU
+    would overload: fitted on s/iter."""
+    return system in SYSTEMS and SYSTEMS[system].receivers == "connection"
 
 
 def fit_links(points: Sequence[dict], loopback: costs_lib.Fitted,
               simulate_many: Callable[[Sequence[dict], Constants], list] = simulate_all,
-              rounds: int = 10, stages: dict | None = None) -> dict[str, float]:
+              rounds: int = 10, thread_costs: dict | None = None) -> dict[str, float]:
     """Each system's extra CPU per byte on the emulated links, in [0, MAX_LINK_NS] ns/byte, from the system's
     fit-split points. A system whose threads the model has (own_threads): where the median log error of their CPU
     use is zero. The others: where the median log error of their s/iter is zero (no systematic bias where it is
@@ -263,15 +277,18 @@ def fit_links(points: Sequence[dict], loopback: costs_lib.Fitted,
         links[system] = 0.0
         if not mine:
             continue
+        if system in (thread_costs or {}):  # what its threads spend was measured on the emulated links
+            LOG.info("%s: the links' CPU is in its threads' measured costs (threads.py)", system)
+            continue
 
         def bias(ns: float, what: int, mine=mine, system=system) -> float:
-            sims = simulate_many(mine, Constants(loopback, {**links, system: ns * 1e-9}, stages or {}))
+            sims = simulate_many(mine, Constants(loopback, {**links, system: ns * 1e-9}, thread_costs or {}))
             measured = [(p["median_s"], p.get("cpu_total_pct") or 0.0) for p in mine]
             return statistics.median(math.log(max(s[what], 1e-12) / max(m[what], 1e-12))
                                      for s, m in zip(sims, measured))
 
         cpu_known = all((p.get("cpu_total_pct") or 0.0) > 0 for p in mine)
-        if cpu_known and own_threads(system, stages):
+        if cpu_known and own_threads(system):
             on = "CPU use"
             found, tries = _root(lambda ns: bias(ns, 1), 0.0, MAX_LINK_NS, rounds)
         else:
@@ -302,18 +319,18 @@ def constants(points: Sequence[dict], refit: bool = False, path: pathlib.Path = 
     """The fitted constants: from `path` when it was fitted on the same inputs (loopback CSVs, fit points,
     this simulator's source), else fitted now and written there."""
     key = _inputs_hash(points)
-    stages = threads.measured(points)
+    measured = threads.fitted(points, traffic)
     if not refit and path.exists():
         saved = json.loads(path.read_text())
         if saved.get("inputs") == key:
-            return Constants(costs_lib.from_dict(saved["loopback"]), saved["links_s_per_byte"], stages)
+            return Constants(costs_lib.from_dict(saved["loopback"]), saved["links_s_per_byte"], measured)
     loopback = costs_lib.fitted()
-    links = fit_links(points, loopback, stages=stages)
+    links = fit_links(points, loopback, thread_costs=measured)
     path.write_text(json.dumps({
         "inputs": key, "fitted": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "fit_points": sum(p["split"] == "fit" for p in points), "loopback": costs_lib.as_dict(loopback),
-        "links_s_per_byte": links, "thread_stages": stages}, indent=1) + "\n")
-    return Constants(loopback, links, stages)
+        "links_s_per_byte": links, "thread_costs": threads.as_dict(measured)}, indent=1) + "\n")
+    return Constants(loopback, links, measured)
 
 
 # --- the rows ----------------------------------------------------------------------------------------------------
