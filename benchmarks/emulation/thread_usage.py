@@ -19,7 +19,8 @@ waits]: 100 is a thread that ran at its cap the whole window. Names are the thre
 keep the interpreter's "python". What can tell those apart is where each one sleeps between its work, read with
 each CPU sample from /proc/<pid>/task/<tid>/wchan and shortened (WAITS): "epoll", "poll", "futex", "recv", ...
 By their code one expects ZMQ's I/O thread in epoll_wait, ps-lite's receiving thread in zmq_msg_recv's poll(),
-the engine's and OpenMP's threads on a futex; no ps-lite row has been read this way yet. p3kv's receive threads
+the engine's and OpenMP's threads on a futex (VGG-19's capped dist_sync servers: epoll, futex, then OpenMP's
+threads; docs/benchmarks.md). p3kv's receive threads
 show "poll" or "recv" (socket.cc waits in poll() before it reads), its consumer "futex" (test_thread_cap.py). The
 process's first thread (a Python process's main thread: its tid is the pid) is "main" wherever it waits; a thread
 never seen asleep is "". Where a thread waits counts every sample since the caps began, the CPU only the window.
