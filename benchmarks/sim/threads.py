@@ -29,8 +29,10 @@ from collections.abc import Callable, Iterable, Sequence
 
 from benchmarks.emulation.thread_cap import GLOO_THREADS, GPU_SIDE, omp_threads
 from benchmarks.emulation.thread_usage import TOP
+from benchmarks.sim import model as model_lib
+from benchmarks.sim import settings
 from benchmarks.sim.cluster import CpuCosts
-from benchmarks.sim.ps import SYSTEMS
+from benchmarks.sim.ps import SYSTEMS, parts_of
 from benchmarks.sim.stages import ThreadCosts
 
 STAGE_SHARE = 0.10
@@ -163,3 +165,15 @@ def traffic_of(parts: Sequence, workers: int, servers: int) -> dict[str, tuple[f
     busiest = max(per_server, key=lambda mb: (mb[1], mb[0]))
     return {"server": (float(workers * busiest[0]), float(workers * busiest[1])),
             "worker": (float(len(parts)), float(sum(p.nbytes for p in parts)))}
+
+
+def traffic(point: dict) -> dict[str, tuple[float, float]]:
+    """traffic_of a ps-lite point of a validation CSV: its model cut with the point's settings (slice size,
+    big-array bound) over its servers."""
+    kv = point["kvstore"]
+    env = settings.setting(kv, settings.parse_label(point.get("baseline_setting", "")))
+    slice_size = int(point["slice_size"]) if point.get("slice_size") else None
+    system = settings.apply_ps(SYSTEMS[kv], env, slice_size)
+    hosts = int(point["hosts"])
+    workers = hosts // 2 if point.get("layout") == "separate" else hosts
+    return traffic_of(parts_of(model_lib.load(point["model"]), system, workers), workers, workers)

@@ -35,10 +35,10 @@ import statistics
 from collections.abc import Callable, Sequence
 
 from benchmarks.sim import costs as costs_lib
-from benchmarks.sim import ddp, ring, settings, threads
+from benchmarks.sim import ddp, fitting, ring, settings, threads
 from benchmarks.sim import model as model_lib
 from benchmarks.sim.cluster import Cluster, CpuCosts
-from benchmarks.sim.ps import SYSTEMS, parts_of, simulate
+from benchmarks.sim.ps import SYSTEMS, simulate
 
 LOG = logging.getLogger("sim.validate")
 RESULTS = costs_lib.RESULTS
@@ -216,43 +216,6 @@ def simulate_all(points: Sequence[dict], constants: Constants, processes: int = 
 
 
 # --- the one fit on emulated points --------------------------------------------------------------------------
-def _root(f: Callable[[float], float], lo: float, hi: float, rounds: int) -> tuple[float, int]:
-    """(x in [lo, hi] where the increasing f crosses 0, tries): regula falsi (Illinois); lo if f(lo) >= 0, hi if
-    f(hi) <= 0 (then lo where f barely moves over the range)."""
-    f_lo = f(lo)
-    if f_lo >= 0:
-        return lo, 1
-    f_hi = f(hi)
-    if f_hi <= 0:
-        return (hi if f_hi - f_lo > 0.005 else lo), 2
-    tries, side = 2, 0
-    while tries < rounds + 2:
-        x = (lo * f_hi - hi * f_lo) / (f_hi - f_lo)
-        fx = f(x)
-        tries += 1
-        if abs(fx) < 0.002 or hi - lo < 0.05:
-            return x, tries
-        if fx < 0:
-            lo, f_lo = x, fx
-            f_hi, side = (f_hi / 2, side) if side == -1 else (f_hi, -1)
-        else:
-            hi, f_hi = x, fx
-            f_lo, side = (f_lo / 2, side) if side == 1 else (f_lo, 1)
-    return (lo + hi) / 2, tries
-
-
-def traffic(point: dict) -> dict[str, tuple[float, float]]:
-    """What each role's busiest process of a ps-lite point received per iteration (threads.traffic_of), with the
-    point's settings (slice size, big-array bound)."""
-    kv = point["kvstore"]
-    env = settings.setting(kv, settings.parse_label(point.get("baseline_setting", "")))
-    slice_size = int(point["slice_size"]) if point.get("slice_size") else None
-    system = settings.apply_ps(SYSTEMS[kv], env, slice_size)
-    cluster = cluster_of(point)
-    return threads.traffic_of(parts_of(model_lib.load(point["model"]), system, cluster.servers), cluster.workers,
-                              cluster.servers)
-
-
 def own_threads(system: str) -> bool:
     """Whether the model reads `system`'s messages on the threads it has (p3kv: one per connection, ps.py): then its
     links' CPU is fitted on the hosts' measured CPU use; else ps-lite's receive path is one thread, which that CPU
@@ -290,13 +253,13 @@ def fit_links(points: Sequence[dict], loopback: costs_lib.Fitted,
         cpu_known = all((p.get("cpu_total_pct") or 0.0) > 0 for p in mine)
         if cpu_known and own_threads(system):
             on = "CPU use"
-            found, tries = _root(lambda ns: bias(ns, 1), 0.0, MAX_LINK_NS, rounds)
+            found, tries = fitting.root(lambda ns: bias(ns, 1), 0.0, MAX_LINK_NS, rounds)
         else:
             on = "s/iter"
-            found, tries = _root(lambda ns: bias(ns, 0), 0.0, MAX_LINK_NS, rounds)
+            found, tries = fitting.root(lambda ns: bias(ns, 0), 0.0, MAX_LINK_NS, rounds)
             if found > 0 and abs(bias(0.0, 0)) <= TIME_INSENSITIVE and cpu_known:
                 on = "CPU use"
-                found, more = _root(lambda ns: bias(ns, 1), 0.0, MAX_LINK_NS, rounds)
+                found, more = fitting.root(lambda ns: bias(ns, 1), 0.0, MAX_LINK_NS, rounds)
                 tries += more
         links[system] = found * 1e-9
         LOG.info("%s: emulated links cost %.3f ns/byte more CPU (fitted on %s, %d fit points, %d tries)", system,
@@ -319,7 +282,7 @@ def constants(points: Sequence[dict], refit: bool = False, path: pathlib.Path = 
     """The fitted constants: from `path` when it was fitted on the same inputs (loopback CSVs, fit points,
     this simulator's source), else fitted now and written there."""
     key = _inputs_hash(points)
-    measured = threads.fitted(points, traffic)
+    measured = threads.fitted(points, threads.traffic)
     if not refit and path.exists():
         saved = json.loads(path.read_text())
         if saved.get("inputs") == key:
