@@ -20,11 +20,12 @@ def per_byte(*seconds):
     return tuple(CpuCosts(0.0, s) for s in seconds)
 
 
-def ends_of(costs, team, sizes, cores=None, arrivals=None):
+def ends_of(costs, team, sizes, cores=None, arrivals=None, blocking=False):
     """Each job's end through Stages(costs, team) on one host of `cores` (None: a core per thread)."""
     loop = EventLoop()
     ends = [None] * len(sizes)
-    stages = Stages(SharedCpu(loop, cores), costs, team, sizes.__getitem__, lambda job: ends.__setitem__(job, loop.now))
+    stages = Stages(SharedCpu(loop, cores), costs, team, sizes.__getitem__, lambda job: ends.__setitem__(job, loop.now),
+                    blocking=blocking)
     for job, at in enumerate(arrivals or [0.0] * len(sizes)):
         loop.at(at, stages.put, job)
     loop.run()
@@ -43,6 +44,15 @@ def test_a_chain_of_threads_pipelines_messages_at_its_busiest_stage():
     # Per message and per byte: 0.1 s + 0.2 s/byte on the first thread, so 2 bytes take 0.5 s there.
     costs = ThreadCosts((CpuCosts(0.1, 0.2), CpuCosts(0.0, 0.0)))
     assert ends_of(costs, 1, [2]) == pytest.approx([0.5])
+
+
+def test_a_blocking_handler_takes_the_next_message_only_when_the_last_thread_is_done():
+    # Reader 0.1 s, then two threads of 0.5 s each. Pipelined, the second message ends 0.5 s after the first; with
+    # MXNet's server handler waiting for the engine (blocking), 1 s after it: the threads after the reader take
+    # one message at a time between them.
+    costs = ThreadCosts(per_byte(0.1, 0.5, 0.5))
+    assert ends_of(costs, 1, [1, 1]) == pytest.approx([1.1, 1.6])
+    assert ends_of(costs, 1, [1, 1], blocking=True) == pytest.approx([1.1, 2.1])
 
 
 def test_the_openmp_loop_shares_the_hosts_cores():

@@ -167,7 +167,8 @@ class PSRun:
             nbytes = [p.nbytes for p in self.parts]
             self.server_paths = [Stages(self.cpus[cluster.server_host(s)], system.server_threads or one, team,
                                         nbytes.__getitem__, self._pushed,
-                                        self.prio.__getitem__ if system.priority else None, self._update_if_last)
+                                        self.prio.__getitem__ if system.priority else None, self._update_if_last,
+                                        blocking=system.server_threads is not None)
                                  for s in range(S)]
             self.worker_paths = [Stages(self.cpus[h], system.worker_threads or one, team,
                                         lambda job: nbytes[job[0]], self._received) for h in self.worker_hosts]

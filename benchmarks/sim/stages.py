@@ -16,6 +16,8 @@ team's master), the message done when the last of them ends.
 from __future__ import annotations
 
 import dataclasses
+import heapq
+import itertools
 from collections.abc import Callable
 
 from benchmarks.sim.cluster import CpuCosts
@@ -98,11 +100,22 @@ class Stages:
 
     The first stage reads the socket: begin(job) when the message's first byte leaves its sender, arrived(token)
     when its last is in; it may work on the message in between (ZMQ's I/O thread reads a message as it comes, which
-    hides most of a 100 MB part's reading behind its transfer). put(job): a message that is all here already."""
+    hides most of a 100 MB part's reading behind its transfer). put(job): a message that is all here already.
+
+    `blocking`: the threads after the first take one message at a time between them, the next one entering only
+    when the last thread is done with the one before (MXNet's server: ps-lite's customer thread runs the request
+    handler, which waits for the engine's sum and update, WaitToRead, before it takes the next request,
+    kvstore_dist_server.h); the messages wait for that in arrival order, or by priority where one is given.
+    Otherwise each thread takes the next message as soon as it is done with one (a worker's customer thread hands
+    a reply to the engine and goes on)."""
 
     def __init__(self, cpu: SharedCpu, costs: ThreadCosts, team: int, nbytes_of: Callable, done: Callable,
-                 priority_of: Callable | None = None, extra: Callable | None = None) -> None:
+                 priority_of: Callable | None = None, extra: Callable | None = None, blocking: bool = False) -> None:
         self._priority_of, self._done = priority_of, done
+        self._blocking = blocking and len(costs.stages) > 2
+        self._waiting: list = []  # blocking: (priority, arrival, job) waiting to enter the threads after the first
+        self._seq = itertools.count()
+        self._inside = False
         self.threads: list[CpuThread] = []
         last = len(costs.stages) - 1
         for k, stage in enumerate(costs.stages):
@@ -119,7 +132,8 @@ class Stages:
                 return c.of(n) + (extra(job) if extra is not None else 0.0) + costs.team.of(n)
 
             target = _LastStage(cpu, team, lambda job, of=job_of: costs.team.of(nbytes_of(of(job))))
-            self.threads.append(CpuThread(target, whole, self._read if k == 0 else done, priority_of is not None))
+            self.threads.append(CpuThread(target, whole, self._read if k == 0 else self._finished,
+                                          priority_of is not None))
         self._last = last
 
     def begin(self, job) -> _Read:
@@ -143,8 +157,23 @@ class Stages:
     def _onward(self, token: _Read) -> None:
         if self._last == 0:
             self._done(token.job)
-        else:
+        elif not self._blocking:
             self._put(1, token.job)
+        else:
+            priority = self._priority_of(token.job) if self._priority_of is not None else 0
+            heapq.heappush(self._waiting, (priority, next(self._seq), token.job))
+            self._enter()
+
+    def _enter(self) -> None:
+        if not self._inside and self._waiting:
+            self._inside = True
+            self._put(1, heapq.heappop(self._waiting)[2])
+
+    def _finished(self, job) -> None:
+        self._done(job)
+        if self._blocking:
+            self._inside = False
+            self._enter()
 
     def _put(self, k: int, job) -> None:
         if k == self._last and self._priority_of is not None:
