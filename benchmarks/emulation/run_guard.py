@@ -19,6 +19,7 @@ import subprocess
 import time
 from collections.abc import Callable
 
+from benchmarks.emulation import tree_manifest
 from benchmarks.paths import ROOT
 
 LOG = logging.getLogger("run_guard")
@@ -54,7 +55,16 @@ def busy_percent(window_s: float = 5.0, *, times: Callable[[], tuple[int, int]] 
 
 
 def git_state(root: pathlib.Path = ROOT) -> tuple[str, bool]:
-    """(HEAD commit or "none", whether tracked files other than OUTPUTS differ from it)."""
+    """(HEAD commit or "none", whether tracked files other than OUTPUTS differ from it). With P3_TREE_MANIFEST set
+    (a copied tree whose .git lags it: tree_manifest.py), the manifest's commit, and whether a file differs from it."""
+    manifest = os.environ.get(tree_manifest.VARIABLE)
+    if manifest:
+        commit, differ = tree_manifest.check(pathlib.Path(manifest), root, OUTPUTS)
+        if differ:
+            LOG.warning("%d tracked files differ from the manifest's commit %s: %s", len(differ), commit[:12],
+                        ", ".join(differ[:5]) + (" ..." if len(differ) > 5 else ""))
+        return commit, bool(differ)
+
     def git(*args: str) -> str:
         done = subprocess.run(["git", *args], check=False, cwd=root, capture_output=True, text=True, timeout=30)
         return done.stdout.strip() if done.returncode == 0 else ""

@@ -6,6 +6,8 @@
 #   tests/gpu/run_gpu_check.sh                 # on the GPU
 #   tests/gpu/run_gpu_check.sh --device cpu    # the dry run on any machine (CPU double of the side stream)
 #
+# P3_TREE_MANIFEST=build/tree-manifest (written here by python -m benchmarks.emulation.tree_manifest, carried):
+# the first line names the commit the copied tree is.
 # Results: $OUT/gpu_check.csv and $OUT/gpu_check.log ($OUT: what the device tool copies back; default
 # build/gpu-check). Exit 0 when every check passed. Not run by pytest/CI (tests/conftest.py, tests/README.md).
 set -uo pipefail
@@ -17,7 +19,13 @@ OUTDIR=${OUT:-build/gpu-check}
 mkdir -p "$OUTDIR" || exit 2
 exec > >(tee "$OUTDIR/gpu_check.log") 2>&1
 START=$(date +%s)
-echo "== p3kv GPU check ($DEVICE), $(date -u +%FT%TZ), $(git rev-parse --short HEAD 2>/dev/null || echo 'no git')"
+# The commit: from a carried tree manifest where there is one (the device's .git lags the copied tree), checked.
+if [[ -n "${P3_TREE_MANIFEST:-}" ]]; then
+  COMMIT=$("$PY" -c "import pathlib, sys; from benchmarks.emulation import tree_manifest as t; from benchmarks.emulation.run_guard import OUTPUTS; c, d = t.check(pathlib.Path(sys.argv[1]), pathlib.Path('.'), OUTPUTS); print(c[:12] + (f' with {len(d)} files changed' if d else ''))" "$P3_TREE_MANIFEST" 2>&1)
+else
+  COMMIT="$(git rev-parse --short HEAD 2>/dev/null || echo 'no git') (the .git here may lag the tree: P3_TREE_MANIFEST)"
+fi
+echo "== p3kv GPU check ($DEVICE), $(date -u +%FT%TZ), $COMMIT"
 
 echo "== what is here"
 missing=0
