@@ -205,6 +205,28 @@ def test_a_tuning_csv_resumes_and_its_best_setting_goes_to_best_json(tmp_path):
 
 
 @pytest.mark.unit
+def test_a_grid_run_in_slices_chooses_a_systems_best_only_once_all_its_cells_ran(tmp_path):
+    cells = tune.cells_for(["horovod", "dist_sync"])
+    parts = [tune.cell_slice(cells, k, 3, [BASE], 3) for k in (1, 2, 3)]
+    assert [c for part in parts for c in part] == cells  # every cell in exactly one part, in grid order
+    assert all(parts) and tune.cell_slice(cells, 2, 3, [BASE], 3) == parts[1]  # K/N names the same cells again
+    dist_sync = [c for c in cells if c.system == "dist_sync"]
+    csv_path = tmp_path / "point.csv"
+    rng = np.random.default_rng(0)
+    points = tune.tuning_points(BASE, dist_sync, 3, 0, tmp_path)
+    for n, p in enumerate(points):
+        if p.baseline_setting != dist_sync[2].label:  # the last cell in a later slice, not run yet
+            bench_rows.write_run(csv_path, _row(p, 1.0, f"r{n}"),
+                                 {rank: list(rng.normal(1.0, 0.01, size=p.iters)) for rank in range(4)})
+    assert tune.choose_best(csv_path, BASE, dist_sync) == {}  # a partial grid writes no best setting
+    for n, p in enumerate(points):
+        if p.baseline_setting == dist_sync[2].label:
+            bench_rows.write_run(csv_path, _row(p, 0.8, f"s{n}"),
+                                 {rank: list(rng.normal(0.8, 0.01, size=p.iters)) for rank in range(4)})
+    assert tune.choose_best(csv_path, BASE, dist_sync)["dist_sync"]["setting"] == dict(dist_sync[2].env)
+
+
+@pytest.mark.unit
 def test_comparisons_run_each_system_at_its_best_where_best_json_has_one(tmp_path):
     best = tmp_path / "best.json"
     key = "resnet50_v1.2gbit.4h.x0.2.emulated"
@@ -295,8 +317,12 @@ def test_python_m_benchmarks_tune_estimates_without_running(capsys):
     from benchmarks.__main__ import main
 
     assert main(["tune", "--systems", "dist_sync", "--equivalent", "10", "--estimate"]) == 0
-    out = capsys.readouterr().out
-    assert out.endswith("on an idle 2-core machine\n") and float(out.split()[0]) > 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("on an idle 2-core machine") and float(out[0].split()[0]) > 0
+    assert out[1].startswith("in slices of at most 2 h: --slice K/")
+    assert main(["tune", "--systems", "horovod", "--equivalent", "10", "--estimate", "--window", "0.01"]) == 0
+    n = int(capsys.readouterr().out.splitlines()[1].split("K/")[1].split(",")[0])
+    assert n == len(tune.grid("horovod"))  # a window shorter than any cell: one cell per slice
 
 
 @pytest.mark.system

@@ -31,16 +31,24 @@ def by_comparison(points: Sequence) -> dict[tuple, list]:
     return groups
 
 
+def cut(costs: Sequence[float], n: int) -> list[int]:
+    """The slice (0..n-1) of each item, in order: contiguous parts of about equal cost, each item in the part its
+    midpoint falls in."""
+    total = sum(costs) or 1.0
+    out, done = [], 0.0
+    for c in costs:
+        out.append(min(n - 1, int((done + c / 2) / total * n)))
+        done += c
+    return out
+
+
 def parts(points: Sequence, n: int, weight: Callable[[Sequence], float]) -> list[list[tuple]]:
     """The comparison groups of each of the N slices (some may be empty when there are fewer groups than N),
     cut by `weight` (a fixed estimate: the cut must not move as measured rows change the sweeps' factors)."""
     cost = {g: weight(members) for g, members in by_comparison(points).items()}
-    total = sum(cost.values()) or 1.0
     out: list[list[tuple]] = [[] for _ in range(n)]
-    done = 0.0
-    for g, c in cost.items():
-        out[min(n - 1, int((done + c / 2) / total * n))].append(g)
-        done += c
+    for g, k in zip(cost, cut(list(cost.values()), n)):
+        out[k].append(g)
     return out
 
 

@@ -18,7 +18,10 @@ The grid per system (baseline_settings.py has the defaults and where in each pro
   512 KiB} at 50k (one factor at a time: 5 cells).
 - ddp (PyTorch DDP, gloo; not in the default --systems): DDP_BUCKET_CAP_MB {5, 25 (DDP's default, first bucket 1
   MiB), 100} MiB.
---cell 'VAR=VALUE ...' (repeatable) replaces the grid of the system whose variables it names.
+--cell 'VAR=VALUE ...' (repeatable) replaces the grid of the system whose variables it names. --slice K/N runs the K-th
+of N parts of the cells (every repeat of a cell in one part, the parts of about equal estimated time), so that a
+long grid (VGG-19's: about 7 h) runs in idle windows of --window hours (`--estimate --window 2` says into how many);
+a system's best setting is written only once every cell of its grid has runs.
 
 Every cell is a job of cluster_job.py at the point, its setting in the job's environment and in the row's
 baseline_setting column; all cells of all systems run --repeats rounds, each round in a freshly shuffled order
@@ -42,7 +45,7 @@ from collections.abc import Sequence
 
 from benchmarks.analysis import bench_rows, best_setting
 from benchmarks.emulation import cpu_limit, emulated_cluster, run_guard
-from benchmarks.suites import baseline_settings, cluster_args, cluster_bench, sweeps
+from benchmarks.suites import baseline_settings, cluster_args, cluster_bench, sweep_estimate, sweep_slices, sweeps
 from benchmarks.suites.baseline_settings import DEFAULTS, MIB, env_text
 from benchmarks.suites.cluster_job import Point
 
@@ -114,6 +117,18 @@ def cells_for(systems: Sequence[str], custom: Sequence[Cell] = ()) -> list[Cell]
     return [c for s in systems for c in ([c for c in custom if c.system == s] or grid(s))]
 
 
+def cell_slice(cells: Sequence[Cell], k: int, n: int, base_points_: Sequence[Point], repeats: int
+               ) -> list[Cell]:
+    """The cells of part K of N: cut in grid order by each cell's estimated time at every point (all its repeats;
+    a fixed estimate, sweeps' SLICE_FACTORS, so that K/N names the same cells in every invocation)."""
+    def cost(c: Cell) -> float:
+        return sum(sweep_estimate.slice_weight(tuning_points(b, [c], repeats, 0, pathlib.Path(".")))
+                   for b in base_points_)
+
+    parts = sweep_slices.cut([cost(c) for c in cells], n)
+    return [c for c, part in zip(cells, parts) if part == k - 1]
+
+
 def tuning_points(base: Point, cells: Sequence[Cell], repeats: int, seed: int, results_dir: pathlib.Path
                   ) -> list[Point]:
     """Every cell at `base` (its system and setting), `repeats` rounds, each in a freshly shuffled order."""
@@ -151,9 +166,15 @@ def choose_best(csv_path: pathlib.Path, base: Point, cells: Sequence[Cell], incl
         for c in mine:
             runs = [r for r in rows if r["kvstore"] == system and r.get("baseline_setting") == c.label
                     and int(r["warmup"]) == (base.warmup if c.warmup is None else c.warmup)]
+            if not runs and not c.reference:
+                LOG.warning("%s: cell %s has no run in %s yet (another --slice?); its best setting waits for the "
+                            "whole grid", system, c.label, csv_path)
+                break
             spi = float(runs[0]["workers"]) * float(runs[0]["samples_per_batch"]) if runs else 1.0
             measured.append(best_setting.Cell(c.label, tuple(best_setting.job_times(
                 runs, bench_rows.iterations_path(csv_path))), spi, c.default, c.reference))
+        if len(measured) < len(mine):
+            continue
         try:
             choice = best_setting.choose(measured)
         except ValueError:
@@ -229,6 +250,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--resume", action="store_true", help="run only the cells and repeats the CSV lacks")
     cluster_args.add_redo_argument(p)
     p.add_argument("--estimate", action="store_true", help="print how long it would take, run nothing")
+    p.add_argument("--slice", help="K/N: run only the K-th of N parts of the cells (see the module's doc)")
+    p.add_argument("--window", type=float, default=sweeps.WINDOW_H, help="--estimate: hours one slice may take")
     cluster_bench.add_cpu_arguments(p)
     cluster_bench.add_condition_arguments(p)
     args = p.parse_args(argv)
@@ -239,30 +262,58 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.hosts < 2 or args.iters < 1 or args.repeats < 1 or args.warmup < 0:
         p.error("--hosts must be >= 2, --iters and --repeats >= 1, --warmup >= 0")
     args.bandwidth = cluster_bench.checked_bandwidth(p, args.bandwidth)
+    try:
+        args.slice = sweep_slices.parse(args.slice) if args.slice else None
+    except ValueError as e:
+        p.error(str(e))
     return args
 
 
-def estimate_seconds(args: argparse.Namespace) -> float:
+def chosen_cells(args: argparse.Namespace) -> list[Cell]:
+    """The cells this invocation runs: each system's grid (or its --cell cells), and of them --slice's part."""
+    cells = cells_for(args.systems, args.cells)
+    return cell_slice(cells, *args.slice, base_points(args), args.repeats) if args.slice else cells
+
+
+def estimate_seconds(args: argparse.Namespace, cells: Sequence[Cell] | None = None) -> float:
     """The bound scaled as the sweeps' estimate does (sweeps.estimate_seconds)."""
     factors = sweeps.measured_factors()
-    cells = cells_for(args.systems, args.cells)
+    cells = chosen_cells(args) if cells is None else cells
     return sum(sweeps.estimate_seconds(tuning_points(b, cells, args.repeats, args.seed, args.results_dir), 1,
                                        factors) for b in base_points(args))
+
+
+def slice_count(args: argparse.Namespace) -> tuple[int, float]:
+    """(the fewest --slice parts whose every one takes at most --window hours, the longest part's seconds); one
+    part per cell when a cell alone is longer."""
+    cells = cells_for(args.systems, args.cells)
+    points = base_points(args)
+    n = 1
+    while True:
+        longest = max(estimate_seconds(args, cell_slice(cells, k, n, points, args.repeats)) for k in range(1, n + 1))
+        if longest <= args.window * 3600 or n >= len(cells):
+            return n, longest
+        n += 1
 
 
 def tune_point(base: Point, args: argparse.Namespace) -> int:
     key = baseline_settings.point_key(base)
     csv_path = args.results_dir / f"{key}.csv"
-    cells = cells_for(args.systems, args.cells)
+    cells = chosen_cells(args)
     points, skipped = cluster_bench.drop_unavailable(tuning_points(base, cells, args.repeats, args.seed,
                                                                    args.results_dir))
+    if args.slice:
+        LOG.info("--slice %d/%d: %d of the grid's cells: %s", *args.slice, len(cells),
+                 "; ".join(f"{c.system} {c.label}" for c in cells))
     if args.resume or args.redo_unfaithful:
         left = sweeps.not_yet_run(points, csv_path, args.redo_unfaithful)
         LOG.info("--resume: %d of %d runs are already in %s", len(points) - len(left), len(points), csv_path)
         points = left
     LOG.info("%s: %d jobs (%d cells x %d repeats)", key, len(points), len(cells), args.repeats)
     rows = cluster_bench.run_points(points, csv_path, cluster_bench.conditions_from_args(args))
-    entries = choose_best(csv_path, base, [c for c in cells if c.system not in skipped], include_smoke=args.smoke)
+    whole = cells_for(args.systems, args.cells)  # a system's best is chosen over its whole grid, every slice's runs
+    entries = choose_best(csv_path, base, [c for c in whole if c.system not in skipped and c.system in
+                                           {m.system for m in cells}], include_smoke=args.smoke)
     for entry in entries.values():  # what another dilation of the same comparison looks its setting up by
         entry.update(comparison=baseline_settings.comparison_key(base), gpu_scale=base.gpu_scale)
     best_setting.merge_best(args.results_dir / "best.json", key, entries)
@@ -278,6 +329,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.estimate:
         sys.stdout.write(f"{estimate_seconds(args) / 3600:.1f} h (estimated as the sweeps are: "
                          f"{sweeps.measured_factors()[2]}), on an idle 2-core machine\n")
+        n, longest = slice_count(args)
+        sys.stdout.write(f"in slices of at most {args.window:g} h: --slice K/{n}, K = 1..{n}, the longest "
+                         f"{longest / 3600:.1f} h" + (" (one cell alone is longer)" if longest > args.window * 3600
+                                                      else "") + "\n")
         return 0
     reason = emulated_cluster.why_unavailable()
     if reason:
