@@ -5,9 +5,12 @@ that says which file satisfies them."""
 from __future__ import annotations
 
 import pathlib
+import statistics
+from collections.abc import Sequence
 
 from benchmarks.analysis import bench_rows, ratio_table, torch_comparison, undilated_cpu
 from benchmarks.analysis.points import (
+    LABEL,
     aggregate,
     fidelity_sentence,
     number,
@@ -94,7 +97,28 @@ def reviewed_block(name: str, results: pathlib.Path) -> str:
         extra += utilisation_sentences(_rows(path), results / "sweeps" / "utilisation")
     if name == "torch":  # each system against DDP, with the bootstrap's CIs
         extra.append(torch_comparison.table(_rows(path)))
+    if name == "shallow":  # p3kv's ratios with their CIs, and what each system lost to the shallow queues
+        found = ratio_table.ratios(rows)
+        extra += (["", ratio_table.table(found)] if found else []) + ["", *loss_sentences(rows)]
     return "\n".join([head, "", point_table(points), "", *verdicts(points), *extra])
+
+
+def loss_sentences(rows: Sequence[dict]) -> list[str]:
+    """Per point, each system's packets dropped by the link queues and TCP segments retransmitted (all hosts),
+    median per job over the shown runs."""
+    found: dict[tuple, dict[str, list[tuple[float, float]]]] = {}
+    for r in rows:
+        if r.get("status") == "ok" and shown(r) and r.get("qdisc_drops_total") not in (None, ""):
+            key = (r["model"], r["bandwidth"], number(r.get("p100_equiv_gbps")))
+            found.setdefault(key, {}).setdefault(LABEL.get(r["kvstore"], r["kvstore"]), []).append(
+                (number(r["qdisc_drops_total"]), number(r.get("tcp_retrans_total"))))
+    lines = []
+    for (model, link, eq), systems in found.items():
+        each = ", ".join(f"{s} {statistics.median(d for d, _ in v):,.0f} dropped / "
+                         f"{statistics.median(t for _, t in v):,.0f} retransmitted" for s, v in systems.items())
+        lines.append(f"- {model}, {link} ({eq:g} Gbps): packets the link queues dropped / TCP segments "
+                     f"retransmitted per job (all hosts, median): {each}.")
+    return lines
 
 
 def legacy_block(results: pathlib.Path) -> str:
