@@ -316,8 +316,8 @@ def tune_point(base: Point, args: argparse.Namespace) -> int:
                                            {m.system for m in cells}], include_smoke=args.smoke)
     for entry in entries.values():  # what another dilation of the same comparison looks its setting up by
         entry.update(comparison=baseline_settings.comparison_key(base), gpu_scale=base.gpu_scale)
-    best_setting.merge_best(args.results_dir / "best.json", key, entries)
-    text = summary(key, entries)
+    merged = best_setting.merge_best(args.results_dir / "best.json", key, entries)
+    text = summary(key, merged.get(key, {}))  # every system tuned at the point, whichever invocation chose it
     (args.results_dir / f"{key}.md").write_text(text)
     sys.stdout.write("\n" + text)
     return 0 if all(r["status"] == "ok" for r in rows) else 1
