@@ -154,6 +154,6 @@ def test_the_report_text_comes_from_the_csv(tmp_path):
     text = sim_validation_block(tmp_path)
     assert "| fit | p3kv | 1 | 1 | +1.0% |" in text
     assert "| held-out | p3kv | 2 | 1 | -9.0% |" in text
-    assert "1 of 2 points (50%) within 10%" in text and "is not met" in text
+    assert "1 of 2 points (50.0%) within 10%" in text and "is not met" in text
     assert "predate the faithful emulation" in text
     assert "none of these was measured at 1" in text

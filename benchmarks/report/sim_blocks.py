@@ -31,7 +31,7 @@ def _goal_sentences(rows: Sequence[dict]) -> list[str]:
     errors = [number(r["rel_error"]) for r in held]
     within = sum(abs(e) <= 0.10 for e in errors)
     share = within / len(errors)
-    lines = [f"Held out: {within} of {len(errors)} points ({100 * share:.0f}%) within 10% - the goal of at least 80% "
+    lines = [f"Held out: {within} of {len(errors)} points ({100 * share:.1f}%) within 10% - the goal of at least 80% "
              f"is {'met' if share >= 0.8 else 'not met'}."]
     per_system = {}
     for r in held:
@@ -108,8 +108,8 @@ def sim_summary_block(results: pathlib.Path) -> str:
     systems = "; ".join(f"{k} {sum(abs(e) <= 0.10 for e in v)} of {len(v)} (median {_pct(statistics.median(v))})"
                         for k, v in ordered)
     return (f"Simulator validation, on faithful runs only (`benchmarks/results/sim_validation.csv`): {within} of "
-            f"{len(errors)} held-out points within 10% ({100 * within / len(errors):.0f}%; the goal is 80%); per "
-            f"system, points within 10% and the median signed error (negative: the simulator is too fast): "
+            f"{len(errors)} held-out points within 10% ({100 * within / len(errors):.1f}%; the goal is at least "
+            f"80%); per system, points within 10% and the median signed error (negative: the simulator is too fast): "
             f"{systems}. The misses and what their runs measured: [docs/benchmarks.md](docs/benchmarks.md), "
             "\"Simulator\".")
 
