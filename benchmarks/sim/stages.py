@@ -112,7 +112,7 @@ class Stages:
     def __init__(self, cpu: SharedCpu, costs: ThreadCosts, team: int, nbytes_of: Callable, done: Callable,
                  priority_of: Callable | None = None, extra: Callable | None = None, blocking: bool = False) -> None:
         self._priority_of, self._done = priority_of, done
-        self._blocking = blocking and len(costs.stages) > 2
+        self._blocking = blocking and len(costs.stages) > 2  # one thread after the reader blocks by itself
         self._waiting: list = []  # blocking: (priority, arrival, job) waiting to enter the threads after the first
         self._seq = itertools.count()
         self._inside = False
