@@ -41,6 +41,11 @@ SUITES = (
           "buckets, loopback, 95% CIs (writes build/torch_loopback/ unless --csv)",
           "python -m benchmarks.suites.torch_loopback_bench --model resnet50_v1 --workers 2 --repeats 5", root=False,
           module="benchmarks.suites.torch_loopback_bench"),
+    Suite("gpu_bench", "a real ResNet-50 / VGG-19 on one GPU, 2 workers: p3kv.torch (both placements, the CUDA "
+          "staging path) vs DDP (gloo) vs no exchange, 95% CIs, the staging thread's CPU (the lent GPU machine: "
+          "tests/gpu/run_gpu_check.sh --bench; --device cpu is the dry run)",
+          "python -m benchmarks.suites.gpu_bench --models resnet50_v1 vgg19 --out build/gpu-bench", root=False,
+          module="benchmarks.suites.gpu_bench"),
     Suite("accuracy", "the paper's accuracy claim in miniature (digits MLP, 4 hosts on 100 Mbit links)",
           "make bench-accuracy", root=True, stated_time="25 min"),
     Suite("server", "the server's CPU per slice against a memcpy floor (C++ only, one thread)",

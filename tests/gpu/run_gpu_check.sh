@@ -5,6 +5,8 @@
 #
 #   tests/gpu/run_gpu_check.sh                 # on the GPU
 #   tests/gpu/run_gpu_check.sh --device cpu    # the dry run on any machine (CPU double of the side stream)
+#   tests/gpu/run_gpu_check.sh --bench [ARGS]  # the same build, then benchmarks/suites/gpu_bench.py ARGS instead
+#                                              # (a real network on the GPU: p3kv, DDP, nothing; gpu_bench.csv/.md)
 #
 # P3_TREE_MANIFEST=build/tree-manifest (written here by python -m benchmarks.emulation.tree_manifest, carried):
 # the first line names the commit the copied tree is.
@@ -13,11 +15,19 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 DEVICE=cuda
-if [[ "${1:-}" == "--device" ]]; then DEVICE=${2:?--device cuda|cpu}; fi
+MODE=check
+BENCH_ARGS=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --device) DEVICE=${2:?--device cuda|cpu}; shift 2 ;;
+    --bench) MODE=bench; shift; BENCH_ARGS=("$@"); break ;;
+    *) echo "unknown argument $1 (--device cuda|cpu, --bench [gpu_bench.py's arguments])"; exit 2 ;;
+  esac
+done
 PY=${PYTHON:-python3}
 OUTDIR=${OUT:-build/gpu-check}
 mkdir -p "$OUTDIR" || exit 2
-exec > >(tee "$OUTDIR/gpu_check.log") 2>&1
+exec > >(tee "$OUTDIR/gpu_$MODE.log") 2>&1
 START=$(date +%s)
 # The commit: from a carried tree manifest where there is one (the device's .git lags the copied tree), checked.
 if [[ -n "${P3_TREE_MANIFEST:-}" ]]; then
@@ -25,7 +35,7 @@ if [[ -n "${P3_TREE_MANIFEST:-}" ]]; then
 else
   COMMIT="$(git rev-parse --short HEAD 2>/dev/null || echo 'no git') (the .git here may lag the tree: P3_TREE_MANIFEST)"
 fi
-echo "== p3kv GPU check ($DEVICE), $(date -u +%FT%TZ), $COMMIT"
+echo "== p3kv GPU $MODE ($DEVICE), $(date -u +%FT%TZ), $COMMIT"
 
 echo "== what is here"
 missing=0
@@ -104,7 +114,11 @@ echo "  built in $(( $(date +%s) - B0 )) s"
 "$PY" -c "import p3kv._p3, p3kv.torch; print('  p3kv imports')" || exit 4
 
 echo "== jobs"
-"$PY" tests/gpu/gpu_check.py --device "$DEVICE" --out "$OUTDIR"
+if [[ $MODE == bench ]]; then
+  "$PY" -m benchmarks.suites.gpu_bench --device "$DEVICE" --out "$OUTDIR" "${BENCH_ARGS[@]}"
+else
+  "$PY" tests/gpu/gpu_check.py --device "$DEVICE" --out "$OUTDIR"
+fi
 rc=$?
 echo "== done in $(( $(date +%s) - START )) s, exit $rc"
 exit $rc
