@@ -73,8 +73,9 @@ def test_dry_run_every_system_ends_and_p3kv_equals_ddp(tmp_path):
     assert all(r["status"] == "ok" and float(r["images_per_s"]) > 0 for r in rows)
     assert all(len(json.loads(r["iter_s_by_rank"])) == gpu_bench.WORKERS for r in rows)
     # Same seed, shards and SGD: worker placement sums two terms (order-free) and steps torch's own SGD, as DDP.
-    assert by["p3kv-worker"]["checksum"] == by["ddp"]["checksum"]
-    assert by["local"]["checksum"] != by["ddp"]["checksum"]  # alone, each process steps on its own gradient
+    assert by["p3kv-worker"]["state_sha256"] == by["ddp"]["state_sha256"]
+    assert by["local"]["state_sha256"] != by["ddp"]["state_sha256"]  # alone, each steps on its own gradient
     # The staging thread exists in p3kv's jobs only (the CPU double stands in for CUDA's side stream).
     assert by["p3kv-worker"]["staging_cpu_s_per_iter"] and not by["ddp"]["staging_cpu_s_per_iter"]
-    assert "| p3kv-worker | 1 |" in (tmp_path / "gpu_bench.md").read_text()
+    summary = (tmp_path / "gpu_bench.md").read_text()
+    assert "| p3kv-worker | 1 |" in summary and "ended with DDP's state bit for bit in every job" in summary

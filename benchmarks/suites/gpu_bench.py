@@ -12,8 +12,8 @@ P3 gains on a cluster (that is the emulated cluster's job, benchmarks/suites/swe
 Jobs run interleaved (round r runs every system once, in an order rotated per round), each model's rounds until
 --repeats or until --budget-s has passed (no job starts after it), and write one row each to DIR/gpu_bench.csv with
 the conditions (GPU, torch, CPUs, commit); DIR/gpu_bench.md gives each system's images/s with a 95% bootstrap CI
-over jobs and iterations (benchmarks/analysis/bootstrap.py), the ratios, and how far p3kv's final weights are from
-DDP's.
+over jobs and iterations (benchmarks/analysis/bootstrap.py), the ratios, and whether p3kv's final weights are
+DDP's bit for bit.
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ SYSTEMS = ("local", "p3kv-worker", "p3kv-server", "ddp")
 WORKERS = SERVERS = 2
 FIELDS = ("timestamp", "commit", "model", "system", "device", "device_name", "workers", "servers", "batch_size",
           "image_size", "warmup", "iters", "round", "position", "status", "median_s", "images_per_s",
-          "process_cpu_s_per_iter", "staging_cpu_s_per_iter", "checksum", "wall_s", "cpus", "torch", "python",
-          "iter_s_by_rank", "detail")
+          "process_cpu_s_per_iter", "staging_cpu_s_per_iter", "checksum", "state_sha256", "wall_s", "cpus", "torch",
+          "python", "iter_s_by_rank", "detail")
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -141,7 +141,8 @@ def row_of(system: str, results: list[dict], detail: str, args, model: str, roun
             "images_per_s": f"{WORKERS * args.batch_size / median:.2f}" if ok else "",
             "process_cpu_s_per_iter": mean("process_cpu_s_per_iter"),
             "staging_cpu_s_per_iter": mean("staging_cpu_s_per_iter"),
-            "checksum": f"{first['checksum']:.10f}" if ok else "", "wall_s": f"{wall:.1f}", "cpus": os.cpu_count(),
+            "checksum": f"{first['checksum']:.10g}" if ok else "",
+            "state_sha256": first["state_sha256"][:16] if ok else "", "wall_s": f"{wall:.1f}", "cpus": os.cpu_count(),
             "torch": torch.__version__, "python": sys.version.split()[0],
             "iter_s_by_rank": json.dumps([r["iter_s"] for r in results]) if ok else "",
             "detail": detail.replace("\n", " | ")[-1500:]}
@@ -185,9 +186,16 @@ def summary(rows: list[dict]) -> str:
             lines.append(f"| {s} | {len(jobs[s])} | {t.value:.1f} ({t.low:.1f}-{t.high:.1f}) | {vs('ddp')} | "
                          f"{vs('local')} | {np.mean(cpu):.4f} | "
                          f"{f'{np.mean(staging):.4f}' if staging else '-'} |")
-        sums = {s: {r["checksum"] for r in mine if r["system"] == s} for s in SYSTEMS}
-        lines += ["", "Final checksums (sum of every parameter and buffer): "
-                  + "; ".join(f"{s} {', '.join(sorted(v))}" for s, v in sums.items() if v) + ".", ""]
+        digests = {s: sorted({r["state_sha256"] for r in mine if r["system"] == s}) for s in SYSTEMS}
+        lines += ["", "Final parameters and buffers of worker 0 (SHA-256, first 16 hex digits, each job's): "
+                  + "; ".join(f"{s} {', '.join(v)}" for s, v in digests.items() if v) + "."]
+        if digests["p3kv-worker"] and digests["ddp"]:
+            same = digests["p3kv-worker"] == digests["ddp"] and len(digests["ddp"]) == 1
+            lines.append(f"p3kv's worker placement {'ended with' if same else 'did not end with'} DDP's state bit "
+                         "for bit in every job" + ("." if same else " (cuDNN's backward kernels need not be "
+                                                   "deterministic from run to run: compare DDP's jobs with each "
+                                                   "other)."))
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -204,10 +212,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--job-timeout", type=float, default=180.0)
     p.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "build" / "gpu-bench"))
+    p.add_argument("--jobs-dir", help="each job's log and result files (default OUT/jobs; the device tool brings "
+                   "back only a few files, so its runs put them elsewhere)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     out = pathlib.Path(args.out)
-    (out / "jobs").mkdir(parents=True, exist_ok=True)
+    jobs_dir = pathlib.Path(args.jobs_dir) if args.jobs_dir else out / "jobs"
+    jobs_dir.mkdir(parents=True, exist_ok=True)
 
     def worker_args(model: str, system: str) -> list[str]:
         wa = ["--model", model, "--device", args.device, "--batch-size", str(args.batch_size), "--image-size",
@@ -225,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
                     LOG.info("budget of %.0f s spent: no more jobs", args.budget_s)
                     break
                 t0 = time.monotonic()
-                prefix = str(out / "jobs" / f"{model}.{system}.r{round_}")
+                prefix = str(jobs_dir / f"{model}.{system}.r{round_}")
                 results, detail = run_job(system, worker_args(model, system), prefix, args.job_timeout)
                 rows.append(row_of(system, results, detail, args, model, round_, position, time.monotonic() - t0,
                                    sha))

@@ -14,7 +14,7 @@ and steps torch.optim.SGD (lr 0.01, momentum 0.9, weight decay 1e-4, foreach=Fal
 forward, the loss read on the host (the iteration's clock: consecutive forward completions, as in the emulated
 cluster's workers), backward, step(), zero_grad(). Each rank writes PREFIX.rank<r>.json with its iteration times,
 the process's CPU seconds and the staging thread's ("p3kv staging", read from /proc) over the timed iterations,
-and a checksum of its final parameters and buffers.
+and a checksum and a SHA-256 digest of its final parameters and buffers.
 
 --device cpu (with --staging double for p3kv: the staging path's CPU double) is the dry run anywhere.
 """
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import logging
 import os
 import statistics
@@ -134,6 +135,10 @@ def main(argv: list[str] | None = None) -> int:
                      args.batch_size, value)
     state = net.state_dict()  # p3kv's finishes pending updates first
     checksum = sum(float(t.double().sum()) for t in state.values())
+    digest = hashlib.sha256()  # bit-for-bit identity of the final state (a sum can hide a difference)
+    for name, t in state.items():
+        digest.update(name.encode())
+        digest.update(t.detach().cpu().contiguous().numpy().tobytes())
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     result = {"rank": rank, "num_workers": world, "mode": mode, "model": args.model, "device": str(device),
@@ -141,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
               "batch_size": args.batch_size, "image_size": args.image_size, "iter_s": times,
               "median_s": statistics.median(times), "process_cpu_s_per_iter": (cpu[1] - cpu[0]) / args.iters,
               "staging_cpu_s_per_iter": None if None in staging else (staging[1] - staging[0]) / args.iters,
-              "checksum": checksum, "versions": worker_output.versions("torch", "numpy")}
+              "checksum": checksum, "state_sha256": digest.hexdigest(),
+              "versions": worker_output.versions("torch", "numpy")}
     worker_output.write_rank(args.out, rank, result)
     LOG.info("rank %d: median %.4f s/iter, %.1f images/s; checksum %.10f", rank, result["median_s"],
              args.batch_size / result["median_s"], checksum)
