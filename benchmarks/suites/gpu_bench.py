@@ -25,7 +25,6 @@ import json
 import logging
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 import time
@@ -33,7 +32,9 @@ import time
 import numpy as np
 
 from benchmarks.analysis import bootstrap
+from benchmarks.emulation import run_guard
 from benchmarks.workloads import torch_models
+from p3kv.launch.launcher import free_port
 
 LOG = logging.getLogger("gpu_bench")
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -52,12 +53,6 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def job_argv(system: str, worker_args: list[str], timeout: float) -> list[list[str]]:
     """The processes one job starts (all at once): p3kv through its launcher, DDP through torchrun, `local` as two
     plain processes with RANK and LOCAL_RANK set."""
@@ -70,7 +65,7 @@ def job_argv(system: str, worker_args: list[str], timeout: float) -> list[list[s
                  *worker_args]]
     if system == "ddp":
         return [[py, "-m", "torch.distributed.run", "--nproc-per-node", str(WORKERS), "--master-addr", "127.0.0.1",
-                 "--master-port", str(free_port()), *module, "--system", "ddp", *worker_args]]
+                 "--master-port", str(free_port("127.0.0.1")), *module, "--system", "ddp", *worker_args]]
     return [[py, *module, "--system", "local", *worker_args] for _ in range(WORKERS)]
 
 
@@ -104,20 +99,9 @@ def run_job(system: str, worker_args: list[str], prefix: str, timeout: float) ->
 
 
 def commit() -> str:
-    """The tree's commit: the carried manifest's (P3_TREE_MANIFEST; the device's .git lags the copied tree), checked
-    against the files, else git's."""
-    manifest = os.environ.get("P3_TREE_MANIFEST")
-    if manifest:
-        from benchmarks.emulation import tree_manifest
-        from benchmarks.emulation.run_guard import OUTPUTS
-
-        sha, changed = tree_manifest.check(pathlib.Path(manifest), ROOT, OUTPUTS)
-        return sha[:12] + (f" with {len(changed)} files changed" if changed else "")
-    try:
-        return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    """The tree's commit as the run guard records it (the carried manifest's on a device), marked when dirty."""
+    sha, dirty = run_guard.git_state(ROOT)
+    return sha[:12] + (" (tree differs from it)" if dirty else "")
 
 
 def row_of(system: str, results: list[dict], detail: str, args, model: str, round_: int, position: int,

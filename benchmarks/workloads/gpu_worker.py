@@ -32,9 +32,9 @@ import threading
 import time
 
 from benchmarks.workloads import torch_models, worker_output
+from benchmarks.workloads.cluster_worker import LEARNING_RATE, MOMENTUM, WEIGHT_DECAY
 
 LOG = logging.getLogger("gpu_worker")
-LEARNING_RATE, MOMENTUM, WEIGHT_DECAY = 0.01, 0.9, 1e-4  # cluster_worker.py's
 STAGING_THREAD = "p3kv staging"  # p3kv/torch/cuda_staging.py's thread name
 
 
