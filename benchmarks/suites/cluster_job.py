@@ -217,9 +217,8 @@ def _worker_argv(point: Point, out: pathlib.Path) -> list[str]:
     extra = [point.servers and str(point.servers) if a == "SERVERS" else a for a in KVSTORES[point.kvstore][2]]
     module = (torch_systems.WORKER_MODULE if point.kvstore in torch_systems.SYSTEMS
               else "benchmarks.workloads.cluster_worker")
-    return [*paths.python_module(module), "--model", point.model,
-            "--compute", point.compute, "--batch-size", str(point.batch_size), "--warmup", str(point.warmup),
-            "--iters", str(point.iters),
+    return [*paths.python_module(module), "--model", point.model, "--compute", point.compute,
+            "--batch-size", str(point.batch_size), "--warmup", str(point.warmup), "--iters", str(point.iters),
             "--gpu", point.gpu, "--gpu-scale", str(point.gpu_scale), "--efficiency-factor",
             str(point.efficiency_factor), "--optimizer", point.optimizer, "--log-interval", str(point.log_interval),
             "--out", str(out), *extra]
@@ -298,10 +297,12 @@ def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: 
                                   daemon=True)
         thread.start()
         threads.append(thread)
-    cpu = host_cpu.HostCpuMonitor([p.pid for p in procs]).start()
-
-    exit_code = wait_all(procs, point.timeout + 60,
-                         lambda: len(list(scratch.glob(f"{name}.rank*.json"))) == point.workers)
+    def reported() -> bool:
+        return len(list(scratch.glob(f"{name}.rank*.json"))) == point.workers
+    # CPU counts while every worker iterates: after all have built their models, before all have reported.
+    cpu = host_cpu.HostCpuMonitor([p.pid for p in procs], window=lambda: worker_output.ready_count(
+        env[worker_output.READY_ENV]) >= point.workers and not reported()).start()
+    exit_code = wait_all(procs, point.timeout + 60, reported)
     cpu_pct = cpu.stop()
     for thread in threads:
         thread.join(timeout=10)
@@ -358,9 +359,8 @@ def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: 
     row.update(status="ok", unit=first["unit"], samples_per_batch=first["samples_per_batch"],
                median_s=round(median, 4), q1_s=round(q1, 4), q3_s=round(q3, 4), iter_s=first["iter_s"],
                rank_iter_s=[r["iter_s"] for r in sorted(results, key=lambda r: r["rank"])],
-               throughput=round(throughput, 2), compute_s=compute,
-               payload_bound_s=round(max(compute, comm_bound_seconds(nbytes, hosts, cluster.rate_bps, point.layout)),
-                                     4),
+               throughput=round(throughput, 2), compute_s=compute, payload_bound_s=round(
+                   max(compute, comm_bound_seconds(nbytes, hosts, cluster.rate_bps, point.layout)), 4),
                optimizer=first["optimizer"], update_on=first["update_on"],
                update_placement=first.get("update_placement", ""),
                **{k: v for k, v in first["versions"].items() if k in bench_rows.RUN_COLUMNS})
