@@ -13,6 +13,10 @@
 
 namespace p3 {
 
+// The TCP_MAXSEG that data sockets with `buffer_bytes` send/receive buffers get: a quarter of the buffer, so that a
+// window always holds several segments; 0 where the kernel's MSS is kept (no buffer set, or one large enough).
+int MaxSegmentFor(int buffer_bytes);
+
 class Socket {
  public:
   Socket() = default;
@@ -24,7 +28,7 @@ class Socket {
   Socket& operator=(const Socket&) = delete;
 
   // Listens on host:port (port 0 picks a free port; see LocalPort). `buffer_bytes` > 0 sets the
-  // receive/send buffers that accepted sockets inherit.
+  // receive/send buffers, and the segment size (MaxSegmentFor), that accepted sockets inherit.
   static Status Listen(const std::string& host, uint16_t port, int buffer_bytes, Socket* out);
   // Connects, retrying refused connections until `timeout_s` has passed (peers may start later). The whole
   // call is bounded by timeout_s, also when the peer's listen backlog is full (SYNs unanswered).

@@ -1,7 +1,10 @@
 // Tests of the Sender over loopback TCP: per-destination (priority, FIFO) order, node-wide priority across
 // destinations, a peer that stops reading stalls no one else (and fails unless it declared a pause), large frames
 // written in pieces arrive intact, Drain/Abort, write errors, and the priority hold (strict order across
-// destinations, bounded by the hold, a paused peer exempt). Built and run by tests/test_cpp_sender.py.
+// destinations, bounded by the hold, a paused peer exempt), and small socket buffers with segments that fit them.
+// Built and run by tests/test_cpp_sender.py.
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 
 #include <atomic>
@@ -607,6 +610,35 @@ void TestAPausedPeerHoldsNoOneBack() {
   CHECK(errors.Count() == 0);
 }
 
+// Small buffers get segments of a quarter of the buffer on both ends (the listener's setting reaches the accepted
+// socket), so a window always holds several: loopback's ~64 KiB MSS against 32 KiB buffers made TCP move a window
+// per 200 ms persist probe (a benchmark job crawled for 15 minutes). Large buffers keep the kernel's MSS; bytes
+// still arrive intact through the smallest buffers.
+void TestSmallBuffersGetSegmentsThatFitThem() {
+  CHECK(p3::MaxSegmentFor(0) == 0 && p3::MaxSegmentFor(131072) == 0);
+  CHECK(p3::MaxSegmentFor(32768) == 8192 && p3::MaxSegmentFor(1024) == 536);
+  for (int buffer : {4096, 16384, 32768, 65536}) {
+    p3::Socket listener, a, b;
+    std::string who;
+    CHECK(p3::Socket::Listen("127.0.0.1", 0, buffer, &listener).ok());
+    CHECK(p3::Socket::Connect("127.0.0.1", listener.LocalPort(), buffer, 5.0, &a).ok());
+    CHECK(listener.Accept(5.0, &b, &who).ok());
+    for (const p3::Socket* s : {&a, &b}) {
+      int mss = 0;
+      socklen_t len = sizeof mss;
+      CHECK(getsockopt(s->fd(), IPPROTO_TCP, TCP_MAXSEG, &mss, &len) == 0);
+      CHECK(mss > 0 && mss <= p3::MaxSegmentFor(buffer));
+    }
+    if (buffer != 4096) continue;
+    std::vector<char> out(4 << 20), in(out.size());
+    for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<char>(i * 7 + 3);
+    std::thread reader([&] { CHECK(b.RecvAll(in.data(), in.size()).ok()); });
+    CHECK(a.SendAll(out.data(), out.size()).ok());
+    reader.join();
+    CHECK(in == out);
+  }
+}
+
 int main() {
   const std::vector<std::pair<const char*, void (*)()>> tests = {
       {"per_destination_priority_then_fifo", TestPerDestinationPriorityThenFifo},
@@ -627,6 +659,7 @@ int main() {
       {"hold_lets_every_destination_go_in_node_wide_priority_order",
        TestHoldLetsEveryDestinationGoInNodeWidePriorityOrder},
       {"a_paused_peer_holds_no_one_back", TestAPausedPeerHoldsNoOneBack},
+      {"small_buffers_get_segments_that_fit_them", TestSmallBuffersGetSegmentsThatFitThem},
   };
   return p3test::RunTests(tests);
 }

@@ -69,7 +69,11 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("P3_PRIORITY", str, "forward", "Send order of slices: forward (the most urgent layer first, P3) or "
              "none (first come, first served: the slicing-only ablation of the benchmarks)."),
     Variable("P3_SOCKET_BUFFER", int, 131_072, "Kernel send/receive buffer per data socket in bytes. Small "
-             "buffers let an urgent slice overtake queued ones (the paper's send high-water mark of 1)."),
+             "buffers let an urgent slice overtake queued ones (the paper's send high-water mark of 1). Below "
+             "128 KiB the TCP segment size is capped at a quarter of the buffer (TCP_MAXSEG): a worker's "
+             "connection to the server on its own host runs over loopback, whose ~64 KiB segments do not fit a "
+             "32 KiB window, and TCP then moved one window per 200 ms persist probe. Ethernet's 1448-byte "
+             "segments are unaffected."),
     Variable("P3_PRIORITY_HOLD_MS", float, 1000.0, "While a node's most urgent slice waits for its destination's "
              "socket buffer, less urgent slices to other destinations wait too, for at most this long after it "
              "blocked (strict priority across destinations: every server receives slices in the same order, so "
