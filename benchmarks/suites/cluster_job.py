@@ -265,10 +265,14 @@ def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: 
              point.kvstore, point.repeat, point.order, hosts, point.bandwidth or "uncapped", point.compute,
              point.batch_size, point.optimizer)
     load_before = os.getloadavg()[0]
+    def all_ready() -> bool:  # every worker built its model: thread caps start, and the CPU window (until reported)
+        return worker_output.ready_count(env[worker_output.READY_ENV]) >= point.workers
+
+    def reported() -> bool:
+        return len(list(scratch.glob(f"{name}.rank*.json"))) == point.workers
     monitors = run_monitors.RunMonitors(cluster, point.host_cpus if point.cpu_quota else None,
                                         point.cpu_quota, point.cfs_period_real_us, point.thread_cap_cores,
-                                        ready=lambda: worker_output.ready_count(env[worker_output.READY_ENV])
-                                        >= point.workers).start()
+                                        ready=all_ready).start()
     start = time.perf_counter()
     procs, threads, logs = [], [], []
     for i in range(hosts):
@@ -297,11 +301,7 @@ def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: 
                                   daemon=True)
         thread.start()
         threads.append(thread)
-    def reported() -> bool:
-        return len(list(scratch.glob(f"{name}.rank*.json"))) == point.workers
-    # CPU counts while every worker iterates: after all have built their models, before all have reported.
-    cpu = host_cpu.HostCpuMonitor([p.pid for p in procs], window=lambda: worker_output.ready_count(
-        env[worker_output.READY_ENV]) >= point.workers and not reported()).start()
+    cpu = host_cpu.HostCpuMonitor([p.pid for p in procs], window=lambda: all_ready() and not reported()).start()
     exit_code = wait_all(procs, point.timeout + 60, reported)
     cpu_pct = cpu.stop()
     for thread in threads:

@@ -73,7 +73,7 @@ VARIABLES: tuple[Variable, ...] = (
              "128 KiB the TCP segment size is capped at a quarter of the buffer (TCP_MAXSEG): a worker's "
              "connection to the server on its own host runs over loopback, whose ~64 KiB segments do not fit a "
              "32 KiB window, and TCP then moved one window per 200 ms persist probe. Ethernet's 1448-byte "
-             "segments are unaffected."),
+             "segments stay as they are for buffers of 6 KiB and more."),
     Variable("P3_PRIORITY_HOLD_MS", float, 1000.0, "While a node's most urgent slice waits for its destination's "
              "socket buffer, less urgent slices to other destinations wait too, for at most this long after it "
              "blocked (strict priority across destinations: every server receives slices in the same order, so "
