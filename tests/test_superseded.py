@@ -149,3 +149,36 @@ def test_rows_with_a_column_the_legacy_file_lacks_move_into_it_and_it_gains_the_
         moved = list(reader)
     assert reader.fieldnames[:3] == ["run_id", "kvstore", "faithful"] and "horovod_cycle_ms" in reader.fieldnames
     assert [r["run_id"] for r in moved] == ["older", "old-hvd"] and moved[0]["horovod_cycle_ms"] == ""
+
+
+def test_rows_at_another_setting_move_once_a_faithful_run_at_the_new_tuned_setting_exists(tmp_path):
+    sweep = tmp_path / "sweeps" / "bandwidth.csv"
+    current = {"priority_hold_ms": "1000", "horovod_cycle_ms": "45"}  # not outdated (outdated_by)
+
+    def run(kvstore, run_id, setting, stamp, faithful="True"):
+        return {**_row(kvstore, 4.0, run_id, faithful=faithful, scale=0.11), **current, "baseline_setting": setting,
+                "timestamp": f"2026-12-0{stamp}T00:00:00+0000"}
+    rows = [run("p3", "default-1", "default (untuned)", 1), run("p3", "default-2", "default (untuned)", 1),
+            run("dist_sync", "ds-default", "default (untuned)", 1),
+            run("mxnet-p3", "mp3-default", "default (untuned)", 1),
+            run("mxnet-p3", "mp3-kept", "default (tuned: MXNET_KVSTORE_SLICE_THRESHOLD=40000)", 2),
+            run("horovod", "hvd-tuned-unfaithful", "HOROVOD_CYCLE_TIME=5 (tuned)", 2, "False")]
+    for r in rows:
+        bench_rows.write_run(sweep, r, {0: [1.0]})
+    legacy = tmp_path / "legacy"
+    # No faithful run at a new setting yet: nothing moves (a tuned default is the defaults' own setting).
+    assert superseded.move(sweep, legacy) == 0
+    bench_rows.write_run(sweep, run("p3", "tuned", "P3_SLICE_SIZE=25000 P3_SOCKET_BUFFER=131072 (tuned)", 3),
+                         {0: [1.0]})
+    bench_rows.write_run(sweep, run("p3", "smoke", "P3_SLICE_SIZE=100000 (tuned)", 4) | {"smoke": "True"},
+                         {0: [1.0]})  # newer, but a smoke run never names the current setting
+    assert superseded.move(sweep, legacy) == 3  # p3kv's runs at other settings; Horovod's tuned run is unfaithful
+    assert [r["run_id"] for r in bench_rows.read_runs(legacy / "superseded_bandwidth.csv")] == [
+        "default-1", "default-2", "smoke"]
+    assert [r["run_id"] for r in bench_rows.read_runs(sweep) if r["kvstore"] == "p3"] == ["tuned"]
+    # A later faithful run at a newer tuned setting replaces the earlier tuned one; the point's default rows of
+    # other systems stay.
+    bench_rows.write_run(sweep, run("p3", "retuned", "P3_SLICE_SIZE=12500 (tuned at x0.05)", 5), {0: [1.0]})
+    assert superseded.move(sweep, legacy) == 1
+    assert sorted(r["run_id"] for r in bench_rows.read_runs(sweep)) == [
+        "ds-default", "hvd-tuned-unfaithful", "mp3-default", "mp3-kept", "retuned"]

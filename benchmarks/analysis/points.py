@@ -18,6 +18,18 @@ LABEL = {"p3": "p3kv", "dist_sync": "dist_sync", "mxnet-p3": "MXNet P3", "horovo
          "torch-p3kv-server": "p3kv.torch (server placement)", "ddp": "DDP (gloo)"}
 
 
+DEFAULT_UNTUNED = "default (untuned)"  # the baseline_setting of a system run at its defaults, nothing tuned
+
+
+def setting_identity(label: str) -> str:
+    """What a baseline_setting label runs, for comparing rows: "default" for any label of the defaults (untuned,
+    a grid's default cell, a tuned default), else the variables as written."""
+    label = label or DEFAULT_UNTUNED
+    if label.startswith("default") or label.endswith("(default)"):
+        return "default"
+    return label.split(" (")[0]
+
+
 # What makes two rows the same point (the system is part of it; comparisons group by everything else).
 POINT_KEY = ("tag", "model", "hosts", "layout", "bandwidth", "compute", "batch_size", "gpu_scale",
              "efficiency_factor", "optimizer", "slice_size", "legacy",

@@ -2,7 +2,9 @@
 
 A row of results/sweeps/<name>.csv is superseded when it has no fidelity verdict (it predates the monitors), was
 judged unfaithful or ran under conditions since found unfaithful (`outdated`), and a current row of the same point
-and system that the monitors judged faithful exists in the same file. Only those move, to
+and system that the monitors judged faithful exists in the same file; and, faithful or not, when it ran another
+setting of its system than the point's newest faithful run at a tuned setting (`retuned`: after `tune` chose a new
+best, `--resume` reruns the system at it, and the tables must not pool the two settings). Only those move, to
 results/legacy/superseded_<name>.csv (their iterations to its _iterations file): a row that nothing faithful
 replaces stays where the tables read it, however old, except in a sweep whose comparison changed (RETIRED): there
 every row without a verdict moves once a faithful row exists. A run's iterations are copied with it and left in
@@ -22,7 +24,7 @@ import sys
 from collections.abc import Sequence
 
 from benchmarks.analysis import bench_rows
-from benchmarks.analysis.points import equivalent_gbps, key_value, optimizer_label
+from benchmarks.analysis.points import equivalent_gbps, key_value, optimizer_label, setting_identity
 from benchmarks.paths import RESULTS
 
 LOG = logging.getLogger("superseded")
@@ -78,14 +80,38 @@ def outdated(row: dict) -> bool:
     return bool(outdated_by(row))
 
 
+def _replaces(row: dict) -> bool:
+    """Whether a row can replace others: an ok, faithful, current run that is not a smoke run."""
+    return (row.get("status") == "ok" and bench_rows.verdict(row) is True and str(row.get("smoke")) != "True"
+            and not outdated(row))
+
+
+def retuned(rows: Sequence[dict], by_dilation: bool = False) -> dict[tuple, str]:
+    """Per point and system, the setting (its identity) of the newest run that can replace others and ran a tuned
+    setting (a baseline_setting label with "(tuned", tune's labels): that system's current best there. Runs at
+    the defaults without a tuning ("default (untuned)", --untuned) never set it."""
+    newest: dict[tuple, tuple[str, str]] = {}
+    for r in rows:
+        if _replaces(r) and "(tuned" in str(r.get("baseline_setting") or ""):
+            key, stamp = point_of(r, by_dilation), str(r.get("timestamp") or "")
+            if key not in newest or stamp >= newest[key][0]:
+                newest[key] = (stamp, setting_identity(str(r["baseline_setting"])))
+    return {key: setting for key, (_, setting) in newest.items()}
+
+
 def superseded(rows: Sequence[dict], retired: bool = False, by_dilation: bool = False) -> list[int]:
     """The positions of the rows (ok or not) that a faithful, current row of the same point and system replaces
     (at the same --gpu-scale only, with `by_dilation`): those without a faithful verdict, and outdated ones; in a
-    retired sweep's file (RETIRED) with any faithful row, every row without a verdict as well."""
-    replaced = {point_of(r, by_dilation) for r in rows if r.get("status") == "ok" and bench_rows.verdict(r) is True
-                and str(r.get("smoke")) != "True" and not outdated(r)}
-    return [i for i, r in enumerate(rows) if (bench_rows.verdict(r) is not True or outdated(r)) and (
-        point_of(r, by_dilation) in replaced or (retired and replaced and bench_rows.verdict(r) is None))]
+    retired sweep's file (RETIRED) with any faithful row, every row without a verdict as well; and every row at
+    another setting than the point's current tuned one (`retuned`)."""
+    replaced = {point_of(r, by_dilation) for r in rows if _replaces(r)}
+    current = retuned(rows, by_dilation)
+
+    def other_setting(r: dict) -> bool:
+        setting = current.get(point_of(r, by_dilation))
+        return setting is not None and setting_identity(str(r.get("baseline_setting") or "")) != setting
+    return [i for i, r in enumerate(rows) if other_setting(r) or (bench_rows.verdict(r) is not True or outdated(r))
+            and (point_of(r, by_dilation) in replaced or (retired and replaced and bench_rows.verdict(r) is None))]
 
 
 def _read(path: pathlib.Path) -> tuple[list[str], list[dict]]:

@@ -46,9 +46,9 @@ from collections.abc import Sequence
 from benchmarks import paths
 from benchmarks.analysis import bench_report, bench_rows, bench_stats
 from benchmarks.analysis.accuracy_summary import LABELS, plot, summary  # noqa: F401  (LABELS: the tests')
-from benchmarks.emulation import emulated_cluster, run_guard
+from benchmarks.emulation import emulated_cluster, job_watch, run_guard
 from benchmarks.paths import RESULTS, ROOT
-from benchmarks.suites import cluster_bench, cluster_job
+from benchmarks.suites import cluster_bench
 from benchmarks.suites.cluster_job import Point
 
 LOG = logging.getLogger("accuracy")
@@ -109,7 +109,7 @@ def run_system(cluster: emulated_cluster.EmulatedCluster, args: argparse.Namespa
         logs.append(log)
         procs.append(cluster.popen(i, argv, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                    start_new_session=True))
-    exit_code = cluster_job.wait_all(procs, args.timeout + 60)
+    exit_code = job_watch.wait_all(procs, args.timeout + 60)
     for log in logs:
         log.close()
     base = {"tag": args.tag, "system": system, "kvstore": SYSTEMS[system], "repeat": repeat, "hosts": hosts,

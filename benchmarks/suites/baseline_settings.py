@@ -32,14 +32,16 @@ import logging
 import pathlib
 from collections.abc import Mapping, Sequence
 
+from benchmarks.analysis.points import DEFAULT_UNTUNED as DEFAULT_UNTUNED  # re-exported: the suites' name
+from benchmarks.analysis.points import setting_identity
 from benchmarks.emulation.link_shaping import parse_rate
 from benchmarks.paths import RESULTS
 from p3kv.core import config
 
 LOG = logging.getLogger("baseline_settings")
+identity = setting_identity  # a row's label and its identity live with the rows (superseded.py reads them too)
 TUNING = RESULTS / "tuning"
 BEST = TUNING / "best.json"
-DEFAULT_UNTUNED = "default (untuned)"
 MIB = 1 << 20
 # Every tuned variable of a system with its default (as a string, the way the environment carries it).
 DEFAULTS: dict[str, dict[str, str]] = {
@@ -70,15 +72,6 @@ def priority_hold_ms(env: Mapping[str, str]) -> float:
 def env_text(env: Mapping[str, str]) -> str:
     """"A=1 B=2": a setting as the rows and best.json show it."""
     return " ".join(f"{k}={v}" for k, v in env.items())
-
-
-def identity(label: str) -> str:
-    """What a baseline_setting label runs, for comparing rows: "default" for any label of the defaults (untuned,
-    a grid's default cell, a tuned default), else the variables as written."""
-    label = label or DEFAULT_UNTUNED
-    if label.startswith("default") or label.endswith("(default)"):
-        return "default"
-    return label.split(" (")[0]
 
 
 def _extras(point) -> list[str]:

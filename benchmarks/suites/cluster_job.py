@@ -6,8 +6,10 @@ on host 0, each launcher in a UTS namespace named by its address (Gloo finds a r
 Host 0's output goes to the terminal, every host's to a log; each host's CPU is sampled (host_cpu.py). With CPU
 limits (Point.host_cpus) a host's processes run at host_cpus × gpu_scale cores (cpu_limit.py; each thread also at
 gpu_scale with Point.thread_cap, and host_cpus OpenMP threads per process, thread_cap.py), and the run's monitors
-give its fidelity verdict (run_monitors.py). The row has the measurement, the bound with headers (wire_bound.py)
-and the conditions (cluster_bench.py adds those common to an invocation and writes it through bench_rows.py).
+give its fidelity verdict (run_monitors.py); a job in which no worker finishes an iteration for far longer than its
+iterations take is stopped and recorded as failed(stalled) (job_watch.py). The row has the measurement, the bound
+with headers (wire_bound.py) and the conditions (cluster_bench.py adds those common to an invocation and writes it
+through bench_rows.py).
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ from benchmarks.emulation import (
     emulated_cluster,
     emulated_compute,
     host_cpu,
-    proc_monitor,
+    job_watch,
     run_monitors,
     thread_cap,
     wire_bound,
@@ -302,7 +304,8 @@ def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: 
         thread.start()
         threads.append(thread)
     cpu = host_cpu.HostCpuMonitor([p.pid for p in procs], window=lambda: all_ready() and not reported()).start()
-    exit_code = wait_all(procs, point.timeout + 60, reported)
+    progress = job_watch.ProgressWatch(env[worker_output.READY_ENV])  # a crawling job is stopped (job_watch.py)
+    exit_code = job_watch.wait_all(procs, point.timeout + 60, reported, progress.stalled)
     cpu_pct = cpu.stop()
     for thread in threads:
         thread.join(timeout=10)
@@ -350,7 +353,7 @@ def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: 
             tails.append(f"--- host {i} ---\n" + "\n".join(lines))
         LOG.error("%s on %s failed (exit codes %s, %d of %d results); last output:\n%s", point.model,
                   point.kvstore, [p.returncode for p in procs], len(results), point.workers, "\n".join(tails))
-        row["status"] = f"failed({exit_code})"
+        row["status"] = "failed(stalled)" if progress.reason else f"failed({exit_code})"
         return row, {}
     first = next(r for r in results if r["rank"] == 0)
     compute = round(statistics.median(r["compute_s"] for r in results), 4)
@@ -372,29 +375,3 @@ def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: 
              "faithful" if row["faithful"] else "NOT faithful",
              f" ({row['fidelity_notes']})" if row["fidelity_notes"] else "")
     return row, {r["rank"]: r["iter_s"] for r in results}
-
-
-SHUTDOWN_GRACE = 60.0  # seconds the hosts get to end the job once every worker has reported
-
-
-def wait_all(procs: list[subprocess.Popen], timeout: float, results_complete=lambda: False) -> int:
-    """Waits for every host's launcher; the first failure stops the others, and so does a job that has not
-    ended SHUTDOWN_GRACE seconds after every worker reported. Returns the job's exit code."""
-    deadline = time.monotonic() + timeout
-    code = 0
-    while [p.poll() for p in procs].count(None):  # poll every one: a list, not a short-circuiting any()
-        failed = [p for p in procs if p.returncode not in (None, 0)]
-        if results_complete():
-            deadline = min(deadline, time.monotonic() + SHUTDOWN_GRACE)
-        if failed or time.monotonic() > deadline:
-            code = failed[0].returncode if failed else 124
-            for p in procs:
-                if p.poll() is None:
-                    proc_monitor.stop_tree(p, set(proc_monitor.descendants(p.pid)))
-            break
-        time.sleep(0.2)
-    for p in procs:
-        p.wait()
-    return code or next((p.returncode for p in procs if p.returncode), 0)
-
-

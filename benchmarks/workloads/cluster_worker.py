@@ -357,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         if last is not None and it >= args.warmup:
             times.append(now - last)
         last = now
+        worker_output.mark_progress()  # the runner stops a job whose iterations stall (job_watch.py)
         if it == max(args.warmup - 1, 0):
             training.device_stats(reset=True)  # the virtual GPU's accounting covers the timed iterations
         if times and len(times) % args.log_interval == 0:

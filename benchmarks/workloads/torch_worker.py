@@ -190,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         if last is not None and it >= args.warmup:
             times.append(now - last)
         last = now
+        worker_output.mark_progress()  # the runner stops a job whose iterations stall (job_watch.py)
         if it == max(args.warmup - 1, 0):
             training.net.gpu.reset_stats()  # the virtual GPU's accounting covers the timed iterations
         training.backward_and_step(loss)

@@ -91,6 +91,17 @@ def mark_ready() -> None:
     (pathlib.Path(folder) / str(os.getpid())).touch()
 
 
+def mark_progress() -> None:
+    """Says this worker finished an iteration: touches its ready marker, whose age the runner watches to stop a
+    job that has stalled (benchmarks/emulation/job_watch.py); nothing where no runner asked."""
+    folder = os.environ.get(READY_ENV)
+    if folder:
+        try:
+            os.utime(pathlib.Path(folder) / str(os.getpid()))
+        except OSError:  # no marker (mark_ready was not called): nothing to watch
+            pass
+
+
 def ready_count(folder: str) -> int:
     """How many workers have said they are ready in `folder` (mark_ready)."""
     try:
