@@ -110,8 +110,10 @@ def superseded(rows: Sequence[dict], retired: bool = False, by_dilation: bool = 
     def other_setting(r: dict) -> bool:
         setting = current.get(point_of(r, by_dilation))
         return setting is not None and setting_identity(str(r.get("baseline_setting") or "")) != setting
-    return [i for i, r in enumerate(rows) if other_setting(r) or (bench_rows.verdict(r) is not True or outdated(r))
-            and (point_of(r, by_dilation) in replaced or (retired and replaced and bench_rows.verdict(r) is None))]
+    def unfaithful_and_replaced(r: dict) -> bool:
+        return (bench_rows.verdict(r) is not True or outdated(r)) and (
+            point_of(r, by_dilation) in replaced or (retired and replaced and bench_rows.verdict(r) is None))
+    return [i for i, r in enumerate(rows) if other_setting(r) or unfaithful_and_replaced(r)]
 
 
 def _read(path: pathlib.Path) -> tuple[list[str], list[dict]]:
