@@ -75,8 +75,9 @@ bool Connection::ClaimWrites(double timeout_s) {
 }
 
 void Connection::NoteWriting(const Header& h) {
+  const bool reads_array = h.command == Command::kInit || h.command == Command::kPush;
   std::lock_guard<std::mutex> lock(claim_mu_);
-  writing_ = FrameId::Of(h);
+  writing_ = reads_array ? FrameId::Of(h) : FrameId();
 }
 
 Status Connection::AwaitWritten(const Header& h) {

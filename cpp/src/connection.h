@@ -53,7 +53,9 @@ class Connection {
   // `torn`: the frame was abandoned part-way, so the stream is garbage from here on and every later write
   // fails (or, for last words, is skipped) instead of sending a header the peer would read as payload.
   void ReleaseWrites(bool torn);
-  // Sender thread, holding the claim: the frame it now writes is (key, slice, iteration) of `h`.
+  // Sender thread, holding the claim: the frame it now writes is `h`. Only an INIT or PUSH reads the caller's
+  // array, so only those are noted: any other frame (a REQUEST carries its id in `iteration` and key 0, slice 0)
+  // must never be taken for the push of a slice that a broadcast is about.
   void NoteWriting(const Header& h);
   // Receiver thread, before writing a broadcast into the caller's memory: waits while the sender is still in the
   // call that wrote the last bytes of this worker's push of the same slice. The server broadcasts a slice only

@@ -3,14 +3,16 @@
 // tests/test_cpp_*.py wrappers look for.
 #pragma once
 
+#include <atomic>
 #include <cstdio>
 #include <utility>
 #include <vector>
 
 namespace p3test {
 
-inline int& FailedChecks() {
-  static int failed = 0;
+// Atomic: the whole-job programs CHECK on several threads at once (each worker of in_process_job.h).
+inline std::atomic<int>& FailedChecks() {
+  static std::atomic<int> failed{0};
   return failed;
 }
 

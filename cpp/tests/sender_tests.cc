@@ -21,6 +21,7 @@
 
 #include "codec.h"
 #include "connection.h"
+#include "frame_builder.h"
 #include "p3/counters.h"
 #include "sender.h"
 #include "socket.h"
@@ -430,6 +431,31 @@ void TestBroadcastWaitsForTheWriteOfItsOwnSlice() {
   CHECK(link.conn->AwaitWritten(pushing).ok());  // nothing claimed: at once
 }
 
+void TestARequestBeingWrittenIsNotTakenForAPush() {
+  // A REQUEST carries its id in `iteration` with key 0 and slice 0: while the sender writes request 3 (here
+  // between its calls, as with a full buffer), a broadcast of key 0, slice 0, iteration 3 is no protocol
+  // breach (the whole-job test under ThreadSanitizer once failed so: "arrived while this worker was still
+  // sending its PUSH"). Only an INIT or a PUSH reads the caller's array, so only those make a broadcast wait.
+  p3::Counters counters;
+  Link link = MakeLink("server 0", &counters);
+  CHECK(link.conn->TryClaimWrites());
+  const Header request = p3::RequestFrame(1, 7, 3, 0, 4);
+  link.conn->NoteWriting(request);
+  Header broadcast;
+  broadcast.command = Command::kBroadcast;
+  broadcast.key = 0;
+  broadcast.slice = 0;
+  broadcast.iteration = 3;
+  CHECK(link.conn->AwaitWritten(broadcast).ok());
+  Header init = broadcast;  // an INIT of slice 0 is noted: the broadcast of its iteration 0 waits for it
+  init.command = Command::kInit;
+  init.iteration = 0;
+  link.conn->NoteWriting(init);
+  broadcast.iteration = 0;
+  CHECK(link.conn->AwaitWritten(broadcast).code() == Status::Code::kInvalid);
+  link.conn->ReleaseWrites(false);
+}
+
 // Bytes a connection with these socket buffers takes from a writer while nobody reads: written until the socket
 // refuses more, twice 50 ms apart (loopback moves bytes to the peer's buffer meanwhile).
 uint64_t Capacity(int buffer_bytes) {
@@ -653,6 +679,7 @@ int main() {
       {"large_frame_partially_written_arrives_intact", TestLargeFramePartiallyWrittenArrivesIntact},
       {"last_words_wait_for_part_frame", TestLastWordsWaitForPartFrame},
       {"broadcast_waits_for_the_write_of_its_own_slice", TestBroadcastWaitsForTheWriteOfItsOwnSlice},
+      {"a_request_being_written_is_not_taken_for_a_push", TestARequestBeingWrittenIsNotTakenForAPush},
       {"part_frame_inherits_most_urgent_priority", TestPartFrameInheritsMostUrgentPriority},
       {"hold_keeps_others_behind_the_blocked_most_urgent_destination",
        TestHoldKeepsOthersBehindTheBlockedMostUrgentDestination},
