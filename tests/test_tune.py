@@ -261,6 +261,11 @@ def test_comparisons_run_each_system_at_its_best_where_best_json_has_one(tmp_pat
         "default (tuned: HOROVOD_FUSION_THRESHOLD=134217728 HOROVOD_CYCLE_TIME=1)") == "default"
     assert baseline_settings.identity(by_system["horovod"].baseline_setting) == \
         "HOROVOD_FUSION_THRESHOLD=16777216 HOROVOD_CYCLE_TIME=5"
+    # A variable at its default value runs what leaving it out runs: the slice sweep's p3 rows above keep only the
+    # default socket buffer, so they are the defaults' run; a tuned pair with one default is its other variable.
+    assert baseline_settings.identity(sliced[0].baseline_setting) == "default"
+    assert baseline_settings.identity("P3_SLICE_SIZE=25000 P3_SOCKET_BUFFER=131072 (tuned)") == "P3_SLICE_SIZE=25000"
+    assert baseline_settings.identity("P3_SOCKET_BUFFER=32768 (tuned)") == "P3_SOCKET_BUFFER=32768"
 
 
 @pytest.mark.unit

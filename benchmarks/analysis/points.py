@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from benchmarks.analysis import bench_rows, bench_stats
 from benchmarks.emulation import fidelity
 from benchmarks.emulation.link_shaping import DEFAULT_BURST_MS, DEFAULT_QUEUE_MS, KERNEL_RTO_MIN_MS, burst_bytes
+from p3kv.core import config
 
 LABEL = {"p3": "p3kv", "dist_sync": "dist_sync", "mxnet-p3": "MXNet P3", "horovod": "Horovod",
          "p3-slicing-only": "p3kv slicing only", "p3-priority-split": "p3kv priority only (big arrays split)",
@@ -21,13 +22,31 @@ LABEL = {"p3": "p3kv", "dist_sync": "dist_sync", "mxnet-p3": "MXNet P3", "horovo
 DEFAULT_UNTUNED = "default (untuned)"  # the baseline_setting of a system run at its defaults, nothing tuned
 
 
+MIB = 1 << 20
+# Every tuned variable of a system with its default (as a string, the way the environment carries it); where in
+# each project's source they were read: benchmarks/suites/baseline_settings.py, which tunes them.
+DEFAULTS: dict[str, dict[str, str]] = {
+    "horovod": {"HOROVOD_FUSION_THRESHOLD": str(128 * MIB), "HOROVOD_CYCLE_TIME": "1"},
+    "dist_sync": {"MXNET_KVSTORE_BIGARRAY_BOUND": str(1_000_000)},
+    "mxnet-p3": {"MXNET_KVSTORE_SLICE_THRESHOLD": str(40_000)},
+    "p3": {"P3_SLICE_SIZE": str(config.get("P3_SLICE_SIZE", {})),
+           "P3_SOCKET_BUFFER": str(config.get("P3_SOCKET_BUFFER", {}))},
+    "ddp": {"DDP_BUCKET_CAP_MB": "25"},
+}
+_DEFAULT_VALUES = {name: value for variables in DEFAULTS.values() for name, value in variables.items()}
+
+
 def setting_identity(label: str) -> str:
     """What a baseline_setting label runs, for comparing rows: "default" for any label of the defaults (untuned,
-    a grid's default cell, a tuned default), else the variables as written."""
+    a grid's default cell, a tuned default, variables all at their defaults), else its variables as written less
+    those at their default value ("P3_SLICE_SIZE=25000 P3_SOCKET_BUFFER=131072 (tuned)" runs what
+    "P3_SLICE_SIZE=25000" does)."""
     label = label or DEFAULT_UNTUNED
     if label.startswith("default") or label.endswith("(default)"):
         return "default"
-    return label.split(" (")[0]
+    variables = [word.partition("=") for word in label.split(" (")[0].split()]
+    kept = [f"{name}={value}" for name, _, value in variables if _DEFAULT_VALUES.get(name) != value]
+    return " ".join(kept) or "default"
 
 
 # What makes two rows the same point (the system is part of it; comparisons group by everything else).

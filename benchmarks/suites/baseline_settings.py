@@ -33,6 +33,7 @@ import pathlib
 from collections.abc import Mapping, Sequence
 
 from benchmarks.analysis.points import DEFAULT_UNTUNED as DEFAULT_UNTUNED  # re-exported: the suites' name
+from benchmarks.analysis.points import DEFAULTS as DEFAULTS  # re-exported: every tuned variable's default
 from benchmarks.analysis.points import setting_identity
 from benchmarks.emulation.link_shaping import parse_rate
 from benchmarks.paths import RESULTS
@@ -43,15 +44,6 @@ identity = setting_identity  # a row's label and its identity live with the rows
 TUNING = RESULTS / "tuning"
 BEST = TUNING / "best.json"
 MIB = 1 << 20
-# Every tuned variable of a system with its default (as a string, the way the environment carries it).
-DEFAULTS: dict[str, dict[str, str]] = {
-    "horovod": {"HOROVOD_FUSION_THRESHOLD": str(128 * MIB), "HOROVOD_CYCLE_TIME": "1"},
-    "dist_sync": {"MXNET_KVSTORE_BIGARRAY_BOUND": str(1_000_000)},
-    "mxnet-p3": {"MXNET_KVSTORE_SLICE_THRESHOLD": str(40_000)},
-    "p3": {"P3_SLICE_SIZE": str(config.get("P3_SLICE_SIZE", {})),
-           "P3_SOCKET_BUFFER": str(config.get("P3_SOCKET_BUFFER", {}))},
-    "ddp": {"DDP_BUCKET_CAP_MB": "25"},
-}
 # Where a point fixes the slice size itself (the slice sweep), a tuned slice size must not override it.
 SLICE_VARIABLES = ("P3_SLICE_SIZE", "MXNET_KVSTORE_SLICE_THRESHOLD")
 
