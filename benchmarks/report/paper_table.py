@@ -58,6 +58,10 @@ CLAIMS = (
 EXPLANATIONS: dict[str, tuple[str, str]] = {
     "vgg19": ("dist_sync's hosts of 8 CPUs run out of them in every run (CPU-bound); on hosts of 16 CPUs it is not, "
               "and p3kv's gain there is +75% (one run each)", "results/host_cpus/summary.md"),
+    "vgg19-slicing": ("dist_sync is held here by single threads, not by its links (queued 4-13% of the time) or "
+                      "its hosts: its workers' and servers' busiest threads (waiting in epoll: ZMQ's I/O threads) "
+                      "run at their one-CPU cap for 26-52% of the timed window, and on hosts of 16 CPUs it stays at "
+                      "35% of the bound (one run)", "results/host_cpus/README.md"),
 }
 
 
