@@ -92,21 +92,22 @@ def _gain(value: float) -> str:
 
 
 def _ceiling(rows: Sequence[dict], claim: Claim) -> tuple[float, str] | None:
-    """The largest gain any system could have over the baseline at this point, from the same faithful runs: the
-    point's bound (compute or the busiest link, every header counted: benchmarks/emulation/wire_bound.py) over the
-    baseline's throughput, with the sentence that says so; None where the rows carry no bound."""
+    """The largest gain a system sending the baseline's bytes could have over it at this point, from the same
+    faithful runs: 100 over the baseline's median share of its bound (the rows' pct_of_bound: compute or the
+    busiest link, every header counted, benchmarks/emulation/wire_bound.py), with the sentence that says so; None
+    where the rows carry no bound."""
     def pct(kvstore: str) -> float | None:
-        found = [100 * float(r["throughput"]) / float(r["bound_throughput"]) for r in rows if r["kvstore"] == kvstore
-                 and r.get("bound_throughput") not in (None, "") and float(r["bound_throughput"]) > 0]
+        found = [float(r["pct_of_bound"]) for r in rows if r["kvstore"] == kvstore and r.get("pct_of_bound")]
         return float(np.median(found)) if found else None
 
     theirs, ours = pct(claim.baseline), pct(claim.system)
-    if theirs is None or ours is None:
+    if not theirs or ours is None:
         return None
     ceiling = 100 / theirs
     baseline, system = LABEL[claim.baseline], LABEL[claim.system]
     return ceiling, (f"{baseline} already runs at {theirs:.0f}% of this point's bound (compute or the busiest link), "
-                     f"so no system can gain more than {_gain(ceiling)} over it here; {system} runs at {ours:.0f}%")
+                     f"so a system sending its bytes can gain at most {_gain(ceiling)} over it here; {system} runs "
+                     f"at {ours:.0f}%")
 
 
 def claim_row(claim: Claim, results: pathlib.Path) -> str:
@@ -140,9 +141,9 @@ def claim_row(claim: Claim, results: pathlib.Path) -> str:
     far = abs(gap) > GAP_POINTS
     explanation = ""
     if far:
-        ceiling = _ceiling(_at(faithful, claim, gbps), claim) if estimate.value < claim.paper else None
         sentence, backing = EXPLANATIONS.get(claim.key, ("not yet measured", ""))
-        if claim.key not in EXPLANATIONS and ceiling is not None and claim.paper > ceiling[0]:
+        ceiling = _ceiling(_at(faithful, claim, gbps), claim) if not backing and estimate.value < claim.paper else None
+        if ceiling is not None and claim.paper > ceiling[0]:
             sentence, backing = ceiling[1], f"results/sweeps/{claim.sweep}.csv"
         explanation = sentence + (f" ({backing})" if backing else "")
     return (f"| {claim.label} | {claim.paper_text} | {_gain(estimate.value)} ({_gain(estimate.low)} … "

@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 
 from benchmarks.analysis.points import DEFAULT_UNTUNED as DEFAULT_UNTUNED  # re-exported: the suites' name
 from benchmarks.analysis.points import DEFAULTS as DEFAULTS  # re-exported: every tuned variable's default
+from benchmarks.analysis.points import MIB as MIB  # re-exported: sim/ddp.py reads it here
 from benchmarks.analysis.points import setting_identity
 from benchmarks.emulation.link_shaping import parse_rate
 from benchmarks.paths import RESULTS
@@ -43,7 +44,6 @@ LOG = logging.getLogger("baseline_settings")
 identity = setting_identity  # a row's label and its identity live with the rows (superseded.py reads them too)
 TUNING = RESULTS / "tuning"
 BEST = TUNING / "best.json"
-MIB = 1 << 20
 # Where a point fixes the slice size itself (the slice sweep), a tuned slice size must not override it.
 SLICE_VARIABLES = ("P3_SLICE_SIZE", "MXNET_KVSTORE_SLICE_THRESHOLD")
 
