@@ -291,8 +291,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--log-interval", type=int, default=5, help="iterations between progress lines")
     p.add_argument("--csv", type=pathlib.Path, default=RESULTS / "sweeps" / "cluster.csv")
     p.add_argument("--plot", type=pathlib.Path, help="write a bar chart of the comparison here")
-    p.add_argument("--summary", type=pathlib.Path, help="write the markdown summary of every run in --csv with this --tag here (all invocations': the "
-                   "CSV accumulates runs; stdout shows this invocation's)")
+    p.add_argument("--summary", type=pathlib.Path, help="write here the markdown summary of every run in --csv "
+                   "with this --tag, all invocations' (the CSV accumulates runs; stdout shows this invocation's)")
     p.add_argument("--utilisation", type=pathlib.Path, help="sample every link's counters every 10 ms into "
                    "this folder (one CSV per run)")
     p.add_argument("--keep-logs", type=pathlib.Path, help="keep every host's output here")
