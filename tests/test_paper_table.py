@@ -128,7 +128,8 @@ def test_a_gain_above_the_papers_is_explained_only_where_no_system_is_held_by_it
 
     def rows(notes="", drops=0):
         return [{**_row("inceptionv3", kv, 4.0, s, repeat), "pct_of_bound": pct, "throttled_max_pct": 0.8,
-                 "qdisc_drops_total": drops, "thread_cpu": threads, "fidelity_notes": notes if kv == "dist_sync" else ""}
+                 "qdisc_drops_total": drops, "thread_cpu": threads,
+                 "fidelity_notes": notes if kv == "dist_sync" else ""}
                 for repeat in range(3) for kv, s, pct in (("p3", 1.0, 93.0), ("dist_sync", 1.3, 72.0))]
 
     def line():
