@@ -112,6 +112,17 @@ def test_the_runner_summary_counts_its_unfaithful_runs_smoke_included():
     assert "1 faithful of 2 runs: the 1 others are left out (failed: cpu 1)" in text
 
 
+def test_the_written_summary_covers_every_invocation_of_its_csv_and_only_its_tag(tmp_path):
+    path = tmp_path / "runs.csv"
+    for r in [_row("p3", 0, "True", [[1.0]], tag="hosts"),  # an earlier invocation
+              _row("dist_sync", 0, "True", [[2.0]], tag="hosts"),  # this one
+              _row("horovod", 0, "True", [[2.0]], tag="other")]:
+        bench_rows.write_run(path, {k: v for k, v in r.items() if k in bench_rows.RUN_COLUMNS})
+    text = cluster_bench.csv_summary(path, "hosts", {"mxnet-p3": "not built"})
+    assert "| p3kv |" in text and "| dist_sync |" in text and "| horovod |" not in text, text
+    assert "- mxnet-p3 skipped: not built" in text
+
+
 def test_run_ids_are_unique_when_the_same_point_runs_again():
     point = cluster_bench.Point(model="resnet50_v1", kvstore="p3", hosts=2, bandwidth="2gbit", repeat=1)
     first, second = cluster_job.new_run_id(point, 2), cluster_job.new_run_id(point, 2)

@@ -327,7 +327,18 @@ def test_python_m_benchmarks_tune_estimates_without_running(capsys):
     assert out[1].startswith("in slices of at most 2 h: --slice K/")
     assert main(["tune", "--systems", "horovod", "--equivalent", "10", "--estimate", "--window", "0.01"]) == 0
     n = int(capsys.readouterr().out.splitlines()[1].split("K/")[1].split(",")[0])
-    assert n == len(tune.grid("horovod"))  # a window shorter than any cell: one cell per slice
+    # A window shorter than any cell: the fewest parts none longer than the longest cell (the autotuner's, with
+    # its long warm-up), not one part per cell.
+    args = tune.parse_args(["--systems", "horovod", "--equivalent", "10", "--window", "0.01"])
+    cells = tune.cells_for(args.systems, args.cells)
+    longest_cell = max(tune.estimate_seconds(args, [c]) for c in cells)
+
+    def longest_part(parts):
+        return max(tune.estimate_seconds(args, tune.cell_slice(cells, k, parts, tune.base_points(args), args.repeats))
+                   for k in range(1, parts + 1))
+
+    assert tune.slice_count(args) == (n, pytest.approx(longest_part(n)))
+    assert longest_part(n) <= longest_cell < longest_part(n - 1) and n < len(cells)
 
 
 @pytest.mark.system

@@ -204,6 +204,12 @@ def summary(rows: Sequence[dict]) -> str:
     return point_table(aggregate(rows, include_smoke=True)) + "\n" + (f"\n{judged}\n" if judged else "")
 
 
+def csv_summary(csv_path: pathlib.Path, tag: str = "", skipped: dict[str, str] | None = None) -> str:
+    """The summary of every run in `csv_path` with this tag, whichever invocation wrote it."""
+    rows = [r for r in bench_rows.read_runs(csv_path) if r.get("tag", "") == tag]
+    return summary(rows) + "".join(f"\n- {kv} skipped: {why}\n" for kv, why in (skipped or {}).items())
+
+
 def plot_comparison(rows: Sequence[dict], path: pathlib.Path, title: str) -> None:
     """Bar chart of throughput per kvstore (median over all iterations, IQR as error bars), the bound as a line."""
     import matplotlib
@@ -285,7 +291,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--log-interval", type=int, default=5, help="iterations between progress lines")
     p.add_argument("--csv", type=pathlib.Path, default=RESULTS / "sweeps" / "cluster.csv")
     p.add_argument("--plot", type=pathlib.Path, help="write a bar chart of the comparison here")
-    p.add_argument("--summary", type=pathlib.Path, help="write the markdown summary here")
+    p.add_argument("--summary", type=pathlib.Path, help="write here the markdown summary of every run in --csv "
+                   "with this --tag, all invocations' (the CSV accumulates runs; stdout shows this invocation's)")
     p.add_argument("--utilisation", type=pathlib.Path, help="sample every link's counters every 10 ms into "
                    "this folder (one CSV per run)")
     p.add_argument("--keep-logs", type=pathlib.Path, help="keep every host's output here")
@@ -354,9 +361,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 3
     table = summary(rows) + "".join(f"\n- {kv} skipped: {why}\n" for kv, why in skipped.items())
     sys.stdout.write("\n" + table)
-    if args.summary:
+    if args.summary:  # from the whole CSV: a results folder accumulates runs over invocations
         args.summary.parent.mkdir(parents=True, exist_ok=True)
-        args.summary.write_text(table)
+        args.summary.write_text(csv_summary(args.csv, args.tag, skipped))
     if args.plot:
         title = (f"{', '.join(args.model)}: {args.hosts} hosts, {args.bandwidth or 'uncapped'} links, "
                  f"{args.compute} compute" + (f" ({args.gpu} x{args.gpu_scale:g})" if args.compute == "emulated"

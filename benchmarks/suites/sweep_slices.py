@@ -61,16 +61,17 @@ def select(points: Sequence, k: int, n: int, weight: Callable[[Sequence], float]
 def slices_for(points: Sequence, window_s: float, seconds: Callable[[Sequence], float],
                weight: Callable[[Sequence], float] | None = None) -> tuple[int, float]:
     """(the fewest slices, cut by `weight` as `select` cuts them, whose every one takes at most `window_s` by
-    `seconds`; the longest slice's seconds). When one comparison alone exceeds the window: one slice per
-    comparison and the longest one's time."""
+    `seconds`; the longest slice's seconds). When one comparison alone exceeds the window: the fewest slices none
+    of which is longer than that comparison."""
     groups = by_comparison(points)
     if not groups:
         return 0, 0.0
     weight = weight or seconds
     cost = {g: seconds(members) for g, members in groups.items()}
-    n = min(len(groups), max(1, math.ceil(sum(cost.values()) / window_s)))
+    target = max(window_s, *cost.values())
+    n = min(len(groups), max(1, math.ceil(sum(cost.values()) / target)))
     while True:
         longest = max(sum(cost[g] for g in part) for part in parts(points, n, weight))
-        if longest <= window_s or n >= len(groups):
+        if longest <= target or n >= len(groups):
             return n, longest
         n += 1

@@ -284,14 +284,15 @@ def estimate_seconds(args: argparse.Namespace, cells: Sequence[Cell] | None = No
 
 
 def slice_count(args: argparse.Namespace) -> tuple[int, float]:
-    """(the fewest --slice parts whose every one takes at most --window hours, the longest part's seconds); one
-    part per cell when a cell alone is longer."""
+    """(the fewest --slice parts whose every one takes at most --window hours, the longest part's seconds). Where
+    one cell alone is longer than the window, the fewest parts none of which is longer than that cell."""
     cells = cells_for(args.systems, args.cells)
     points = base_points(args)
+    target = max(args.window * 3600, *(estimate_seconds(args, [c]) for c in cells))
     n = 1
     while True:
         longest = max(estimate_seconds(args, cell_slice(cells, k, n, points, args.repeats)) for k in range(1, n + 1))
-        if longest <= args.window * 3600 or n >= len(cells):
+        if longest <= target or n >= len(cells):
             return n, longest
         n += 1
 

@@ -75,14 +75,13 @@ bool Connection::ClaimWrites(double timeout_s) {
 }
 
 void Connection::NoteWriting(const Header& h) {
-  const bool reads_array = h.command == Command::kInit || h.command == Command::kPush;
   std::lock_guard<std::mutex> lock(claim_mu_);
-  writing_ = reads_array ? FrameId::Of(h) : FrameId();
+  writing_ = FrameId::Of(h);
 }
 
 Status Connection::AwaitWritten(const Header& h) {
   std::unique_lock<std::mutex> lock(claim_mu_);
-  const auto mine = [&] { return claimed_ && writing_.Is(h); };
+  const auto mine = [&] { return claimed_ && writing_.AnsweredBy(h); };
   ++awaiting_;
   claim_cv_.wait(lock, [&] { return !mine() || !in_call_; });  // a non-blocking call: it returns
   --awaiting_;

@@ -135,13 +135,25 @@ class Connection {
   bool claimed_ = false;        // guarded by claim_mu_: a frame is being written
   std::thread::id claim_owner_;  // guarded by claim_mu_
   bool torn_ = false;            // guarded by claim_mu_: a frame was cut off, the stream is unusable
+  // A frame that reads the caller's array (INIT, PUSH), by command and slice: a control frame (REQUEST carries a
+  // request id in `iteration`) has no identity, so no broadcast or write call can be taken for it.
   struct FrameId {
+    Command command = Command::kRequest;
     uint64_t key = 0;
     uint32_t slice = 0;
     uint64_t iteration = 0;
     bool set = false;
-    static FrameId Of(const Header& h) { return FrameId{h.key, h.slice, h.iteration, true}; }
-    bool Is(const Header& h) const { return set && key == h.key && slice == h.slice && iteration == h.iteration; }
+    static FrameId Of(const Header& h) {
+      const bool reads_array = h.command == Command::kInit || h.command == Command::kPush;
+      return reads_array ? FrameId{h.command, h.key, h.slice, h.iteration, true} : FrameId();
+    }
+    bool SameSlice(const Header& h) const {
+      return set && key == h.key && slice == h.slice && iteration == h.iteration;
+    }
+    // The frame `h` itself (the sender, around its write call).
+    bool Is(const Header& h) const { return SameSlice(h) && command == h.command; }
+    // The frame whose array a BROADCAST `h` lands in.
+    bool AnsweredBy(const Header& h) const { return h.command == Command::kBroadcast && SameSlice(h); }
   };
   FrameId writing_;  // guarded by claim_mu_: the claimed frame, once the sender named it, until all written
   bool in_call_ = false;  // guarded by claim_mu_: the sender is inside a write call of writing_

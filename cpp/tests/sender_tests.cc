@@ -418,6 +418,7 @@ void TestBroadcastWaitsForTheWriteOfItsOwnSlice() {
   broadcast.command = Command::kBroadcast;
   CHECK(link.conn->AwaitWritten(other_slice).ok());  // at once: a different frame is being written
   CHECK(link.conn->AwaitWritten(other_iteration).ok());
+  CHECK(link.conn->AwaitWritten(pushing).ok());  // a frame of the same slice that is no broadcast: lands nowhere
   const Status early = link.conn->AwaitWritten(broadcast);  // nothing of the push written yet
   CHECK(early.code() == Status::Code::kInvalid);
   CHECK(early.message().find("still sending its PUSH of that slice") != std::string::npos);
