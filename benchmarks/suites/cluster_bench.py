@@ -204,10 +204,15 @@ def summary(rows: Sequence[dict]) -> str:
     return point_table(aggregate(rows, include_smoke=True)) + "\n" + (f"\n{judged}\n" if judged else "")
 
 
+def skipped_lines(skipped: dict[str, str] | None) -> str:
+    """The summary's closing lines: each system left out, with the reason."""
+    return "".join(f"\n- {kv} skipped: {why}\n" for kv, why in (skipped or {}).items())
+
+
 def csv_summary(csv_path: pathlib.Path, tag: str = "", skipped: dict[str, str] | None = None) -> str:
     """The summary of every run in `csv_path` with this tag, whichever invocation wrote it."""
     rows = [r for r in bench_rows.read_runs(csv_path) if r.get("tag", "") == tag]
-    return summary(rows) + "".join(f"\n- {kv} skipped: {why}\n" for kv, why in (skipped or {}).items())
+    return summary(rows) + skipped_lines(skipped)
 
 
 def plot_comparison(rows: Sequence[dict], path: pathlib.Path, title: str) -> None:
@@ -359,7 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (run_guard.Refused, cpu_limit.QuotaRefused, cpu_limit.CpuLimitError) as e:
         LOG.error("%s", e)
         return 3
-    table = summary(rows) + "".join(f"\n- {kv} skipped: {why}\n" for kv, why in skipped.items())
+    table = summary(rows) + skipped_lines(skipped)
     sys.stdout.write("\n" + table)
     if args.summary:  # from the whole CSV: a results folder accumulates runs over invocations
         args.summary.parent.mkdir(parents=True, exist_ok=True)

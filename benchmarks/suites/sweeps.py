@@ -280,7 +280,7 @@ def write_summary(name: str, results_dir: pathlib.Path, skipped: dict[str, str] 
     """The sweep's summary table (results_dir/NAME.md) from its CSV; returns it."""
     rows = [r for r in bench_rows.read_runs(results_dir / f"{name}.csv") if r["tag"] == name]
     table = cluster_bench.summary(rows) + torch_comparison.table(rows, include_smoke=True)  # torch's: vs DDP, CIs
-    table += "".join(f"\n- {kv} skipped: {why}\n" for kv, why in (skipped or {}).items())
+    table += cluster_bench.skipped_lines(skipped)
     (results_dir / f"{name}.md").write_text(table)
     return table
 
