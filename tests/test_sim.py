@@ -162,14 +162,15 @@ def test_horovods_update_runs_on_the_virtual_gpu_at_the_memory_bandwidth():
 
 @pytest.mark.parametrize("window", [2, 10])
 def test_send_window_delays_the_urgent_layer_by_the_committed_slices(window):
-    # MXNet's P3 van: DMLC_PS_WATER_MARK messages already sit in the socket, in order, ahead of the priority
-    # queue. Layer 1 (40 slices) is pushed first; layer 0 (10 slices) is ready 1 ms later and, with window w,
-    # waits for w slices of layer 1 instead of the one in service: w - 1 slice times later, every iteration
-    # (layer 0's long forward hides layer 1's transfer).
+    # A sender with a window of w messages in its sockets (engine.Sender's `window`; the socket model aside): they
+    # sit there, in order, ahead of the priority queue. Layer 1 (40 slices) is pushed first; layer 0 (10 slices)
+    # is ready 1 ms later and, with window w, waits for w slices of layer 1 instead of the one in service: w - 1
+    # slice times later, every iteration (layer 0's long forward hides layer 1's transfer).
     m = model.synthetic([(0.1, 0.001, 500_000), (0.0, 0.001, 2_000_000)])
     c = link(2)
-    ideal = simulate(m, c, P3KV).iteration_s
-    windowed = simulate(m, c, dataclasses.replace(P3KV, window=window)).iteration_s
+    one_at_a_time = dataclasses.replace(P3KV, window=1, socket_bytes=None, flight_bytes=None)
+    ideal = simulate(m, c, one_at_a_time).iteration_s
+    windowed = simulate(m, c, dataclasses.replace(one_at_a_time, window=window)).iteration_s
     assert windowed - ideal == pytest.approx((window - 1) * 200_000 * 8 / GBIT)
 
 

@@ -159,6 +159,58 @@ def test_a_priority_sender_puts_one_message_at_a_time_in_priority_order():
     assert got == pytest.approx({"first": 1e-3, "urgent": 2e-3, "late": 3e-3})
 
 
+def test_p3kvs_sender_streams_a_frame_through_its_socket_buffer_without_gaps():
+    # 1 GB/s links, a 1 MB socket buffer: a 3 MB frame goes in 0.5 MB chunks, each written as soon as the one two
+    # ahead of it is delivered; nothing else on the links, so the link never waits: there at 3 ms.
+    loop = EventLoop()
+    net = FairNetwork(loop, Cluster(2, 8e9, wire_overhead=1.0))
+    got = {}
+    p3 = net.sender(0, prioritised=True, window=None, socket_bytes=1e6)
+    loop.at(0.0, p3.put, 0, 1, 3e6, lambda t, name: got.__setitem__(name, t), "frame")
+    loop.run()
+    assert got == pytest.approx({"frame": 3e-3})
+
+
+def test_p3kvs_sender_holds_every_destination_while_its_urgent_frames_socket_is_full():
+    # Host 2 keeps host 1's link busy (a 10 MB message), so what host 0 sends to host 1 is delivered at a share of
+    # it. Host 0's urgent 1.5 MB frame to host 1 fills its 1 MB socket at once (chunks a1, a2); a1's last byte
+    # leaves host 0 at 0.5 ms and reaches host 1 at 1.25 ms (half of host 1's link until 0.5 ms, a third after,
+    # beside a2). Only then does a3 fit, the urgent frame is all written, and the less urgent frame to host 2,
+    # whose socket was empty all along, starts: at 1.25 ms, not at 0 (TCP frees a socket's bytes on delivery,
+    # and the one send thread waits on the most urgent frame), nor at 1.5 ms (when host 0's link alone would have
+    # sent the urgent frame).
+    loop = EventLoop()
+    net = FairNetwork(loop, Cluster(3, 8e9, wire_overhead=1.0))
+    started, got = {}, {}
+    p3 = net.sender(0, prioritised=True, window=None, socket_bytes=1e6)
+    other = net.sender(2, prioritised=False, window=None)
+    record = lambda t, name: got.__setitem__(name, t)  # noqa: E731
+    loop.at(0.0, other.put, 0, 1, 10e6, record, "busy")
+    loop.at(0.0, p3.put, 0, 1, 1.5e6, record, "urgent")
+    on_start = lambda name: started.__setitem__(name, loop.now)  # noqa: E731
+    loop.at(0.0, lambda: p3.put(1, 2, 1e6, record, "later", on_start=on_start))
+    loop.run()
+    assert started == pytest.approx({"later": 1.25e-3})
+    assert got["urgent"] < got["busy"]
+
+
+def test_a_connections_congestion_window_caps_what_it_has_in_flight():
+    # Host 2 keeps host 1's link busy (10 MB), so host 0's bytes reach host 1 at half its rate. Host 0 writes a 2 MB
+    # frame into a 2 MB socket (two 1 MB chunks) but may have 1 MB in flight: the first chunk leaves host 0 by 1 ms
+    # and reaches host 1 at 2 ms; only then does the second start, there at 4 ms (at 3.5 ms without the cap, the
+    # second chunk leaving while the first still queued in front of host 1).
+    loop = EventLoop()
+    net = FairNetwork(loop, Cluster(3, 8e9, wire_overhead=1.0))
+    got = {}
+    record = lambda t, name: got.__setitem__(name, t)  # noqa: E731
+    other = net.sender(2, prioritised=False, window=None)
+    p3 = net.sender(0, prioritised=True, window=None, socket_bytes=2e6, flight_bytes=1e6)
+    loop.at(0.0, other.put, 0, 1, 10e6, record, "busy")
+    loop.at(0.0, p3.put, 0, 1, 2e6, record, "frame")
+    loop.run()
+    assert got["frame"] == pytest.approx(4e-3)
+
+
 def test_the_virtual_gpu_chains_operations_and_forgives_only_within_its_slack():
     def run(slack, ready_at):
         loop = EventLoop()

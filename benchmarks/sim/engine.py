@@ -16,9 +16,10 @@ Why these models (each is the emulation's rule, benchmarks/emulation/ and cpp/sr
   before chaining, 1 ms).
 - Network: every host's NIC has `rate` each way (tc's token bucket on each direction of its veth), shared
   equally by the messages crossing it (FairNetwork says why per direction and not end to end). Which messages
-  are active at once is the sender's business (Sender): a sender thread with one strict priority queue (p3kv)
-  puts one message on the wire at a time, in priority order; ZMQ sockets (MXNet) have one pipe per
-  destination, all active together.
+  are active at once is the sender's business (sender.py): p3kv's one send thread writes the most urgent frame
+  into its destination's socket while that socket has room, holding the others back while it has none, and a
+  socket frees bytes only as they are delivered; MXNet's P3 van does the same over ZMQ pipes and autotuned
+  sockets (their room measured: sockets.py); dist_sync's ZMQ sockets send to every destination at once.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import itertools
 from collections import deque
 
 from benchmarks.sim.cluster import Cluster
+from benchmarks.sim.sender import Sender
 
 
 class EventLoop:
@@ -114,7 +116,6 @@ class SharedCpu:
             done(*args)
 
 
-
 def host_cpus(cluster: Cluster, loop: EventLoop) -> list[SharedCpu]:
     """One SharedCpu per host of `cluster` (the same object for every host when they share a machine's cores),
     each thread on it at most `cluster.thread_cores` (the per-thread caps) or a core."""
@@ -195,45 +196,15 @@ class Device:
             self._start()
 
 
-class Sender:
-    """What one process puts on the network: a queue (by priority or arrival) in front of at most `window`
-    messages admitted to the sockets (None: no limit). Admitted messages to one destination go one after another
-    (one TCP connection); to different destinations at once. p3kv: window 1 (its sender thread writes one frame
-    at a time in priority order); MXNet's ZMQ: a socket per destination, MXNet's P3 van holding at most
-    DMLC_PS_WATER_MARK messages in them."""
+class _Pipe:
+    """One connection's messages: those waiting, whether one is leaving the sender, the bytes in flight."""
 
-    def __init__(self, net: FairNetwork, host: int, prioritised: bool, window: int | None) -> None:
-        self.net, self.host = net, host
-        self._prioritised, self._window = prioritised, window
-        self._queue: list | deque = [] if prioritised else deque()
-        self._seq = itertools.count()
-        self._admitted = 0
-        self.id = next(net._ids)
+    __slots__ = ("waiting", "sending", "flight")
 
-    def put(self, priority: int, dst: int, nbytes: float, on_arrival, *args, on_start=None) -> None:
-        """on_arrival(t, *args) at the receiver once the message is there (at once on the same host); on_start(*args),
-        where given, when its first byte leaves (a receiver that reads as the bytes come: stages.py)."""
-        if dst == self.host:
-            if on_start is not None:
-                on_start(*args)
-            on_arrival(self.net.loop.now, *args)
-            return
-        message = (dst, nbytes, on_arrival, args, on_start)
-        if self._window is None or (self._admitted < self._window and not self._queue):
-            self._admit(message)
-        elif self._prioritised:
-            heapq.heappush(self._queue, (priority, next(self._seq), message))
-        else:
-            self._queue.append(message)
-
-    def _admit(self, message) -> None:
-        self._admitted += 1
-        self.net._enqueue(self, message)
-
-    def _sent(self) -> None:
-        self._admitted -= 1
-        while self._queue and (self._window is None or self._admitted < self._window):
-            self._admit(heapq.heappop(self._queue)[2] if self._prioritised else self._queue.popleft())
+    def __init__(self) -> None:
+        self.waiting: deque = deque()
+        self.sending = False
+        self.flight = 0.0
 
 
 class _Message:
@@ -251,10 +222,11 @@ class FairNetwork:
     it, and arrives `latency_s` after both its egress and its ingress are done.
 
     Why two stages and not one end-to-end max-min allocation: in the emulation a sender is not slowed by a
-    receiver that other senders keep busy, as far as the 50 ms tbf queue in front of that receiver and the socket
-    buffers hold (12.5 MB at 2 Gbit/s: many slices). The end-to-end version made workers that push slice i to the
-    same server in lockstep wait for each other, and put p3kv 18-30% above its measured time at every fit point
-    where the emulation measured it near the link bound.
+    receiver that other senders keep busy, as far as the tbf queue in front of that receiver and the sender's
+    socket hold. The end-to-end version made workers that push slice i to the same server in lockstep wait for
+    each other, and put p3kv 18-30% above its measured time at every fit point where the emulation measured it
+    near the link bound. What a socket holds is the sender's limit (sender.py), and a sender's `flight_bytes`
+    (the congestion window) caps the bytes one connection has started and not yet delivered.
     `record`: busy intervals per (direction, host) for utilisation plots."""
 
     def __init__(self, loop: EventLoop, cluster: Cluster, record: bool = False) -> None:
@@ -262,13 +234,14 @@ class FairNetwork:
         self._seconds_per_byte = cluster.seconds_on_wire(1.0)  # 0: unlimited
         self._latency = cluster.latency_s
         self._ids = itertools.count()
-        self._pipes: dict[tuple[int, int], deque] = {}
+        self._pipes: dict[tuple[int, int], _Pipe] = {}
         self._egress = [SharedCpu(loop, 1.0) for _ in range(cluster.hosts)]  # link time, shared like a core
         self._ingress = [SharedCpu(loop, 1.0) for _ in range(cluster.hosts)]
         self.busy: dict[tuple[str, int], list[tuple[float, float, float]]] | None = {} if record else None
 
-    def sender(self, host: int, prioritised: bool, window: int | None) -> Sender:
-        return Sender(self, host, prioritised, window)
+    def sender(self, host: int, prioritised: bool, window: int | None, socket_bytes: float | None = None,
+               flight_bytes: float | None = None) -> Sender:
+        return Sender(self, host, prioritised, window, socket_bytes, flight_bytes)
 
     def _enqueue(self, sender: Sender, message) -> None:
         dst, nbytes, on_arrival, args, on_start = message
@@ -281,14 +254,22 @@ class FairNetwork:
         key = (sender.id, dst)
         pipe = self._pipes.get(key)
         if pipe is None:
-            pipe = self._pipes[key] = deque()
-        pipe.append(message)
-        if len(pipe) == 1:
-            self._start(sender, pipe)
+            pipe = self._pipes[key] = _Pipe()
+        pipe.waiting.append(message)
+        self._next(sender, pipe)
 
-    def _start(self, sender: Sender, pipe: deque) -> None:
-        dst, nbytes, _, args, on_start = pipe[0]
-        m = _Message(pipe, sender, pipe[0], self.loop.now)
+    def _next(self, sender: Sender, pipe: _Pipe) -> None:
+        """Start the pipe's next message once the one before it has left, and (a sender with a cap on what one
+        connection has in flight: the congestion window) once what is in flight leaves room for it."""
+        if pipe.sending or not pipe.waiting:
+            return
+        nbytes = pipe.waiting[0][1]
+        if sender.flight_bytes and pipe.flight and pipe.flight + nbytes > sender.flight_bytes:
+            return
+        message = pipe.waiting.popleft()
+        dst, nbytes, _, args, on_start = message
+        pipe.sending, pipe.flight = True, pipe.flight + nbytes
+        m = _Message(pipe, sender, message, self.loop.now)
         if on_start is not None:
             on_start(*args)
         seconds = nbytes * self._seconds_per_byte
@@ -298,9 +279,8 @@ class FairNetwork:
     def _sent(self, m: _Message) -> None:
         if self.busy is not None:
             self.busy.setdefault(("egress", m.sender.host), []).append((m.start, self.loop.now, m.message[1]))
-        m.pipe.popleft()
-        if m.pipe:
-            self._start(m.sender, m.pipe)
+        m.pipe.sending = False
+        self._next(m.sender, m.pipe)
         m.sender._sent()
         self._half_done(m)
 
@@ -310,6 +290,8 @@ class FairNetwork:
         if m.left:
             return
         dst, nbytes, on_arrival, args, _ = m.message
+        m.pipe.flight -= nbytes
+        self._next(m.sender, m.pipe)
         arrive = self.loop.now + self._latency
         if self.busy is not None:
             self.busy.setdefault(("ingress", dst), []).append((m.start + self._latency, arrive, nbytes))

@@ -32,7 +32,9 @@ from __future__ import annotations
 import dataclasses
 import statistics
 
+from benchmarks.analysis.points import DEFAULTS
 from benchmarks.emulation.thread_cap import omp_threads
+from benchmarks.sim import sockets
 from benchmarks.sim.cluster import Cluster, CpuCosts
 from benchmarks.sim.engine import CpuThread, Device, EventLoop, FairNetwork, host_cpus
 from benchmarks.sim.model import ModelProfile
@@ -51,6 +53,8 @@ class PSSystem:
     big_array_bound: int | None = None  # MXNet: arrays above it split evenly over all servers, others on one
     priority: bool = False  # sender and server queues by (layer, arrival) instead of arrival
     window: int | None = 1  # messages a process has in its sockets at once (None: no limit; see engine.Sender)
+    socket_bytes: float | None = None  # p3kv's sender instead: bytes per destination socket (engine.Sender)
+    flight_bytes: float | None = None  # what one connection has in flight at most (TCP's window; None: no cap)
     split_bound: int | None = None  # without slices: arrays above it cut into one part per server (round-robin)
     update_on: str = "servers"  # where the optimizer runs: UPDATE_PLACES
     costs: CpuCosts = CpuCosts()  # a message's CPU where it is received (per message, per payload byte)
@@ -174,9 +178,9 @@ class PSRun:
                                         lambda job: nbytes[job[0]], self._received) for h in self.worker_hosts]
         self.update_threads = [CpuThread(self.cpus[h], self._array_update_cost, self._updated, False)
                                for h in self.worker_hosts]
-        self.worker_senders = [self.net.sender(h, system.priority, system.window) for h in self.worker_hosts]
-        self.server_senders = [self.net.sender(cluster.server_host(s), system.priority, system.window)
-                               for s in range(S)]
+        sockets = (system.priority, system.window, system.socket_bytes, system.flight_bytes)
+        self.worker_senders = [self.net.sender(h, *sockets) for h in self.worker_hosts]
+        self.server_senders = [self.net.sender(cluster.server_host(s), *sockets) for s in range(S)]
         self.devices = [Device(loop, cluster.gpu_slack_s) for _ in range(W)]
         self.pushed = [0] * len(self.parts)
         self.got = [[0] * len(self.array_layer) for _ in range(W)]
@@ -326,25 +330,45 @@ def summarise(forward_done: list[list[float]], model: ModelProfile, workers: int
 
 
 # The systems under test. Costs are attached by costs.py (measured constants), settings by settings.py.
-P3KV = PSSystem("p3", slice_size=50_000, priority=True, receivers="connection")
-SLICING_ONLY = PSSystem("p3-slicing-only", slice_size=50_000, priority=False, receivers="connection")
-PRIORITY_ONLY = PSSystem("p3-priority-only", slice_size=None, priority=True, receivers="connection")
+SOCKET_PAYLOAD, AUTOTUNED_SOCKET_BYTES, FLIGHT_BYTES = sockets.probed()
+MXNET_P3_WATER_MARK = 10  # the messages ZMQ's pipe to one peer holds above its socket (DMLC_PS_WATER_MARK)
+
+
+def socket_payload(p3_socket_buffer: float) -> float:
+    return SOCKET_PAYLOAD * p3_socket_buffer
+
+
+def mxnet_p3_socket(slice_size: int) -> float:
+    """MXNet's P3 van (ps-lite p3_van.h): one thread sends the most urgent message and blocks while its peer's ZMQ
+    pipe holds DMLC_PS_WATER_MARK messages (ZMQ_SNDHWM), whose I/O thread moves them into an autotuned socket."""
+    return MXNET_P3_WATER_MARK * slice_size * 4 + AUTOTUNED_SOCKET_BYTES
+
+
+P3_SOCKET_BYTES = socket_payload(float(DEFAULTS["p3"]["P3_SOCKET_BUFFER"]))
+P3KV = PSSystem("p3", slice_size=50_000, priority=True, receivers="connection", socket_bytes=P3_SOCKET_BYTES,
+                flight_bytes=FLIGHT_BYTES)
+SLICING_ONLY = PSSystem("p3-slicing-only", slice_size=50_000, priority=False, receivers="connection",
+                        socket_bytes=P3_SOCKET_BYTES, flight_bytes=FLIGHT_BYTES)
+PRIORITY_ONLY = PSSystem("p3-priority-only", slice_size=None, priority=True, receivers="connection",
+                         socket_bytes=P3_SOCKET_BYTES, flight_bytes=FLIGHT_BYTES)
 # The fair priority-only ablation (cluster_worker --split-big-arrays SERVERS): no slices, arrays above 10^6
 # elements cut into one key per server.
 PRIORITY_SPLIT = PSSystem("p3-priority-split", slice_size=None, priority=True, split_bound=MXNET_BIGARRAY_BOUND,
-                          receivers="connection")
+                          receivers="connection", socket_bytes=P3_SOCKET_BYTES, flight_bytes=FLIGHT_BYTES)
 # MXNet 1.9's kv.pushpull is one ps-lite ZPushPull request per part (kvstore_dist.h PushPullDefault; P3StoreDist
 # one per slice): the server answers every worker's request with the aggregate as soon as it has all of them, so
 # no ack and no pull round trip: the same traffic as P3's broadcast. ZMQ: a socket per peer, no send limit.
 DIST_SYNC = PSSystem("dist_sync", big_array_bound=MXNET_BIGARRAY_BOUND, priority=False, window=None)
 # MXNet's P3 van: a priority queue and a send thread in front of ZMQ sockets with DMLC_PS_WATER_MARK=10.
-MXNET_P3 = PSSystem("mxnet-p3", slice_size=40_000, priority=True, window=10, update_on="workers-gpu",
-                    gpu_accesses=SGD_ACCESSES)
+MXNET_P3 = PSSystem("mxnet-p3", slice_size=40_000, priority=True, window=None, socket_bytes=mxnet_p3_socket(40_000),
+                    flight_bytes=FLIGHT_BYTES, update_on="workers-gpu", gpu_accesses=SGD_ACCESSES)
 # p3kv.torch runs p3kv's C++ transport: the same slices, priorities and sender; its worker placement updates each
 # parameter on the virtual GPU as its slices land (torch_compute.VirtualGpuSGD), its server placement on the servers.
 TORCH_P3KV = PSSystem("torch-p3kv", slice_size=50_000, priority=True, update_on="workers-gpu",
-                      gpu_accesses=SGD_ACCESSES, receivers="connection")
-TORCH_P3KV_SERVER = PSSystem("torch-p3kv-server", slice_size=50_000, priority=True, receivers="connection")
+                      gpu_accesses=SGD_ACCESSES, receivers="connection", socket_bytes=P3_SOCKET_BYTES,
+                      flight_bytes=FLIGHT_BYTES)
+TORCH_P3KV_SERVER = PSSystem("torch-p3kv-server", slice_size=50_000, priority=True, receivers="connection",
+                             socket_bytes=P3_SOCKET_BYTES, flight_bytes=FLIGHT_BYTES)
 SYSTEMS = {s.name: s for s in (P3KV, SLICING_ONLY, PRIORITY_ONLY, PRIORITY_SPLIT, DIST_SYNC, MXNET_P3, TORCH_P3KV,
                                TORCH_P3KV_SERVER)}
 

@@ -9,7 +9,7 @@ import dataclasses
 import pathlib
 from collections.abc import Mapping
 
-from benchmarks.sim import ddp, ring
+from benchmarks.sim import ddp, ps, ring
 from benchmarks.sim.ps import PSSystem
 from benchmarks.suites import baseline_settings
 
@@ -51,8 +51,12 @@ def apply_ps(system: PSSystem, env: Mapping[str, str], slice_size: int | None = 
         changes["slice_size"] = int(env["MXNET_KVSTORE_SLICE_THRESHOLD"])
     if system.slice_size and system.name in ("p3", "p3-slicing-only") and "P3_SLICE_SIZE" in env:
         changes["slice_size"] = int(env["P3_SLICE_SIZE"])
+    if system.socket_bytes and system.name != "mxnet-p3" and "P3_SOCKET_BUFFER" in env:
+        changes["socket_bytes"] = ps.socket_payload(float(env["P3_SOCKET_BUFFER"]))
     if slice_size and system.slice_size:
         changes["slice_size"] = slice_size
+    if system.name == "mxnet-p3" and "slice_size" in changes:  # its ZMQ pipe holds messages, not bytes
+        changes["socket_bytes"] = ps.mxnet_p3_socket(changes["slice_size"])
     return dataclasses.replace(system, **changes)
 
 
