@@ -5,10 +5,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from benchmarks.sim.engine import FairNetwork
+from typing import Any
 
 
 class Sender:
@@ -27,9 +24,9 @@ class Sender:
       half the buffer, so a frame larger than the buffer streams through it.
     """
 
-    def __init__(self, net: FairNetwork, host: int, prioritised: bool, window: int | None,
+    def __init__(self, net: Any, host: int, prioritised: bool, window: int | None,
                  socket_bytes: float | None = None, flight_bytes: float | None = None) -> None:
-        self.net, self.host = net, host
+        self.net, self.host = net, host  # net: the engine.FairNetwork that made it (engine imports this module)
         self.flight_bytes = flight_bytes  # what one connection may have in flight (None: no cap)
         self._prioritised, self._window = prioritised, window
         self._queue: list | deque = [] if prioritised or socket_bytes else deque()  # socket_bytes: by (0, seq)
