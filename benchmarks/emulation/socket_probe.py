@@ -108,14 +108,15 @@ def probe(rate: str, buffer_bytes: int, seconds: float = 3.0) -> dict:
     _build(parse_rate(rate))
     try:
         fmt = {"buf": buffer_bytes, "addr": ADDRESSES[1], "port": PORT, "seconds": seconds}
+        sender = receiver = None
         receiver = subprocess.Popen(["ip", "netns", "exec", NAMESPACES[1], sys.executable, "-c",
                                      textwrap.dedent(_RECEIVER.format(**fmt))])
         time.sleep(0.5)
         sender = subprocess.Popen(["ip", "netns", "exec", NAMESPACES[0], sys.executable, "-c",
                                    textwrap.dedent(_SENDER.format(**fmt))], stdout=subprocess.PIPE, text=True)
         time.sleep(seconds / 3)
-        samples = []
-        while len(samples) < 10:
+        samples, deadline = [], time.monotonic() + seconds / 2  # the middle of the flow, never past its end
+        while len(samples) < 10 and time.monotonic() < deadline:
             got = parse_ss(_netns(NAMESPACES[0], "ss", "-tmi", "dst", ADDRESSES[1]))
             if got:
                 samples.append(got)
@@ -123,7 +124,13 @@ def probe(rate: str, buffer_bytes: int, seconds: float = 3.0) -> dict:
         out, _ = sender.communicate(timeout=seconds + 30)
         receiver.wait(timeout=30)
     finally:
+        for process in (sender, receiver):
+            if process is not None and process.poll() is None:
+                process.kill()
         _teardown()
+    if not samples or sender.returncode != 0:
+        raise RuntimeError(f"no established flow to sample at {rate}, buffer {buffer_bytes} (sender exit "
+                           f"{sender.returncode}): is `ss` (iproute2) installed and were the namespaces built?")
     send_q = statistics.median(s["send_q"] for s in samples)
     return {"rate": rate, "so_sndbuf": buffer_bytes, "send_queue_bytes": int(send_q),
             "unacked_bytes": int(statistics.median(s["unacked"] for s in samples)),

@@ -52,8 +52,8 @@ class PSSystem:
     slice_size: int | None = None  # cut every array into slices of at most this many elements, round-robin
     big_array_bound: int | None = None  # MXNet: arrays above it split evenly over all servers, others on one
     priority: bool = False  # sender and server queues by (layer, arrival) instead of arrival
-    window: int | None = 1  # messages a process has in its sockets at once (None: no limit; see engine.Sender)
-    socket_bytes: float | None = None  # p3kv's sender instead: bytes per destination socket (engine.Sender)
+    window: int | None = 1  # messages a process has in its sockets at once (None: no limit; see sender.Sender)
+    socket_bytes: float | None = None  # p3kv's sender instead: bytes per destination socket (sender.Sender)
     flight_bytes: float | None = None  # what one connection has in flight at most (TCP's window; None: no cap)
     split_bound: int | None = None  # without slices: arrays above it cut into one part per server (round-robin)
     update_on: str = "servers"  # where the optimizer runs: UPDATE_PLACES
@@ -338,23 +338,23 @@ def socket_payload(p3_socket_buffer: float) -> float:
     return SOCKET_PAYLOAD * p3_socket_buffer
 
 
-def mxnet_p3_socket(slice_size: int) -> float:
+def mxnet_p3_socket(slice_size: int, itemsize: int = 4) -> float:
     """MXNet's P3 van (ps-lite p3_van.h): one thread sends the most urgent message and blocks while its peer's ZMQ
     pipe holds DMLC_PS_WATER_MARK messages (ZMQ_SNDHWM), whose I/O thread moves them into an autotuned socket."""
-    return MXNET_P3_WATER_MARK * slice_size * 4 + AUTOTUNED_SOCKET_BYTES
+    return MXNET_P3_WATER_MARK * slice_size * itemsize + AUTOTUNED_SOCKET_BYTES  # float32 gradients
 
 
 P3_SOCKET_BYTES = socket_payload(float(DEFAULTS["p3"]["P3_SOCKET_BUFFER"]))
-P3KV = PSSystem("p3", slice_size=50_000, priority=True, receivers="connection", socket_bytes=P3_SOCKET_BYTES,
-                flight_bytes=FLIGHT_BYTES)
+P3_SOCKETS = {"socket_bytes": P3_SOCKET_BYTES, "flight_bytes": FLIGHT_BYTES}  # p3kv's transport, every system on it
+P3KV = PSSystem("p3", slice_size=50_000, priority=True, receivers="connection", **P3_SOCKETS)
 SLICING_ONLY = PSSystem("p3-slicing-only", slice_size=50_000, priority=False, receivers="connection",
-                        socket_bytes=P3_SOCKET_BYTES, flight_bytes=FLIGHT_BYTES)
+                        **P3_SOCKETS)
 PRIORITY_ONLY = PSSystem("p3-priority-only", slice_size=None, priority=True, receivers="connection",
-                         socket_bytes=P3_SOCKET_BYTES, flight_bytes=FLIGHT_BYTES)
+                         **P3_SOCKETS)
 # The fair priority-only ablation (cluster_worker --split-big-arrays SERVERS): no slices, arrays above 10^6
 # elements cut into one key per server.
 PRIORITY_SPLIT = PSSystem("p3-priority-split", slice_size=None, priority=True, split_bound=MXNET_BIGARRAY_BOUND,
-                          receivers="connection", socket_bytes=P3_SOCKET_BYTES, flight_bytes=FLIGHT_BYTES)
+                          receivers="connection", **P3_SOCKETS)
 # MXNet 1.9's kv.pushpull is one ps-lite ZPushPull request per part (kvstore_dist.h PushPullDefault; P3StoreDist
 # one per slice): the server answers every worker's request with the aggregate as soon as it has all of them, so
 # no ack and no pull round trip: the same traffic as P3's broadcast. ZMQ: a socket per peer, no send limit.
@@ -365,10 +365,9 @@ MXNET_P3 = PSSystem("mxnet-p3", slice_size=40_000, priority=True, window=None, s
 # p3kv.torch runs p3kv's C++ transport: the same slices, priorities and sender; its worker placement updates each
 # parameter on the virtual GPU as its slices land (torch_compute.VirtualGpuSGD), its server placement on the servers.
 TORCH_P3KV = PSSystem("torch-p3kv", slice_size=50_000, priority=True, update_on="workers-gpu",
-                      gpu_accesses=SGD_ACCESSES, receivers="connection", socket_bytes=P3_SOCKET_BYTES,
-                      flight_bytes=FLIGHT_BYTES)
+                      gpu_accesses=SGD_ACCESSES, receivers="connection", **P3_SOCKETS)
 TORCH_P3KV_SERVER = PSSystem("torch-p3kv-server", slice_size=50_000, priority=True, receivers="connection",
-                             socket_bytes=P3_SOCKET_BYTES, flight_bytes=FLIGHT_BYTES)
+                             **P3_SOCKETS)
 SYSTEMS = {s.name: s for s in (P3KV, SLICING_ONLY, PRIORITY_ONLY, PRIORITY_SPLIT, DIST_SYNC, MXNET_P3, TORCH_P3KV,
                                TORCH_P3KV_SERVER)}
 

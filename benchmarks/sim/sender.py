@@ -14,9 +14,9 @@ class Sender:
     Two kinds (the sender's own rule decides which messages are on the links at once):
     - `window`: at most that many messages admitted to the sockets (None: no limit), each released when its sender
       has sent it; admitted messages to one destination go one after another (one TCP connection), to different
-      destinations at once. MXNet's ZMQ: a socket per destination with kernel buffers that autotune to megabytes,
-      MXNet's P3 van holding at most DMLC_PS_WATER_MARK messages in them.
-    - `socket_bytes` (p3kv's sender, cpp/src/sender.h): each destination's socket holds at most that many bytes
+      destinations at once. dist_sync's ZMQ (window None): a socket per destination, all sending at once.
+    - `socket_bytes` (p3kv's sender, cpp/src/sender.h; MXNet's P3 van over its ZMQ pipes, ps.mxnet_p3_socket):
+      each destination's socket holds at most that many bytes
       not yet delivered (TCP frees send-buffer bytes only when the receiver has them), and one thread writes the
       node's most urgent frame, holding every other destination back while that frame's socket is full (the
       priority hold); a frame being written to one destination is finished before the next frame to it, and a
