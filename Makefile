@@ -86,7 +86,7 @@ demo-full: bench-setup
 # SWEEP_FLAGS passes options to every one (e.g. --force, --repeats 5). With --resume (the default here) a sweep
 # runs only what its CSV in benchmarks/results/sweeps/ lacks, so an interrupted `make sweeps` continues where it
 # stopped; to measure everything again, move benchmarks/results/sweeps/ aside first.
-SWEEPS := demo bandwidth slice ablation scale sensitivity dilation utilisation shallow
+SWEEPS := demo bandwidth slice ablation scale sensitivity dilation utilisation shallow cubic
 SWEEP_FLAGS ?= --resume
 sweeps: bench-setup
 	for s in $(SWEEPS); do $(SUDO) $(PY) -m benchmarks.suites.sweeps $$s $(SWEEP_FLAGS) || exit 1; done

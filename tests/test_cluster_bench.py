@@ -105,12 +105,12 @@ def test_the_dilated_bucket_and_tcp_minimum_rto_reach_the_kernel():
         shown = cluster.run(0, ["tc", "-j", "qdisc", "show", "dev", "eth0"], capture_output=True, text=True).stdout
         tbf = next(q for q in json.loads(shown) if q["kind"] == "tbf")
         assert tbf["options"]["burst"] == 500_000, tbf  # 20 ms of 200 Mbit/s: 1 ms of GPU time at gpu_scale 0.05
-        cluster.set_rto_min(4000.0)  # the kernel's 200 ms at gpu_scale 0.05
+        cluster.set_transport(4000.0)  # the kernel's 200 ms at gpu_scale 0.05
         for i in range(2):
             route = cluster.run(i, ["ip", "route", "show", f"{emulated_cluster.SUBNET}.0/24"], capture_output=True,
                                 text=True).stdout
             assert re.search(r"rto_min (lock )?(4s|4000ms)", route), route
-        cluster.set_rto_min(None)
+        cluster.set_transport(None)
         route = cluster.run(0, ["ip", "route", "show", f"{emulated_cluster.SUBNET}.0/24"], capture_output=True,
                             text=True).stdout
         assert "rto_min" not in route and "eth0" in route, route

@@ -40,7 +40,7 @@ def test_the_runner_takes_the_queue_and_refuses_a_bad_one(capsys):
 
 def test_the_shallow_sweep_runs_the_headline_points_with_a_shallow_queue():
     args = sweeps.parse_args(["shallow"])
-    points = sweeps.sweep_shallow(args)
+    points = sweeps.SWEEPS["shallow"](args)
     equivalents = {(p.model, round(emulated_cluster.parse_rate(p.bandwidth) / p.gpu_scale / 1e9, 3)) for p in points}
     assert equivalents == {("resnet50_v1", 4.0), ("vgg19", 15.0)}
     assert {p.kvstore for p in points} == set(sweeps.SYSTEMS)
@@ -55,7 +55,7 @@ def test_the_shallow_sweep_runs_the_headline_points_with_a_shallow_queue():
 
 def test_rows_of_another_queue_are_another_point_and_older_rows_had_the_default():
     args = sweeps.parse_args(["shallow"])
-    point = next(p for p in sweeps.sweep_shallow(args) if p.model == "vgg19" and p.kvstore == "p3")
+    point = next(p for p in sweeps.SWEEPS["shallow"](args) if p.model == "vgg19" and p.kvstore == "p3")
     row = {k: ("" if v is None else str(v)) for k, v in dataclasses.asdict(point).items()}
     assert sweeps._signature(row) == sweeps._signature(dataclasses.asdict(point))
     deep = {**row, "link_queue_ms": ""}  # a row from before the column ran the 50 ms queue

@@ -105,7 +105,7 @@ def test_busiest_processes_from_proc_stat(tmp_path):
 
 class FakeCluster:
     hosts, bandwidth, queue_ms, burst_ms = 2, "2gbit", cluster_bench.emulated_cluster.DEFAULT_QUEUE_MS, 1.0
-    rto_min_ms = None  # the kernel's own, as the points ask by default: nothing to set
+    rto_min_ms = congestion_control = None  # the kernel's own and the machine's, as the points ask: nothing to set
     threaded_rx = False
 
     def __init__(self, *args, **kwargs):

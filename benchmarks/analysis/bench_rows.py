@@ -65,6 +65,7 @@ RUN_COLUMNS = (
     # {role: [[thread name, % of one dilated CPU, % of the window throttled], ...]} (emulation/thread_usage.py);
     # "": threads uncapped, or a row from before it.
     "thread_cpu",
+    "tcp_congestion_control",  # TCP's congestion control on the links (link_shaping.py); "": a row from before, BBR
 )
 ITERATION_COLUMNS = ("run_id", "tag", "model", "kvstore", "hosts", "bandwidth", "gpu_scale", "repeat", "rank",
                      "iteration", "time_s")

@@ -10,7 +10,13 @@ from collections.abc import Sequence
 
 from benchmarks.analysis import bench_rows, bench_stats
 from benchmarks.emulation import fidelity
-from benchmarks.emulation.link_shaping import DEFAULT_BURST_MS, DEFAULT_QUEUE_MS, KERNEL_RTO_MIN_MS, burst_bytes
+from benchmarks.emulation.link_shaping import (
+    DEFAULT_BURST_MS,
+    DEFAULT_QUEUE_MS,
+    KERNEL_RTO_MIN_MS,
+    LEGACY_CONGESTION_CONTROL,
+    burst_bytes,
+)
 from p3kv.core import config
 
 LABEL = {"p3": "p3kv", "dist_sync": "dist_sync", "mxnet-p3": "MXNet P3", "horovod": "Horovod",
@@ -58,7 +64,8 @@ POINT_KEY = ("tag", "model", "hosts", "layout", "bandwidth", "compute", "batch_s
              "link_burst_bytes",  # nor one link bucket with another (rows from before the column: 10 ms of rate)
              "tcp_rto_min_ms",  # nor one TCP minimum RTO with another (rows from before the column: the kernel's)
              "thread_cap_cores",  # nor threads capped at one dilated CPU with uncapped ones (thread_cap.py)
-             "omp_threads")  # nor one OpenMP thread per process with a host's CPU count (rows from before: one)
+             "omp_threads",  # nor one OpenMP thread per process with a host's CPU count (rows from before: one)
+             "tcp_congestion_control")  # nor CUBIC with BBR (rows from before the column: BBR, link_shaping.py)
 
 
 def key_value(row: dict, column: str) -> str:
@@ -70,6 +77,8 @@ def key_value(row: dict, column: str) -> str:
     if column == "link_burst_bytes":
         burst = link_burst(row)
         return "" if burst is None else str(burst)
+    if column == "tcp_congestion_control":
+        return str(row.get(column) or LEGACY_CONGESTION_CONTROL)
     if column == "omp_threads":
         return f"{number(row.get(column), 1.0) or 1.0:g}"
     return str(row.get(column, ""))

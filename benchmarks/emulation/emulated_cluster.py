@@ -37,7 +37,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from benchmarks import paths
-from benchmarks.emulation import cpu_limit, host_cpu, link_napi, proc_monitor
+from benchmarks.emulation import cpu_limit, host_cpu, link_napi, link_shaping, proc_monitor
 from benchmarks.emulation.link_shaping import (  # noqa: F401  (the callers' names: emulated_cluster.tbf_args, ...)
     DEFAULT_BURST_MS,
     DEFAULT_QUEUE_MS,
@@ -120,6 +120,7 @@ class EmulatedCluster:
         self._rate = parse_rate(bandwidth) if bandwidth else None
         self.queue_ms, self.burst_ms = queue_ms, burst_ms
         self.rto_min_ms: float | None = None  # the hosts' TCP minimum RTO on their links (None: the kernel's)
+        self.congestion_control: str | None = None  # TCP's on the links (None: the machine's default)
         if self._rate:
             tbf_args(self._rate, queue_ms, burst_ms)  # a bad queue or burst is refused before anything is built
         self._up = False
@@ -290,15 +291,18 @@ class EmulatedCluster:
     def rate_bps(self) -> float | None:
         return self._rate
 
-    def set_rto_min(self, ms: float | None) -> None:
-        """Every host's TCP minimum retransmission timeout toward the other hosts, in real ms (None: the kernel's
-        200 ms), on its link's route. It also bounds how long a connection may idle before TCP restarts it from its
-        initial window (tcp_slow_start_after_idle): a fixed real 200 ms is less of the GPU's time the more a run
-        is dilated (link_shaping.dilated_rto_min_ms)."""
+    def set_transport(self, rto_min_ms: float | None, congestion_control: str | None = None) -> None:
+        """Every host's TCP toward the other hosts, on its link's route: the minimum RTO in real ms (None: the kernel's
+        200 ms; it also bounds how long a connection may idle before TCP restarts it from its initial window:
+        link_shaping.dilated_rto_min_ms) and the congestion control (None: the machine's default; a route's congctl,
+        as a namespace may only default to the algorithms the machine allows unprivileged users)."""
+        if congestion_control is not None:
+            link_shaping.check_congestion_control(congestion_control)
         for i, ns in enumerate(self.namespaces):
             self._in(ns, "ip", "route", "replace", f"{SUBNET}.0/24", "dev", "eth0", "proto", "kernel", "scope", "link",
-                     "src", self.address(i), *([] if ms is None else ["rto_min", f"{round(ms)}ms"]))
-        self.rto_min_ms = ms
+                     "src", self.address(i), *([] if rto_min_ms is None else ["rto_min", f"{round(rto_min_ms)}ms"]),
+                     *([] if congestion_control is None else ["congctl", congestion_control]))
+        self.rto_min_ms, self.congestion_control = rto_min_ms, congestion_control
 
     def set_link(self, i: int, up: bool) -> None:
         """Cuts (up=False) or restores host i's link: its bridge port goes down, as if the cable were pulled."""

@@ -51,3 +51,25 @@ def dilated_rto_min_ms(gpu_scale: float) -> float:
     if gpu_scale <= 0:
         raise ValueError(f"gpu_scale {gpu_scale:g}: must be positive")
     return KERNEL_RTO_MIN_MS / gpu_scale
+
+
+# TCP's congestion control on the links. The runner sets none unless asked (--tcp-congestion): a namespace starts with
+# the machine's default, read here into every row. Rows from before the column ran under BBR, this machine kind's
+# default (the runner never changed it; results/socket_payload.csv shows BBR's window in the namespaces).
+LEGACY_CONGESTION_CONTROL = "bbr"
+_TCP_PROC = "/proc/sys/net/ipv4"
+
+
+def machine_congestion_control(proc: str = _TCP_PROC) -> str:
+    """The congestion control a new namespace's connections get: the machine's default."""
+    with open(f"{proc}/tcp_congestion_control") as f:
+        return f.read().strip()
+
+
+def check_congestion_control(name: str, proc: str = _TCP_PROC) -> None:
+    """Raises ValueError naming what the kernel offers when `name` is not loaded."""
+    with open(f"{proc}/tcp_available_congestion_control") as f:
+        available = f.read().split()
+    if name not in available:
+        raise ValueError(f"TCP congestion control {name!r} is not loaded (available: {', '.join(available)}): "
+                         f"modprobe tcp_{name}, or pick one of those")

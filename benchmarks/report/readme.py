@@ -96,7 +96,7 @@ def blocks(results: pathlib.Path = RESULTS) -> dict[str, Callable[[], str]]:
     for name, (file, command) in SUMMARIES.items():
         named[name] = (lambda f=file, c=command: summary_block(results / f, c))
     for name in ("demo", "bandwidth", "sensitivity", "dilation", "ablation", "slice", "scale", "utilisation",
-                 "shallow", "torch"):
+                 "shallow", "cubic", "torch"):
         named[name] = (lambda n=name: reviewed_block(n, results))
     return named
 

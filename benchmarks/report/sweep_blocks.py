@@ -8,7 +8,7 @@ import pathlib
 import statistics
 from collections.abc import Sequence
 
-from benchmarks.analysis import bench_rows, ratio_table, torch_comparison, undilated_cpu
+from benchmarks.analysis import bench_rows, ratio_table, torch_comparison, undilated_cpu, variant
 from benchmarks.analysis.points import (
     LABEL,
     aggregate,
@@ -36,6 +36,8 @@ LEGACY_RUNS = ("demo", "sweep_bandwidth", "sweep_ablation", "sweep_slice", "swee
                "sweep_targets")
 
 
+# The sweeps that change one condition at the bandwidth sweep's headline points, and the column they change.
+VARIANTS = {"shallow": "link_queue_ms", "cubic": "tcp_congestion_control"}
 # The models each --models sweep covers (sweeps.py runs these by default): a block names those without rows yet.
 SWEEP_MODELS = {"bandwidth": tuple(sweeps.MODELS)}
 
@@ -97,9 +99,11 @@ def reviewed_block(name: str, results: pathlib.Path) -> str:
         extra += utilisation_sentences(_rows(path), results / "sweeps" / "utilisation")
     if name == "torch":  # each system against DDP, with the bootstrap's CIs
         extra.append(torch_comparison.table(_rows(path)))
-    if name == "shallow":  # p3kv's ratios with their CIs, and what each system lost to the shallow queues
+    if name in VARIANTS:  # p3kv's ratios with their CIs, what each system lost, and against the reference rows
         found = ratio_table.ratios(rows)
+        reference = results / "sweeps" / "bandwidth.csv"
         extra += (["", ratio_table.table(found)] if found else []) + ["", *loss_sentences(rows)]
+        extra += variant.sentences(rows, _rows(reference), VARIANTS[name], "sweeps/bandwidth.csv")
     return "\n".join([head, "", point_table(points), "", *verdicts(points), *extra])
 
 

@@ -3,7 +3,8 @@
 
 Which rows. Every ok, non-smoke row of the run CSVs (results/sweeps/*.csv, results/demo_cpu_limited/*.csv) with
 emulated or no compute; when any row is faithful (column `faithful`, benchmarks/emulation/fidelity.py), only
-faithful rows (column `selection`; `fidelity` says what each point's rows were).
+faithful rows (column `selection`; `fidelity` says what each point's rows were); rows under another TCP congestion
+control than BBR are left out (the model's window is BBR's: sockets.py).
 
 What is simulated: what was run there (the link rate tc enforced, not its P100-equivalent; compute dilated by
 --gpu-scale at the point's efficiency; the optimizer where the system ran it, as the row's update_placement says;
@@ -106,7 +107,8 @@ def measured_points(results: pathlib.Path = RESULTS) -> tuple[list[dict], str]:
             with open(path) as f:
                 for row in csv.DictReader(f):
                     if (row.get("status") == "ok" and row.get("smoke") != "True"
-                            and row.get("compute") in ("emulated", "none") and row.get("iter_s")):
+                            and row.get("compute") in ("emulated", "none") and row.get("iter_s")
+                            and (row.get("tcp_congestion_control") or "bbr") == "bbr"):  # sockets.py: BBR's window
                         rows.append((f"{folder}/{path.name}", row))
     faithful = [(s, r) for s, r in rows if fidelity(r) == FAITHFUL]
     selection = ONLY_FAITHFUL if faithful else NO_FAITHFUL

@@ -25,7 +25,7 @@ SUITES = (
     Suite("demo-full", "the 12-job comparison of all four systems, 20 timed iterations (the sweeps' demo): "
           "appends to results/sweeps/demo.csv, rewrites docs/benchmarks.md's tables", "make demo-full", root=True),
     Suite("sweeps", "the paper's evaluation: bandwidth, slice, ablation, scale, sensitivity, dilation, utilisation, "
-          "shallow",
+          "shallow, cubic",
           "make sweeps  (one: python -m benchmarks.suites.sweeps NAME; a 2-hour part: NAME --resume --slice K/N)",
           root=True, module="benchmarks.suites.sweeps"),
     Suite("cluster_bench", "one comparison on the emulated cluster, any model/link/host count",

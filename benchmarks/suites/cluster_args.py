@@ -61,6 +61,9 @@ def add_tcp_argument(p: argparse.ArgumentParser) -> None:
                    f"when an idle connection restarts from its initial window); e.g. {link_shaping.KERNEL_RTO_MIN_MS:g}"
                    " dilates the kernel's own. Default 0: the kernel's 200 ms of real time (dilating it did not help: "
                    "results/cfs_period/summary.md; rows record a set value as tcp_rto_min_ms)")
+    p.add_argument("--tcp-congestion", default=None, metavar="NAME", help="TCP's congestion control on the links, "
+                   "e.g. cubic or bbr (a route's congctl in every host; the kernel must have it loaded). Default: the "
+                   "machine's (sysctl net.ipv4.tcp_congestion_control). Rows record it as tcp_congestion_control")
 
 
 def add_redo_argument(p: argparse.ArgumentParser) -> None:

@@ -158,8 +158,9 @@ def run_points(points: Sequence[Point], csv_path: pathlib.Path, conditions: Cond
                 elif (cluster.bandwidth, cluster.queue_ms, cluster.burst_ms) != (
                         point.bandwidth, point.link_queue_real_ms, point.link_burst_real_ms):
                     cluster.set_bandwidth(point.bandwidth, point.link_queue_real_ms, point.link_burst_real_ms)
-                if cluster.rto_min_ms != point.tcp_rto_min_real_ms:
-                    cluster.set_rto_min(point.tcp_rto_min_real_ms)
+                transport = (point.tcp_rto_min_real_ms, point.tcp_congestion)
+                if (cluster.rto_min_ms, cluster.congestion_control) != transport:
+                    cluster.set_transport(*transport)
                 if utilisation_dir is not None:
                     utilisation_dir.mkdir(parents=True, exist_ok=True)
                     cluster.start_sampler(str(utilisation_dir / f"{point.model}.{point.kvstore}.{point.hosts}h."
@@ -334,7 +335,7 @@ def points_from_args(args: argparse.Namespace) -> list[Point]:
                   log_interval=args.log_interval, host_cpus=host_cpus_from_args(args, model),
                   link_rx=args.link_rx, link_queue_ms=args.link_queue_ms,
                   cfs_period_gpu_ms=args.cfs_period_gpu_ms, tcp_rto_min_gpu_ms=args.tcp_rto_min_gpu_ms or None,
-                  thread_cap=args.thread_cap)
+                  tcp_congestion=args.tcp_congestion, thread_cap=args.thread_cap)
             for model in args.model for kv in args.kvstore]
     return baseline_settings.from_args(interleave(base, args.repeats, args.seed), args)
 

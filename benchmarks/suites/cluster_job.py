@@ -34,6 +34,7 @@ from benchmarks.emulation import (
     emulated_compute,
     host_cpu,
     job_watch,
+    link_shaping,
     run_monitors,
     thread_cap,
     wire_bound,
@@ -90,6 +91,7 @@ class Point:
     # real one), TCP's minimum RTO if set (None: the kernel's 200 ms real; results/cfs_period/summary.md).
     link_burst_gpu_ms: float = LINK_BURST_GPU_MS
     tcp_rto_min_gpu_ms: float | None = None
+    tcp_congestion: str | None = None  # TCP's congestion control on the links (None: the machine's default)
     cfs_period_gpu_ms: float | None = cfs_bandwidth.PERIOD_GPU_MS
     thread_cap: bool = False  # each thread of a host at most one dilated CPU, too (thread_cap.py)
 
@@ -332,6 +334,7 @@ def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: 
            "link_queue_ms": point.link_queue_ms if cluster.rate_bps else "",
            "link_burst_bytes": emulated_cluster.burst_bytes(cluster.rate_bps, cluster.burst_ms) if cluster.rate_bps
            else "", "tcp_rto_min_ms": round(cluster.rto_min_ms) if cluster.rto_min_ms else "",
+           "tcp_congestion_control": cluster.congestion_control or link_shaping.machine_congestion_control(),
            "horovod_cycle_ms": point.horovod_cycle_real_ms if point.horovod_cycle_real_ms is not None else "",
            "priority_hold_ms": baseline_settings.priority_hold_ms(env) if launcher_kvstore == "p3" else "",
            "omp_threads": env["OMP_NUM_THREADS"]}

@@ -132,3 +132,26 @@ def estimate_seconds(points: Sequence[cluster_bench.Point], repeats: int, factor
 
 def slice_weight(points: Sequence[cluster_bench.Point]) -> float:
     return estimate_seconds(points, 1, SLICE_FACTORS)
+
+
+def table(rows: Sequence[tuple[str, float, float]], source: str) -> str:
+    """The README's table of run times from sweeps.estimates: each sweep in full, and what `make sweeps` (--resume)
+    would still run."""
+    lines = ["| sweep | all runs | not yet in `results/sweeps/` |", "|---|---|---|"]
+    lines += [f"| {name} | {full / 3600:.1f} h | {left / 3600:.1f} h |" for name, full, left in rows]
+    lines.append(f"| all | {sum(r[1] for r in rows) / 3600:.1f} h | {sum(r[2] for r in rows) / 3600:.1f} h |")
+    return "\n".join([*lines, "", f"Estimated by `sweeps.py estimate` ({source}), on an idle 2-core machine."])
+
+
+def report(rows: Sequence[tuple[str, float, float]], source: str, plan: Sequence[tuple[str, int, float]],
+           window_h: float) -> str:
+    """What `sweeps.py estimate` prints: the times (sweeps.estimates) and the --slice parts (sweeps.slice_plan)."""
+    lines = [f"{name:12s} {full / 3600:5.1f} h   not yet run: {left / 3600:5.1f} h" for name, full, left in rows]
+    lines += [f"{'all':12s} {sum(r[1] for r in rows) / 3600:5.1f} h   not yet run: "
+              f"{sum(r[2] for r in rows) / 3600:5.1f} h", f"({source})", "",
+              f"Slices of at most {window_h:g} h (python -m benchmarks.suites.sweeps NAME --resume --slice K/N, "
+              "K = 1..N):"]
+    for name, n, longest in plan:
+        over = "  (one comparison alone is longer than the window)" if longest > window_h * 3600 else ""
+        lines.append(f"{name:12s} N = {n:3d}   longest slice {longest / 3600:4.1f} h{over}")
+    return "\n".join(lines) + "\n"

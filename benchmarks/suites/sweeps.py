@@ -10,6 +10,7 @@
     python -m benchmarks.suites.sweeps utilisation   # tx/rx of every link over time, dist_sync vs p3kv vs Horovod
                                               # (also fig_utilisation_links.png, see link_utilisation.py)
     python -m benchmarks.suites.sweeps shallow       # the headline points with 1 ms link queues, not 50 ms
+    python -m benchmarks.suites.sweeps cubic         # the headline points under TCP CUBIC, not the machine's BBR
     python -m benchmarks.suites.sweeps torch         # PyTorch: p3kv.torch (both placements) vs DDP (gloo),
                                               # ResNet-50 and VGG-19 at 3 rates each, >= 5 repeats, CIs
     python -m benchmarks.suites.sweeps estimate      # how long each sweep takes (from the bound and older rows),
@@ -50,9 +51,9 @@ from collections.abc import Sequence
 
 from benchmarks.analysis import bench_rows, torch_comparison
 from benchmarks.analysis.points import link_burst, optimizer_label
-from benchmarks.emulation import cfs_bandwidth, cpu_limit, emulated_cluster, run_guard, thread_cap
-from benchmarks.emulation.link_shaping import KERNEL_RTO_MIN_MS
+from benchmarks.emulation import cfs_bandwidth, cpu_limit, emulated_cluster, link_shaping, run_guard, thread_cap
 from benchmarks.suites import baseline_settings, cluster_args, cluster_bench, sweep_slices, torch_systems
+from benchmarks.suites import sweep_estimate as estimate_text
 from benchmarks.suites.sweep_estimate import (  # noqa: F401  (the callers' names: sweeps.estimate_seconds, ...)
     GATE_S,
     SLICE_FACTORS,
@@ -93,7 +94,11 @@ UTILISATION = ("sockeye", 10, ["dist_sync", "p3", "horovod"])
 # instead of 50 ms, in emulated time (at a dilation of 0.1: 10 ms of queue and 10 ms of bucket in real
 # time). A queue that holds about one burst is what a shallow-buffered switch port gives a few synchronised senders:
 # their bursts collide and drop where the deep queue absorbed them.
-SHALLOW = ([("resnet50_v1", 4), ("vgg19", 15)], 1.0)
+HEADLINE = [("resnet50_v1", 4), ("vgg19", 15)]
+SHALLOW = (HEADLINE, 1.0)
+# The headline points under TCP CUBIC (Linux's usual default) instead of this machine's BBR, which paces and keeps
+# about one bandwidth-delay product in flight where CUBIC fills the 50 ms queues until they drop.
+CUBIC = (HEADLINE, "cubic")
 
 
 def link(equivalent_gbps: float, scale: float) -> str:
@@ -162,10 +167,9 @@ def sweep_dilation(args):
             for kv in args.kvstores]
 
 
-def sweep_shallow(args):
-    points, queue_ms = SHALLOW
-    chosen = [(m, eq) for m, eq in points if m in args.models] or points  # --models picks among the two
-    return [_point("shallow", args, m, kv, eq, link_queue_ms=queue_ms) for m, eq in chosen for kv in args.kvstores]
+def _headline(name: str, args, **settings) -> list[cluster_bench.Point]:
+    chosen = [(m, eq) for m, eq in HEADLINE if m in args.models] or HEADLINE  # --models picks among the two
+    return [_point(name, args, m, kv, eq, **settings) for m, eq in chosen for kv in args.kvstores]
 
 
 def sweep_demo(args):
@@ -179,12 +183,14 @@ def sweep_utilisation(args):
 
 SWEEPS = {"bandwidth": sweep_bandwidth, "slice": sweep_slice, "ablation": sweep_ablation, "scale": sweep_scale,
           "sensitivity": sweep_sensitivity, "dilation": sweep_dilation, "demo": sweep_demo,
-          "utilisation": sweep_utilisation, "shallow": sweep_shallow,
+          "utilisation": sweep_utilisation,
+          "shallow": lambda args: _headline("shallow", args, link_queue_ms=SHALLOW[1]),
+          "cubic": lambda args: _headline("cubic", args, tcp_congestion=CUBIC[1]),
           "torch": lambda args: torch_systems.sweep(args, _point)}
 
 
 ALL = ("demo", "bandwidth", "slice", "ablation", "scale", "sensitivity", "dilation", "utilisation", "shallow",
-       "torch")
+       "cubic", "torch")
 WINDOW_H = 2.0  # the idle window one slice of a long sweep should fit (estimate --window)
 
 
@@ -202,11 +208,12 @@ def _signature(settings: dict) -> tuple:
             number(settings.get("link_queue_ms")) or emulated_cluster.DEFAULT_QUEUE_MS,  # older rows: 50 ms
             number(settings.get("cfs_period_us")),  # the CFS period the hosts got ("" / None: no quota)
             link_burst(settings),  # the links' bucket in bytes (None: uncapped)
-            number(settings.get("tcp_rto_min_ms")) or KERNEL_RTO_MIN_MS,  # "" / None: the kernel's 200 ms
+            number(settings.get("tcp_rto_min_ms")) or link_shaping.KERNEL_RTO_MIN_MS,  # "" / None: the kernel's
             number(settings.get("horovod_cycle_ms")),  # Horovod's dilated cycle ("": other systems, older rows)
             number(settings.get("priority_hold_ms")),  # p3kv's sender hold ("": other systems, older p3kv rows)
             number(settings.get("thread_cap_cores")),  # each thread's cap ("": threads uncapped, older rows)
             number(settings.get("omp_threads")) or 1.0,  # OpenMP threads per process ("": older rows ran one)
+            str(settings.get("tcp_congestion_control") or link_shaping.LEGACY_CONGESTION_CONTROL),  # "": older, BBR
             baseline_settings.identity(str(settings.get("baseline_setting") or "")))
 
 
@@ -225,6 +232,7 @@ def _settings(point: cluster_bench.Point) -> dict:
             point.link_burst_bytes, "tcp_rto_min_ms": point.tcp_rto_min_real_ms, "horovod_cycle_ms":
             point.horovod_cycle_real_ms, "thread_cap_cores": point.thread_cap_cores, "omp_threads":
             thread_cap.omp_threads(point.host_cpus, point.thread_cap_cores),
+            "tcp_congestion_control": point.tcp_congestion or link_shaping.machine_congestion_control(),
             "priority_hold_ms": baseline_settings.priority_hold_ms(os.environ)
             if cluster_bench.KVSTORES[point.kvstore][0] == "p3" else None}
 
@@ -264,11 +272,7 @@ def slice_plan(args: argparse.Namespace, results_dir: pathlib.Path, window_s: fl
 
 def estimate_block(results_dir: pathlib.Path = RESULTS) -> str:
     """The README's table of run times: each sweep in full, and what `make sweeps` (--resume) would still run."""
-    rows, source = estimates(parse_args(["estimate"]), results_dir)
-    lines = ["| sweep | all runs | not yet in `results/sweeps/` |", "|---|---|---|"]
-    lines += [f"| {name} | {full / 3600:.1f} h | {left / 3600:.1f} h |" for name, full, left in rows]
-    lines.append(f"| all | {sum(r[1] for r in rows) / 3600:.1f} h | {sum(r[2] for r in rows) / 3600:.1f} h |")
-    return "\n".join([*lines, "", f"Estimated by `sweeps.py estimate` ({source}), on an idle 2-core machine."])
+    return estimate_text.table(*estimates(parse_args(["estimate"]), results_dir))
 
 
 def run_csvs(results_dir: pathlib.Path) -> list[pathlib.Path]:
@@ -343,16 +347,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.sweep == "estimate":
-        rows, source = estimates(args, args.results_dir)
-        for name, full, left in rows:
-            sys.stdout.write(f"{name:12s} {full / 3600:5.1f} h   not yet run: {left / 3600:5.1f} h\n")
-        sys.stdout.write(f"{'all':12s} {sum(r[1] for r in rows) / 3600:5.1f} h   not yet run: "
-                         f"{sum(r[2] for r in rows) / 3600:5.1f} h\n({source})\n")
-        sys.stdout.write(f"\nSlices of at most {args.window:g} h (python -m benchmarks.suites.sweeps NAME --resume "
-                         "--slice K/N, K = 1..N):\n")
-        for name, n, longest in slice_plan(args, args.results_dir, args.window * 3600):
-            over = "  (one comparison alone is longer than the window)" if longest > args.window * 3600 else ""
-            sys.stdout.write(f"{name:12s} N = {n:3d}   longest slice {longest / 3600:4.1f} h{over}\n")
+        plan = slice_plan(args, args.results_dir, args.window * 3600)
+        sys.stdout.write(estimate_text.report(*estimates(args, args.results_dir), plan, args.window))
         return 0
     if args.sweep == "rebound":
         for path, changed in rebound(args.results_dir).items():
