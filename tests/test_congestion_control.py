@@ -129,3 +129,12 @@ def test_the_links_run_the_algorithm_asked_for_on_both_ends_of_a_connection():
         route = cluster.run(0, ["ip", "route", "show", f"{emulated_cluster.SUBNET}.0/24"], capture_output=True,
                             text=True).stdout
         assert "congctl" not in route and "rto_min" not in route, route
+
+
+@pytest.mark.unit
+def test_the_tables_and_the_readme_headline_name_the_algorithm_their_rows_ran():
+    from benchmarks.report import headline, sweep_blocks
+
+    results = pathlib.Path(sweeps.RESULTS).parent
+    assert "links under TCP BBR" in sweep_blocks.reviewed_block("bandwidth", results)
+    assert "links under TCP BBR with compute slowed" in headline.headline_block(results)

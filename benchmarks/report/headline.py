@@ -194,6 +194,7 @@ def headline_block(results: pathlib.Path) -> str:
     batch = sorted({int(number(r["batch_size"])) for r in behind})
     hosts = sorted({int(number(r["hosts"])) for r in behind})
     links = sorted({r["bandwidth"] for r in behind})
+    tcp = sorted({key_value(r, "tcp_congestion_control").upper() for r in behind})  # the machine's default: BBR
     ranks = ranks_phrase(behind)
     judged = fidelity_sentence(everything)
     limited = [dilated(r) for r in behind]
@@ -221,9 +222,9 @@ def headline_block(results: pathlib.Path) -> str:
         f"from `benchmarks/results/sweeps/bandwidth.csv`"
         + (" (rows whose emulation cell says so: from `dilation.csv`, its dilations pooled in P100-equivalent time)"
            if "dilation" in sources else "") + f". Conditions: {'/'.join(map(str, hosts))} emulated hosts (network "
-        f"namespaces on one 2-core machine, one worker and one server each), {'/'.join(links)} links with compute "
-        f"slowed to match the P100-equivalent rate, batch {'/'.join(map(str, batch))} per worker, SGD with momentum "
-        f"on the servers ({LABEL['p3']}, dist_sync) or on the workers "
+        f"namespaces on one 2-core machine, one worker and one server each), {'/'.join(links)} links under TCP "
+        f"{'/'.join(tcp)} with compute slowed to match the P100-equivalent rate, batch {'/'.join(map(str, batch))} "
+        f"per worker, SGD with momentum on the servers ({LABEL['p3']}, dist_sync) or on the workers "
         f"(MXNet's P3, Horovod). {cpu} Not yet "
         f"verified on real GPUs or a real cluster." + (f" {judged}" if judged else "")
         + (" 'CPU-bound': a host of that system ran out of its --host-cpus CPUs in a run shown, more of its threads "

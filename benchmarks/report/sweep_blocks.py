@@ -13,6 +13,7 @@ from benchmarks.analysis.points import (
     LABEL,
     aggregate,
     fidelity_sentence,
+    key_value,
     number,
     optimizer_label,
     point_table,
@@ -69,8 +70,9 @@ def reviewed_block(name: str, results: pathlib.Path) -> str:
     busy = [p["busy_max"] for p in points if p["busy_max"] is not None]
     idle = f"; CPUs busy before a run at most {max(busy):.0f}% (5-second sample)" if busy else ""
     used = [r for r in _rows(path) if shown(r) and str(r.get("smoke")) != "True"]
+    tcp = "/".join(sorted({key_value(r, "tcp_congestion_control").upper() for r in used}))
     head = (f"From `benchmarks/results/sweeps/{name}.csv` ({sum(p['n'] for p in points)} runs{idle}; highest "
-            f"1-minute load before/after a run {load:.2f}, the runs' own included"
+            f"1-minute load before/after a run {load:.2f}, the runs' own included; links under TCP {tcp}"
             f"{'; ' + '; '.join(flags) if flags else ''}). Throughput: median over "
             f"{ranks_phrase(used)} timed iterations of every repeat, in emulated time (P100-equiv.: divided by "
             "--gpu-scale, the rate "
