@@ -138,3 +138,20 @@ def test_the_tables_and_the_readme_headline_name_the_algorithm_their_rows_ran():
     results = pathlib.Path(sweeps.RESULTS).parent
     assert "links under TCP BBR" in sweep_blocks.reviewed_block("bandwidth", results)
     assert "links under TCP BBR with compute slowed" in headline.headline_block(results)
+
+
+@pytest.mark.unit
+def test_the_readme_lines_give_p3kvs_ratios_and_each_systems_move_under_the_other_algorithm(tmp_path):
+    from benchmarks.report import sweep_blocks
+
+    reference = [{k: v for k, v in r.items() if k != "legacy"} for r in bench_rows.read_runs(BANDWIDTH)
+                 if r["model"] == "resnet50_v1" and point_stats.equivalent_gbps(r) == 4.0]
+    (tmp_path / "sweeps").mkdir()
+    assert sweep_blocks.variant_summary("cubic", tmp_path).startswith("Not measured yet")
+    for row in reference:
+        bench_rows.write_run(tmp_path / "sweeps" / "bandwidth.csv", row)
+        bench_rows.write_run(tmp_path / "sweeps" / "cubic.csv",
+                             _as_cubic(row, 1.25 if row["kvstore"] == "dist_sync" else 1.0))
+    text = sweep_blocks.variant_summary("cubic", tmp_path)
+    assert text.startswith("Under CUBIC instead of BBR") and "resnet50_v1 at 4 Gbps" in text, text
+    assert re.search(r"resnet50_v1 .*p3kv 1\.00×.*dist_sync 0\.80×", text.split("same point")[1]), text

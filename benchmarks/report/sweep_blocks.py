@@ -164,3 +164,32 @@ def status_block(results: pathlib.Path) -> str:
         lines.append(f"| `{path.relative_to(results.parent.parent)}` | {len(rows)} | {', '.join(optimizers)} | "
                      f"{repeats} | {'payload only' if legacy else 'headers included'} | {verdict} |")
     return "\n".join(lines)
+
+
+def variant_summary(name: str, results: pathlib.Path) -> str:
+    """The README's lines on a sweep of VARIANTS: p3kv's ratios with their CIs at each of its points, and each
+    system under the varied condition against the bandwidth sweep's rows at the same point."""
+    path = results / "sweeps" / f"{name}.csv"
+    rows = [r for r in _rows(path) if str(r.get("smoke")) != "True"]
+    found = ratio_table.ratios(rows)
+    if not found:
+        return f"Not measured yet: `sudo .venv/bin/python -m benchmarks.suites.sweeps {name}` writes `{path.name}`."
+    moved = variant.pairs(rows, _rows(results / "sweeps" / "bandwidth.csv"), VARIANTS[name])
+    condition = moved[0].condition if moved else name
+    points = []
+    for f in sorted(found, key=lambda f: f["row"]["model"]):
+        row, t = f["row"], f["throughput"]
+        scale = number(row.get("gpu_scale"), 1.0) or 1.0
+        versus = ", ".join(f"{e.value:.2f}× ({e.low:.2f}–{e.high:.2f}) {LABEL.get(b, b)}"
+                           for b, e in f["versus"].items())
+        points.append(f"{row['model']} at {number(row.get('p100_equiv_gbps')):g} Gbps {t.value / scale:,.0f} "
+                      f"{row.get('unit', 'images')}/s, {versus}")
+    each: dict[str, list[str]] = {}
+    for p in moved:
+        each.setdefault(p.model, []).append(f"{p.system} {p.ratio:.2f}×")
+    against = "; ".join(f"{model} {', '.join(v)}" for model, v in each.items())
+    reference = moved[0].reference_condition if moved else "the bandwidth sweep's"
+    return (f"Under {condition} instead of {reference} (`benchmarks/results/sweeps/{name}.csv`; "
+            f"{fidelity_sentence(rows)} Every system at the setting it ran under {reference}): p3kv "
+            f"{'; '.join(points)}. Each system's throughput under {condition} over its own under {reference} at the "
+            f"same point (`benchmarks/results/sweeps/bandwidth.csv`): {against}.")
