@@ -155,3 +155,25 @@ def test_the_readme_lines_give_p3kvs_ratios_and_each_systems_move_under_the_othe
     text = sweep_blocks.variant_summary("cubic", tmp_path)
     assert text.startswith("Under CUBIC instead of BBR") and "resnet50_v1 at 4 Gbps" in text, text
     assert re.search(r"resnet50_v1 .*p3kv 1\.00×.*dist_sync 0\.80×", text.split("same point")[1]), text
+
+
+@pytest.mark.unit
+def test_a_grid_under_another_algorithm_is_its_own_point_and_comparisons_fall_back_to_the_machines_best():
+    from benchmarks.suites import baseline_settings, tune
+
+    args = tune.parse_args(["--model", "resnet50_v1", "--equivalent", "4", "--systems", "p3",
+                            "--tcp-congestion", "cubic"])
+    (base,) = tune.base_points(args)
+    assert base.tcp_congestion == "cubic"
+    assert baseline_settings.point_key(base) == "resnet50_v1.440mbit.4h.x0.11.emulated.tcp-cubic"
+    assert baseline_settings.comparison_key(base).endswith(".tcp-cubic")
+    point = next(p for p in sweeps.SWEEPS["cubic"](sweeps.parse_args(["cubic"]))
+                 if p.kvstore == "p3" and p.model == "resnet50_v1")
+    machine = dataclasses.replace(point, tcp_congestion=None)
+    entry = {"setting": {"P3_SLICE_SIZE": "25000"}, "label": "P3_SLICE_SIZE=25000 (tuned)", "gpu_scale": 0.11}
+    best = {baseline_settings.point_key(machine): {"p3": entry}}
+    assert baseline_settings.tuned(point, best) == ((("P3_SLICE_SIZE", "25000"),), "P3_SLICE_SIZE=25000 (tuned)")
+    own = {"setting": {"P3_SOCKET_BUFFER": "524288"}, "label": "P3_SOCKET_BUFFER=524288 (tuned)", "gpu_scale": 0.11}
+    best[baseline_settings.point_key(point)] = {"p3": own}
+    assert baseline_settings.tuned(point, best)[0] == (("P3_SOCKET_BUFFER", "524288"),)
+    assert baseline_settings.tuned(machine, best)[0] == (("P3_SLICE_SIZE", "25000"),)  # BBR keeps its own

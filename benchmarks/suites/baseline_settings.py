@@ -70,7 +70,8 @@ def _extras(point) -> list[str]:
     """What differs from the suites' defaults, in a point key's text."""
     extras = [(point.batch_size != 32, f"b{point.batch_size}"), (point.optimizer != "sgd", point.optimizer),
               (point.layout != "colocated", point.layout),
-              (point.efficiency_factor != 1.0, f"e{point.efficiency_factor:g}")]
+              (point.efficiency_factor != 1.0, f"e{point.efficiency_factor:g}"),
+              (getattr(point, "tcp_congestion", None) is not None, f"tcp-{getattr(point, 'tcp_congestion', '')}")]
     return [text for differs, text in extras if differs]
 
 
@@ -100,7 +101,15 @@ def load_best(path: pathlib.Path | None = BEST) -> dict:
 
 def _entry(point, best: Mapping) -> tuple[dict | None, float | None]:
     """The best.json entry of `point`'s system: its own point's, else the same comparison's tuned at another
-    dilation (the least dilated one), with that dilation; (None, None) when there is neither."""
+    dilation (the least dilated one), with that dilation; (None, None) when there is neither. A point under a
+    TCP congestion control of its own (tcp_congestion) without an entry of its own falls back to the machine's."""
+    entry, scale = _own_entry(point, best)
+    if entry is None and getattr(point, "tcp_congestion", None) is not None:
+        return _own_entry(dataclasses.replace(point, tcp_congestion=None), best)
+    return entry, scale
+
+
+def _own_entry(point, best: Mapping) -> tuple[dict | None, float | None]:
     entry = best.get(point_key(point), {}).get(point.kvstore)
     if entry is not None:
         return entry, None

@@ -220,7 +220,8 @@ def base_points(args: argparse.Namespace) -> list[Point]:
                             warmup=args.warmup, iters=args.iters, tag="tune", timeout=args.timeout,
                             log_interval=max(1, args.iters), host_cpus=host_cpus,
                             link_rx=getattr(args, "link_rx", "softirq"),
-                            cfs_period_gpu_ms=args.cfs_period_gpu_ms, thread_cap=args.thread_cap))
+                            cfs_period_gpu_ms=args.cfs_period_gpu_ms, thread_cap=args.thread_cap,
+                            tcp_congestion=args.tcp_congestion))
     return points
 
 
@@ -254,6 +255,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--window", type=float, default=sweeps.WINDOW_H, help="--estimate: hours one slice may take")
     cluster_bench.add_cpu_arguments(p)
     cluster_bench.add_condition_arguments(p)
+    p.add_argument("--tcp-congestion", default=None, metavar="NAME", help="tune under this TCP congestion control "
+                   "(the point's key then ends .tcp-NAME; a comparison under it without an entry of its own runs "
+                   "the machine's default's best). Default: the machine's")
     args = p.parse_args(argv)
     try:
         args.cells = [parse_cell(text) for text in args.cell]
