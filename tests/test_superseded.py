@@ -182,3 +182,17 @@ def test_rows_at_another_setting_move_once_a_faithful_run_at_the_new_tuned_setti
     assert superseded.move(sweep, legacy) == 1
     assert sorted(r["run_id"] for r in bench_rows.read_runs(sweep)) == [
         "ds-default", "hvd-tuned-unfaithful", "mp3-default", "mp3-kept", "retuned"]
+
+
+def test_a_faithful_run_under_one_tcp_congestion_control_replaces_none_under_another(tmp_path):
+    sweep = tmp_path / "sweeps" / "bandwidth.csv"
+    current = {"priority_hold_ms": "1000"}  # a p3kv row from before the hold is outdated whatever its algorithm
+    rows = [_row("p3", 15.0, "old-bbr"), {**_row("p3", 15.0, "new-cubic", faithful="True"),
+                                          "tcp_congestion_control": "cubic", **current}]
+    for r in rows:
+        bench_rows.write_run(sweep, r, {0: [1.0]})
+    assert superseded.move(sweep, tmp_path / "legacy") == 0  # the unjudged BBR row stays: nothing replaces it
+    bench_rows.write_run(sweep, {**_row("p3", 15.0, "new-bbr", faithful="True"), "tcp_congestion_control": "bbr",
+                                 **current}, {0: [1.0]})
+    assert superseded.move(sweep, tmp_path / "legacy") == 1  # now a faithful BBR rerun does
+    assert [r["run_id"] for r in bench_rows.read_runs(sweep)] == ["new-cubic", "new-bbr"]

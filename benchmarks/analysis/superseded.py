@@ -34,7 +34,7 @@ RETIRED = {"dilation": "the comparison moved from 10 Gbit/s P100-equivalent with
                        "them (the dilation must scale CPU like compute and links)"}
 # A point and system, whatever its dilation, CPU limit or run: what a faithful rerun replaces.
 SAME = ("tag", "model", "kvstore", "hosts", "layout", "compute", "batch_size", "efficiency_factor", "slice_size",
-        "link_queue_ms")
+        "link_queue_ms", "tcp_congestion_control")
 
 
 # Sweeps whose variable is the dilation itself: there a run at one --gpu-scale replaces none at another (an
