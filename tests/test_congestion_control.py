@@ -154,6 +154,15 @@ def test_the_readme_lines_give_p3kvs_ratios_and_each_systems_move_under_the_othe
                              _as_cubic(row, 1.25 if row["kvstore"] == "dist_sync" else 1.0))
     text = sweep_blocks.variant_summary("cubic", tmp_path)
     assert text.startswith("Under CUBIC instead of BBR") and "resnet50_v1 at 4 Gbps" in text, text
+    assert "Every system at the setting it ran under BBR" in text, text  # no grid ran under CUBIC here
+    (tmp_path / "tuning").mkdir()
+    (tmp_path / "tuning" / "best.json").write_text(json.dumps({"resnet50_v1.440mbit.4h.x0.11.emulated.tcp-cubic": {
+        "p3": {"label": "P3_SLICE_SIZE=25000 (tuned)"}}, "resnet50_v1.440mbit.4h.x0.11.emulated": {
+        "horovod": {"label": "HOROVOD_CYCLE_TIME=5 (tuned)"}}}))
+    text = sweep_blocks.variant_summary("cubic", tmp_path)
+    assert ("Each system at the setting its grid chose under CUBIC where one ran (p3kv at resnet50_v1 "
+            "(P3_SLICE_SIZE=25000 (tuned), `results/tuning/resnet50_v1.440mbit.4h.x0.11.emulated.tcp-cubic.md`)), "
+            "else the one it ran under BBR") in text, text
     assert re.search(r"resnet50_v1 .*p3kv 1\.00×.*dist_sync 0\.80×", text.split("same point")[1]), text
 
 

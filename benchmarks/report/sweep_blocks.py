@@ -4,6 +4,7 @@ that says which file satisfies them."""
 
 from __future__ import annotations
 
+import json
 import pathlib
 import statistics
 from collections.abc import Sequence
@@ -189,7 +190,24 @@ def variant_summary(name: str, results: pathlib.Path) -> str:
         each.setdefault(p.model, []).append(f"{p.system} {p.ratio:.2f}×")
     against = "; ".join(f"{model} {', '.join(v)}" for model, v in each.items())
     reference = moved[0].reference_condition if moved else "the bandwidth sweep's"
+    grids = _grids_under(results, rows)
+    settings = (f"each system at the setting its grid chose under {condition} where one ran ({'; '.join(grids)}), "
+                f"else the one it ran under {reference}" if grids else f"every system at the setting it ran under "
+                f"{reference}")
     return (f"Under {condition} instead of {reference} (`benchmarks/results/sweeps/{name}.csv`; "
-            f"{fidelity_sentence(rows)} Every system at the setting it ran under {reference}): p3kv "
+            f"{fidelity_sentence(rows)} {settings[0].upper() + settings[1:]}): p3kv "
             f"{'; '.join(points)}. Each system's throughput under {condition} over its own under {reference} at the "
             f"same point (`benchmarks/results/sweeps/bandwidth.csv`): {against}.")
+
+
+def _grids_under(results: pathlib.Path, rows: Sequence[dict]) -> list[str]:
+    """The tuning grids (best.json) that ran under the rows' TCP congestion control, where it is not the machine's
+    default: "p3kv at resnet50_v1 (its label)" each."""
+    algorithms = {r.get("tcp_congestion_control") for r in rows} - {None, ""}
+    best = results / "tuning" / "best.json"
+    if not algorithms or not best.exists():
+        return []
+    found = json.loads(best.read_text())
+    return [f"{LABEL.get(system, system)} at {key.split('.')[0]} ({entry['label']}, `results/tuning/{key}.md`)"
+            for key, systems in sorted(found.items()) for system, entry in systems.items()
+            if any(key.endswith(f".tcp-{a}") for a in algorithms) and not entry.get("smoke")]
