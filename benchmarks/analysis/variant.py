@@ -61,5 +61,5 @@ def sentences(rows: Sequence[dict], reference: Sequence[dict], column: str, refe
             f"{p.system} {p.throughput:,.1f} against {p.reference:,.1f} ({p.ratio:.3f}×; n = {p.n} and "
             f"{p.reference_n})")
     return [f"- {model}, {link} ({eq:g} Gbps): P100-equivalent throughput under {mine} against {ref_word} "
-            f"(`{reference_name}`, the same point and settings): {', '.join(each)}."
+            f"(`{reference_name}`, the same point): {', '.join(each)}."
             for (model, link, eq, mine, ref_word), each in found.items()]
