@@ -72,14 +72,15 @@ class SharedCpu:
         self._token = 0
         self.busy_core_s = 0.0  # core-seconds served so far (the pool's CPU use)
 
-    def _rate(self, n: int) -> float:
-        return self.per_job if self.cores is None else min(self.per_job, self.cores / n)
-
+    # The simulator's hottest code (every message on a link and every CPU job passes it): a thread's rate,
+    # min(per_job, cores / n), and EventLoop.at are inlined by hand, the same arithmetic in the same order.
     def _advance(self) -> None:
         now = self.loop.now
         n = len(self._heap)
         if n and now > self._t:
-            rate = self._rate(n)
+            rate = self.cores / n
+            if rate > self.per_job:
+                rate = self.per_job
             self._virtual += (now - self._t) * rate
             self.busy_core_s += (now - self._t) * rate * n
         self._t = now
@@ -99,18 +100,28 @@ class SharedCpu:
 
     def _schedule(self) -> None:
         self._token += 1
-        if self._heap:
-            ahead = self._heap[0][0] - self._virtual
-            self.loop.at(self._t + max(ahead, 0.0) / self._rate(len(self._heap)), self._wake, self._token)
+        heap = self._heap
+        if heap:
+            ahead = heap[0][0] - self._virtual
+            rate = self.cores / len(heap)
+            if rate > self.per_job:
+                rate = self.per_job
+            loop = self.loop
+            heapq.heappush(loop._heap, (self._t + (ahead if ahead > 0.0 else 0.0) / rate, loop._seq, self._wake,
+                                        (self._token,)))
+            loop._seq += 1
 
     def _wake(self, token: int) -> None:
         if token != self._token:  # the set of jobs changed since: a later event stands for this one
             return
         self._advance()
-        finished = [heapq.heappop(self._heap)]  # the job this event was scheduled for, whatever the rounding
-        self._virtual = max(self._virtual, finished[0][0])
-        while self._heap and self._heap[0][0] <= self._virtual + 1e-12 * (1.0 + self._virtual):
-            finished.append(heapq.heappop(self._heap))
+        heap = self._heap
+        finished = [heapq.heappop(heap)]  # the job this event was scheduled for, whatever the rounding
+        if finished[0][0] > self._virtual:
+            self._virtual = finished[0][0]
+        virtual = self._virtual
+        while heap and heap[0][0] <= virtual + 1e-12 * (1.0 + virtual):
+            finished.append(heapq.heappop(heap))
         self._schedule()
         for _, _, done, args in finished:
             done(*args)

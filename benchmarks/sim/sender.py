@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import operator
 from collections import deque
 from typing import Any
+
+_RANK = operator.itemgetter(0, 1)  # a frame's (priority, seq): its rank among the node's frames
 
 
 class Sender:
@@ -71,7 +74,7 @@ class Sender:
     def _most_urgent(self) -> list | None:
         """The frame the thread writes next: the most urgent queued or partly written one; a queued frame whose
         destination has one partly written waits behind it (that one inherits its rank)."""
-        writing = min(self._writing.values(), default=None, key=lambda w: (w[0], w[1]))
+        writing = min(self._writing.values(), key=_RANK) if self._writing else None
         if self._queue and (writing is None or self._queue[0][:2] < (writing[0], writing[1])):
             priority, seq, message = self._queue[0]
             if message[0] in self._writing:
