@@ -50,6 +50,17 @@ def test_the_cubic_sweep_runs_the_bandwidth_sweeps_headline_points_under_cubic_a
 
 
 @pytest.mark.unit
+def test_an_algorithm_the_kernel_lacks_is_refused_when_the_options_are_read_before_any_cluster_is_built(capsys):
+    from benchmarks.suites import tune
+
+    for parse in (cluster_bench.parse_args, tune.parse_args):
+        with pytest.raises(SystemExit):
+            parse(["--tcp-congestion", "nosuch"])
+        assert "argument --tcp-congestion: TCP congestion control 'nosuch' is not loaded" in capsys.readouterr().err
+        assert parse(["--tcp-congestion", "cubic"]).tcp_congestion == "cubic"
+
+
+@pytest.mark.unit
 def test_rows_under_another_algorithm_are_another_point_and_rows_from_before_the_column_ran_bbr():
     point = next(p for p in sweeps.SWEEPS["cubic"](sweeps.parse_args(["cubic"])) if p.kvstore == "p3")
     settings = sweeps._settings(point)

@@ -191,11 +191,11 @@ def variant_summary(name: str, results: pathlib.Path) -> str:
     against = "; ".join(f"{model} {', '.join(v)}" for model, v in each.items())
     reference = moved[0].reference_condition if moved else "the bandwidth sweep's"
     grids = _grids_under(results, rows)
-    settings = (f"each system at the setting its grid chose under {condition} where one ran ({'; '.join(grids)}), "
-                f"else the one it ran under {reference}" if grids else f"every system at the setting it ran under "
+    settings = (f"Each system at the setting its grid chose under {condition} where one ran ({'; '.join(grids)}), "
+                f"else the one it ran under {reference}" if grids else f"Every system at the setting it ran under "
                 f"{reference}")
     return (f"Under {condition} instead of {reference} (`benchmarks/results/sweeps/{name}.csv`; "
-            f"{fidelity_sentence(rows)} {settings[0].upper() + settings[1:]}): p3kv "
+            f"{fidelity_sentence(rows)} {settings}): p3kv "
             f"{'; '.join(points)}. Each system's throughput under {condition} over its own under {reference} at the "
             f"same point (`benchmarks/results/sweeps/bandwidth.csv`): {against}.")
 

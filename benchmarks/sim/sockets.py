@@ -14,9 +14,13 @@ import csv
 import statistics
 
 from benchmarks.analysis.points import DEFAULTS
+from benchmarks.emulation.link_shaping import LEGACY_CONGESTION_CONTROL
 from benchmarks.paths import RESULTS
 
 PROBE = RESULTS / "socket_payload.csv"
+# The congestion control the probe ran under (the machine's, BBR): the model's window is its, so the simulator
+# validates on rows of it only (validate.py).
+CONGESTION_CONTROL = LEGACY_CONGESTION_CONTROL
 
 
 def probed() -> tuple[float, float, float]:

@@ -35,8 +35,9 @@ import pathlib
 import statistics
 from collections.abc import Callable, Sequence
 
+from benchmarks.analysis.points import key_value
 from benchmarks.sim import costs as costs_lib
-from benchmarks.sim import ddp, fitting, ring, settings, threads
+from benchmarks.sim import ddp, fitting, ring, settings, sockets, threads
 from benchmarks.sim import model as model_lib
 from benchmarks.sim.cluster import Cluster, CpuCosts
 from benchmarks.sim.ps import SYSTEMS, simulate
@@ -108,7 +109,7 @@ def measured_points(results: pathlib.Path = RESULTS) -> tuple[list[dict], str]:
                 for row in csv.DictReader(f):
                     if (row.get("status") == "ok" and row.get("smoke") != "True"
                             and row.get("compute") in ("emulated", "none") and row.get("iter_s")
-                            and (row.get("tcp_congestion_control") or "bbr") == "bbr"):  # sockets.py: BBR's window
+                            and key_value(row, "tcp_congestion_control") == sockets.CONGESTION_CONTROL):
                         rows.append((f"{folder}/{path.name}", row))
     faithful = [(s, r) for s, r in rows if fidelity(r) == FAITHFUL]
     selection = ONLY_FAITHFUL if faithful else NO_FAITHFUL

@@ -71,7 +71,7 @@ def _extras(point) -> list[str]:
     extras = [(point.batch_size != 32, f"b{point.batch_size}"), (point.optimizer != "sgd", point.optimizer),
               (point.layout != "colocated", point.layout),
               (point.efficiency_factor != 1.0, f"e{point.efficiency_factor:g}"),
-              (getattr(point, "tcp_congestion", None) is not None, f"tcp-{getattr(point, 'tcp_congestion', '')}")]
+              (point.tcp_congestion is not None, f"tcp-{point.tcp_congestion}")]
     return [text for differs, text in extras if differs]
 
 
@@ -104,7 +104,7 @@ def _entry(point, best: Mapping) -> tuple[dict | None, float | None]:
     dilation (the least dilated one), with that dilation; (None, None) when there is neither. A point under a
     TCP congestion control of its own (tcp_congestion) without an entry of its own falls back to the machine's."""
     entry, scale = _own_entry(point, best)
-    if entry is None and getattr(point, "tcp_congestion", None) is not None:
+    if entry is None and point.tcp_congestion is not None:
         return _own_entry(dataclasses.replace(point, tcp_congestion=None), best)
     return entry, scale
 

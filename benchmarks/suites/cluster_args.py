@@ -61,9 +61,19 @@ def add_tcp_argument(p: argparse.ArgumentParser) -> None:
                    f"when an idle connection restarts from its initial window); e.g. {link_shaping.KERNEL_RTO_MIN_MS:g}"
                    " dilates the kernel's own. Default 0: the kernel's 200 ms of real time (dilating it did not help: "
                    "results/cfs_period/summary.md; rows record a set value as tcp_rto_min_ms)")
-    p.add_argument("--tcp-congestion", default=None, metavar="NAME", help="TCP's congestion control on the links, "
+    p.add_argument("--tcp-congestion", type=congestion_control, default=None, metavar="NAME", help="TCP's "
+                   "congestion control on the links, "
                    "e.g. cubic or bbr (a route's congctl in every host; the kernel must have it loaded). Default: the "
                    "machine's (sysctl net.ipv4.tcp_congestion_control). Rows record it as tcp_congestion_control")
+
+
+def congestion_control(name: str) -> str:
+    """--tcp-congestion's type: an algorithm the kernel has loaded, refused before any cluster is built."""
+    try:
+        link_shaping.check_congestion_control(name)
+    except (ValueError, OSError) as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+    return name
 
 
 def add_redo_argument(p: argparse.ArgumentParser) -> None:

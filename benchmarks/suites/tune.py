@@ -255,7 +255,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--window", type=float, default=sweeps.WINDOW_H, help="--estimate: hours one slice may take")
     cluster_bench.add_cpu_arguments(p)
     cluster_bench.add_condition_arguments(p)
-    p.add_argument("--tcp-congestion", default=None, metavar="NAME", help="tune under this TCP congestion control "
+    p.add_argument("--tcp-congestion", type=cluster_args.congestion_control, default=None, metavar="NAME",
+                   help="tune under this TCP congestion control "
                    "(the point's key then ends .tcp-NAME; a comparison under it without an entry of its own runs "
                    "the machine's default's best). Default: the machine's")
     args = p.parse_args(argv)
