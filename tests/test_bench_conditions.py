@@ -242,10 +242,10 @@ def test_split_big_arrays_spreads_them_over_keys():
 
 def test_readme_and_docs_blocks_are_what_the_csvs_give_now():
     readme = (pathlib.Path(ROOT) / "README.md").read_text()
-    # The front page shows the headlines only (MXNet's, MXNet's under CUBIC, PyTorch's) and the simulator's
-    # validation in one paragraph; every table lives in docs/.
+    # The front page shows the headlines only (MXNet's, MXNet's under CUBIC, PyTorch's), the dilation check's
+    # verdict and the simulator's validation, a paragraph each; every table lives in docs/.
     assert {m["name"] for m in report.BLOCK.finditer(readme)} == {"headline", "cubic-headline", "torch-headline",
-                                                                   "sim-summary"}
+                                                                   "dilation-check", "sim-summary"}
     assert report.render(readme) == readme, "the README's headline is stale: run python -m benchmarks.report"
     text = report.DOCS.read_text()
     names = {m["name"] for m in report.BLOCK.finditer(text)}

@@ -35,6 +35,17 @@ def test_the_machines_default_is_read_and_an_algorithm_the_kernel_lacks_is_refus
 
 
 @pytest.mark.unit
+def test_a_sweep_under_an_algorithm_the_kernel_lacks_is_refused_before_any_cluster_is_built():
+    points = sweeps.SWEEPS["cubic"](sweeps.parse_args(["cubic"]))
+    assert cluster_bench.congestion_problem([dataclasses.replace(p, tcp_congestion=None) for p in points]) is None
+    machine = link_shaping.machine_congestion_control()
+    assert cluster_bench.congestion_problem([dataclasses.replace(points[0], tcp_congestion=machine)]) is None
+    lacking = [dataclasses.replace(p, tcp_congestion="nosuchcc") for p in points]
+    assert "'nosuchcc' is not loaded" in cluster_bench.congestion_problem(lacking)
+    assert "modprobe tcp_nosuchcc" in cluster_bench.congestion_problem(lacking)
+
+
+@pytest.mark.unit
 def test_the_cubic_sweep_runs_the_bandwidth_sweeps_headline_points_under_cubic_and_nothing_else_changes():
     args = sweeps.parse_args(["cubic"])
     points = sweeps.SWEEPS["cubic"](args)

@@ -34,7 +34,14 @@ from benchmarks.report.sim_blocks import (
     sim_summary_block,
     sim_validation_block,
 )
-from benchmarks.report.sweep_blocks import LEGACY, legacy_block, reviewed_block, status_block, variant_summary
+from benchmarks.report.sweep_blocks import (
+    LEGACY,
+    dilation_summary,
+    legacy_block,
+    reviewed_block,
+    status_block,
+    variant_summary,
+)
 
 LOG = logging.getLogger("report")
 SWEEPS_DIR = RESULTS / "sweeps"  # rows that satisfy the reviewed schema (optimizer, repeats, load, headers)
@@ -86,6 +93,7 @@ def blocks(results: pathlib.Path = RESULTS) -> dict[str, Callable[[], str]]:
     named["headline"] = lambda: headline_block(results)
     named["torch-headline"] = lambda: _torch_headline(results)
     named["cubic-headline"] = lambda: variant_summary("cubic", results)
+    named["dilation-check"] = lambda: dilation_summary(results)
     named["paper-comparison"] = lambda: paper_table_block(results)
     named["sim-validation"] = lambda: sim_validation_block(results)
     named["sim-summary"] = lambda: sim_summary_block(results)

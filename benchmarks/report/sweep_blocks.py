@@ -9,7 +9,7 @@ import pathlib
 import statistics
 from collections.abc import Sequence
 
-from benchmarks.analysis import bench_rows, ratio_table, torch_comparison, undilated_cpu, variant
+from benchmarks.analysis import bench_rows, dilation_check, ratio_table, torch_comparison, undilated_cpu, variant
 from benchmarks.analysis.points import (
     LABEL,
     aggregate,
@@ -211,3 +211,22 @@ def _grids_under(results: pathlib.Path, rows: Sequence[dict]) -> list[str]:
     return [f"{LABEL.get(system, system)} at {key.split('.')[0]} ({entry['label']}, `results/tuning/{key}.md`)"
             for key, systems in sorted(found.items()) for system, entry in systems.items()
             if any(key.endswith(f".tcp-{a}") for a in algorithms) and not entry.get("smoke")]
+
+
+def dilation_summary(results: pathlib.Path) -> str:
+    """The README's dilation check: per headline point measured at three or more dilations, its verdict and the
+    numbers behind it (analysis/dilation_check.py), from the faithful runs of results/sweeps/dilation.csv."""
+    path = results / "sweeps" / "dilation.csv"
+    rows = [r for r in _rows(path) if str(r.get("smoke")) != "True"]
+    found = dilation_check.checks(rows)
+    if not found:
+        return (f"Not measured yet at {dilation_check.MIN_DILATIONS} dilations: `sudo .venv/bin/python -m "
+                "benchmarks.suites.sweeps dilation` writes `benchmarks/results/sweeps/dilation.csv`.")
+    dates = sorted({str(r.get("timestamp", ""))[:10] for r in rows if shown(r)} - {""})
+    when = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
+    tcp = "/".join(sorted({key_value(r, "tcp_congestion_control").upper() for r in rows if shown(r)}))
+    head = (f"From `benchmarks/results/sweeps/dilation.csv` (runs from {when}, links under TCP {tcp}; "
+            f"{fidelity_sentence(rows)} Throughput and ratios: medians over every rank's timed iterations, 95% CIs "
+            "by the bootstrap over jobs, then iterations, in the table of docs/benchmarks.md's \"Dilation\".)")
+    found = sorted(found, key=lambda c: (c.equivalent_gbps, c.model))  # the headline's order: ResNet-50 first
+    return "\n\n".join([head, *dilation_check.sentences(found)])

@@ -53,7 +53,7 @@ from collections.abc import Callable, Sequence
 
 from benchmarks.analysis import bench_rows
 from benchmarks.analysis.points import aggregate, fidelity_sentence, point_table, shown
-from benchmarks.emulation import cfs_bandwidth, cpu_limit, emulated_cluster, run_guard
+from benchmarks.emulation import cfs_bandwidth, cpu_limit, emulated_cluster, link_shaping, run_guard
 from benchmarks.paths import RESULTS, ROOT  # noqa: F401  (ROOT: the tests' and deploy's)
 from benchmarks.suites import baseline_settings
 from benchmarks.suites.cluster_args import (  # noqa: F401  (the callers' names: cluster_bench.add_cpu_arguments, ...)
@@ -338,6 +338,17 @@ def points_from_args(args: argparse.Namespace) -> list[Point]:
                   tcp_congestion=args.tcp_congestion, thread_cap=args.thread_cap)
             for model in args.model for kv in args.kvstore]
     return baseline_settings.from_args(interleave(base, args.repeats, args.seed), args)
+
+
+def congestion_problem(points: Sequence[Point]) -> str | None:
+    """Why a congestion control the points ask for cannot run here (the kernel has not loaded it), or None: asked
+    before a cluster is built, so that a sweep under CUBIC does not fail at its first route."""
+    for algorithm in sorted({p.tcp_congestion for p in points} - {None}):
+        try:
+            link_shaping.check_congestion_control(algorithm)
+        except ValueError as e:
+            return str(e)
+    return None
 
 
 def drop_unavailable(points: list[Point]) -> tuple[list[Point], dict[str, str]]:

@@ -364,11 +364,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         plot(name, bench_rows.read_runs(csv_path), figure)
         plot_links(name, args.results_dir)
         return 0
-    reason = emulated_cluster.why_unavailable()
+    points = sweep_points(name, args)
+    reason = emulated_cluster.why_unavailable() or cluster_bench.congestion_problem(points)
     if reason:
         LOG.error("cannot build the emulated cluster: %s", reason)
         return 2
-    points = sweep_points(name, args)
     if args.slice:
         factors = measured_factors(args.results_dir.parent)
         points = sweep_slices.select(points, *args.slice, slice_weight)
