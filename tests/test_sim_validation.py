@@ -119,6 +119,21 @@ def test_rows_pool_every_ranks_iterations_and_measure_their_spread(tmp_path):
     assert points[0]["median_s"] == pytest.approx(1.25) and points[0]["run_spread"] == pytest.approx(0.5)
 
 
+def test_runs_of_one_setting_under_two_labels_are_one_point_and_other_settings_are_not(tmp_path):
+    """A baseline's runs at its defaults before its grid ran ("default (untuned)") and after the grid kept them
+    ("default (tuned: ...)") run the same thing: one point of both runs. A setting that differs is another point."""
+    untuned = run_row(baseline_setting="default (untuned)", rank_iter_s=json.dumps([[1.0, 1.0], [1.0, 1.0]]))
+    kept = run_row(baseline_setting="default (tuned: MXNET_KVSTORE_BIGARRAY_BOUND=1000000)",
+                   rank_iter_s=json.dumps([[1.2, 1.2], [1.2, 1.2]]))
+    other = run_row(baseline_setting="MXNET_KVSTORE_BIGARRAY_BOUND=100000 (tuned)")
+    write(tmp_path / "sweeps" / "dilation.csv", [untuned, kept, other])
+    points, _ = validate.measured_points(tmp_path)
+    assert sorted(p["runs"] for p in points) == [1, 2]
+    pooled = next(p for p in points if p["runs"] == 2)
+    assert pooled["baseline_setting"] == "default (untuned)"  # shown as its first run recorded it
+    assert pooled["median_s"] == pytest.approx(1.1)
+
+
 def test_the_csv_has_its_columns_and_a_measured_note_for_every_miss(tmp_path):
     write(tmp_path / "sweeps" / "bandwidth.csv", [run_row(), run_row(model="inceptionv3", cpu_total_pct="190")])
     points, _ = validate.measured_points(tmp_path)

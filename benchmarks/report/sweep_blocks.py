@@ -226,7 +226,8 @@ def dilation_summary(results: pathlib.Path) -> str:
     when = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
     tcp = "/".join(sorted({key_value(r, "tcp_congestion_control").upper() for r in rows if shown(r)}))
     head = (f"From `benchmarks/results/sweeps/dilation.csv` (runs from {when}, links under TCP {tcp}; "
-            f"{fidelity_sentence(rows)} Throughput and ratios: medians over every rank's timed iterations, 95% CIs "
-            "by the bootstrap over jobs, then iterations, in the table of docs/benchmarks.md's \"Dilation\".)")
+            f"{fidelity_sentence(rows)} Throughput: the median over every rank's timed iterations of every run; "
+            "p3kv's throughput and every ratio with its 95% CI (the bootstrap over jobs, then iterations): "
+            "docs/benchmarks.md, \"Dilation\".)")
     found = sorted(found, key=lambda c: (c.equivalent_gbps, c.model))  # the headline's order: ResNet-50 first
     return "\n\n".join([head, *dilation_check.sentences(found)])

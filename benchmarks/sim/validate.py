@@ -35,7 +35,7 @@ import pathlib
 import statistics
 from collections.abc import Callable, Sequence
 
-from benchmarks.analysis.points import key_value
+from benchmarks.analysis.points import key_value, setting_identity
 from benchmarks.sim import costs as costs_lib
 from benchmarks.sim import ddp, fitting, ring, settings, sockets, threads
 from benchmarks.sim import model as model_lib
@@ -97,6 +97,13 @@ def _max_of(text: str) -> float:
     return max((_number(v) for v in str(text or "").split(";") if v), default=0.0)
 
 
+def _point_value(row: dict, column: str) -> str:
+    """A POINT column as rows are pooled by it: a baseline setting by what it runs, so that runs of one setting
+    recorded under two labels (untuned, then the default a later grid kept) stay one point."""
+    value = row.get(column) or ""
+    return setting_identity(value) if column == "baseline_setting" else value
+
+
 def measured_points(results: pathlib.Path = RESULTS) -> tuple[list[dict], str]:
     """One entry per point of every run CSV (settings, the median over all its iterations, what its runs
     measured besides), and the selection rule that applied."""
@@ -115,13 +122,14 @@ def measured_points(results: pathlib.Path = RESULTS) -> tuple[list[dict], str]:
     selection = ONLY_FAITHFUL if faithful else NO_FAITHFUL
     groups: dict[tuple, list[dict]] = {}
     for source, row in faithful or rows:
-        key = (source, fidelity(row), "vgpu_forgiven_us_per_iter" in row, *(row.get(k) or "" for k in POINT))
+        key = (source, fidelity(row), "vgpu_forgiven_us_per_iter" in row, *(_point_value(row, k) for k in POINT))
         groups.setdefault(key, []).append(row)
     points = []
     for key, runs in groups.items():
         iterations = [t for r in runs for t in _iterations(r)]
         run_medians = [statistics.median(_iterations(r)) for r in runs]
-        point = {**dict(zip(POINT, key[3:])), "source": key[0], "fidelity": key[1], "chained": key[2],
+        point = {**dict(zip(POINT, key[3:])), "baseline_setting": runs[0].get("baseline_setting") or "",
+                 "source": key[0], "fidelity": key[1], "chained": key[2],
                  "runs": len(runs), "median_s": statistics.median(iterations),
                  "run_spread": max(run_medians) / min(run_medians) - 1,
                  "cpu_total_pct": statistics.median(_number(r.get("cpu_total_pct")) for r in runs),
