@@ -85,15 +85,13 @@ def checks(rows: Sequence[dict], resamples: int = bootstrap.RESAMPLES) -> list[C
         if len(scales) < MIN_DILATIONS or ratio_table.SUBJECT not in present:
             continue
         estimates = {s: tuple((x, _p100(by_scale[x][s], x, resamples)) for x in scales) for s in present}
-        mine = {x: [ratio_table.job_array(r) for r in by_scale[x][ratio_table.SUBJECT]] for x in scales}
+        mine = {x: ratio_table.jobs(by_scale[x][ratio_table.SUBJECT]) for x in scales}
         ratios = []
         for b in present[1:]:
             at = []
             for x in scales:
-                theirs = by_scale[x][b]
-                at.append((x, bootstrap.ratio(mine[x], [ratio_table.job_array(r) for r in theirs],
-                                              _samples(by_scale[x][ratio_table.SUBJECT][0]), _samples(theirs[0]),
-                                              resamples=resamples)))
+                (ours, our_samples), (theirs, their_samples) = mine[x], ratio_table.jobs(by_scale[x][b])
+                at.append((x, bootstrap.ratio(ours, theirs, our_samples, their_samples, resamples=resamples)))
             ratios.append(Series(f"{LABEL[ratio_table.SUBJECT]} / {LABEL.get(b, b)}", tuple(at)))
         bound = {s: n for s in present if (n := sum(cpu_bound(r) for x in scales for r in by_scale[x][s]))}
         found.append(Check(model, hosts, equivalent, str(by_scale[scales[0]][present[0]][0].get("unit", "images")),
@@ -109,13 +107,9 @@ def _comparison(row: dict) -> tuple:
             *(key_value(row, c) for c in POINT_KEY if c not in DILATED))
 
 
-def _samples(row: dict) -> float:
-    return int(row["workers"]) * number(row["samples_per_batch"])
-
-
 def _p100(runs: Sequence[dict], scale: float, resamples: int) -> bootstrap.Estimate:
     """A system's throughput at one dilation in P100-equivalent units (emulated rate over --gpu-scale)."""
-    e = bootstrap.throughput([ratio_table.job_array(r) for r in runs], _samples(runs[0]), resamples=resamples)
+    e = bootstrap.throughput(*ratio_table.jobs(runs), resamples=resamples)
     return bootstrap.Estimate(e.value / scale, e.low / scale, e.high / scale)
 
 

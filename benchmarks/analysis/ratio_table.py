@@ -40,7 +40,7 @@ def point_runs(rows: Sequence[dict], systems: Sequence[str], key: Callable[[dict
     return points
 
 
-def _jobs(runs: Sequence[dict]) -> tuple[list[np.ndarray], float]:
+def jobs(runs: Sequence[dict]) -> tuple[list[np.ndarray], float]:
     """The jobs of one system at one point and the samples of one iteration of all its workers."""
     return [job_array(r) for r in runs], int(runs[0]["workers"]) * number(runs[0]["samples_per_batch"])
 
@@ -53,11 +53,11 @@ def ratios(rows: Sequence[dict], subject: str = SUBJECT, baselines: Sequence[str
     for by_system in point_runs(rows, (subject, *baselines)).values():
         if subject not in by_system:
             continue
-        mine, samples = _jobs(by_system[subject])
+        mine, samples = jobs(by_system[subject])
         versus = {}
         for b in baselines:
             if b in by_system:
-                theirs, their_samples = _jobs(by_system[b])
+                theirs, their_samples = jobs(by_system[b])
                 versus[b] = bootstrap.ratio(mine, theirs, samples, their_samples, resamples=resamples)
         found.append({"row": by_system[subject][0], "runs": {s: len(r) for s, r in by_system.items()},
                       "throughput": bootstrap.throughput(mine, samples, resamples=resamples), "versus": versus})

@@ -346,7 +346,7 @@ def congestion_problem(points: Sequence[Point]) -> str | None:
     for algorithm in sorted({p.tcp_congestion for p in points} - {None}):
         try:
             link_shaping.check_congestion_control(algorithm)
-        except ValueError as e:
+        except (ValueError, OSError) as e:  # OSError: a kernel without /proc/sys/net/ipv4 (as --tcp-congestion)
             return str(e)
     return None
 
