@@ -1,12 +1,13 @@
 """The soak benchmark's verdict (benchmarks/suites/soak_bench.py) on synthetic RSS series: it comes from the
 trend (Theil-Sen slope with its CI), so one spike in a flat series does not make it "growing", a steady leak
-does, and a series too short or noisy to tell says so."""
+does, and a series too short or noisy to tell says so. It runs under the run guard, whose record soak.md keeps."""
 
 import argparse
 
 import numpy as np
 import pytest
 
+from benchmarks.emulation import run_guard
 from benchmarks.suites import soak_bench
 
 pytestmark = pytest.mark.unit
@@ -67,3 +68,24 @@ def test_summarize_judges_each_process_over_the_steady_phase_only():
     assert rows["worker"]["state"] == "flat" and rows["server"]["state"] == "growing"
     assert soak_bench.verdict(list(rows.values())) == "growing"
     assert "| server | 11 |" in "\n".join(soak_bench.table(list(rows.values())))
+
+
+def test_the_summary_records_the_run_guards_conditions(tmp_path):
+    start = run_guard.Start(busy_pct=3.2, load_1m=0.41, forced=False, waited_s=12.0)
+    line = soak_bench.conditions("0123456789abcdef", False, start, 1.87)
+    assert line == ("Conditions: commit 0123456789ab, clean tree; started with the CPUs 3% busy over a 5 s sample "
+                    "after waiting 12 s for an idle machine; 1-minute load 0.41 before, 1.87 after.")
+    forced = soak_bench.conditions("0123456789abcdef", True, run_guard.Start(55.0, 2.0, True), 2.0)
+    assert "uncommitted changes (--allow-dirty)" in forced and "--force" in forced
+    args = argparse.Namespace(workers=1, servers=1, model="resnet50_v1", iters=10, interval=1.0, warmup_fraction=0.1,
+                              window=10, tolerance=TOLERANCE)
+    soak_bench.write_markdown(tmp_path / "soak.md", args, 0, 5.0, None, [], (0.0, 1.0), line)
+    assert line in (tmp_path / "soak.md").read_text()
+
+
+def test_a_dirty_tree_is_refused_before_any_job_starts(monkeypatch, tmp_path):
+    monkeypatch.setattr(run_guard, "git_state", lambda root=None: ("f" * 40, True))
+    started = []
+    monkeypatch.setattr(soak_bench, "run_job", lambda *a: started.append(a))
+    assert soak_bench.main(["--iters", "5", "--results-dir", str(tmp_path)]) == 2
+    assert not started and not (tmp_path / "soak.md").exists()

@@ -20,6 +20,11 @@ and "inconclusive" otherwise (too few or too noisy samples); the 95th percentile
 shown beside it. The verdict is "flat" when every process is, "growing" when any process is.
 
     python -m benchmarks.suites.soak_bench --samples benchmarks/results/soak.csv   # the verdict of older samples
+
+It runs under the run guard as every benchmark does (benchmarks/emulation/run_guard.py): a dirty tree is refused
+unless --allow-dirty, the job waits for an idle machine, and soak.md records the commit, the machine's CPU use and
+load before the job and the load after it. The soak is a memory check on loopback (undilated, no emulated links):
+its iterations/s are context, not a throughput result.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ import numpy as np
 from scipy import stats
 
 from benchmarks import paths
-from benchmarks.emulation import proc_monitor
+from benchmarks.emulation import proc_monitor, run_guard
 from benchmarks.paths import RESULTS, ROOT
 
 LOG = logging.getLogger("soak_bench")
@@ -202,14 +207,24 @@ def write_csv(path: pathlib.Path, samples: list) -> None:
         writer.writerows(samples)
 
 
+def conditions(commit: str, dirty: bool, start: run_guard.Start, load_after: float) -> str:
+    """The run guard's record of the machine around the job, as one sentence of soak.md."""
+    tree = f"commit {commit[:12]}" + (" with uncommitted changes (--allow-dirty)" if dirty else ", clean tree")
+    gate = (f"started with the CPUs {start.busy_pct:.0f}% busy over a 5 s sample after waiting {start.waited_s:.0f} s "
+            f"for an idle machine" + (" (--force: busy, started anyway)" if start.forced else ""))
+    return f"Conditions: {tree}; {gate}; 1-minute load {start.load_1m:.2f} before, {load_after:.2f} after."
+
+
 def write_markdown(path: pathlib.Path, args: argparse.Namespace, code: int, wall: float, result: dict | None,
-                   rows: list[dict], window: tuple[float, float]) -> str:
+                   rows: list[dict], window: tuple[float, float], conditions_line: str = "") -> str:
     ok = code == 0 and result is not None
     overall = verdict(rows) if ok and rows else "no verdict (job failed)"
     lines = ["# Soak benchmark (memory over a long run)", "",
              f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')}: {args.workers} workers, {args.servers} servers on loopback, "
              f"{args.model} traffic, {args.iters} iterations, RSS sampled every {args.interval:g} s, "
              f"{os.cpu_count()} CPUs. Launcher exit code {code}, wall {wall:.0f} s.", ""]
+    if conditions_line:
+        lines += [conditions_line, ""]
     if result is not None:
         lines += [f"Throughput: {1 / result['mean_s']:.2f} iterations/s (mean {result['mean_s']:.3f} s/iter, median "
                   f"{result['median_s']:.3f}, min {result['min_s']:.3f}, max {result['max_s']:.3f}); the final "
@@ -255,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results-dir", type=pathlib.Path, default=RESULTS)
     parser.add_argument("--samples", type=pathlib.Path, help="run nothing: print the verdict of this soak.csv "
                         "(--workers as it ran)")
+    run_guard.add_arguments(parser)
     args = parser.parse_args(argv)
     if args.iters < 1 or not 0 <= args.warmup_fraction < 1:
         parser.error("--iters must be >= 1 and --warmup-fraction in [0, 1)")
@@ -263,13 +279,22 @@ def main(argv: list[str] | None = None) -> int:
         rows = summarize(read_samples(args.samples), args.workers, args)
         print("\n".join(table(rows)) + f"\n\nVerdict: {verdict(rows) if rows else 'no steady phase'}")
         return 0
+    tree = run_guard.tree_or_refusal(args.allow_dirty)
+    if tree is None:
+        return 2
+    try:
+        start = run_guard.wait_for_idle(args.max_busy, args.max_load, args.load_wait, args.force)
+    except run_guard.Refused as e:
+        LOG.error("%s", e)
+        return 2
     with tempfile.TemporaryDirectory(prefix="soak-") as scratch:
         code, wall, result, samples = run_job(args, pathlib.Path(scratch))
+    record = conditions(*tree, start, os.getloadavg()[0])
     args.results_dir.mkdir(parents=True, exist_ok=True)
     write_csv(args.results_dir / "soak.csv", samples)
     rows = summarize(samples, args.workers, args)
     window = steady_window(samples, args.workers, args.warmup_fraction)
-    overall = write_markdown(args.results_dir / "soak.md", args, code, wall, result, rows, window)
+    overall = write_markdown(args.results_dir / "soak.md", args, code, wall, result, rows, window, record)
     print((args.results_dir / "soak.md").read_text())
     LOG.info("verdict: %s", overall)
     return 0 if code == 0 and result is not None else 1
