@@ -152,6 +152,6 @@ def report(rows: Sequence[tuple[str, float, float]], source: str, plan: Sequence
               f"Slices of at most {window_h:g} h (python -m benchmarks.suites.sweeps NAME --resume --slice K/N, "
               "K = 1..N):"]
     for name, n, longest in plan:
-        over = "  (one comparison alone is longer than the window)" if longest > window_h * 3600 else ""
+        over = "  (one round of a comparison alone is longer than the window)" if longest > window_h * 3600 else ""
         lines.append(f"{name:12s} N = {n:3d}   longest slice {longest / 3600:4.1f} h{over}")
     return "\n".join(lines) + "\n"

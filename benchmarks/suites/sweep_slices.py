@@ -1,12 +1,16 @@
 """A long sweep in slices that each fit one idle window (`sweeps.py NAME --slice K/N`, `sweeps.py estimate
 --window HOURS`).
 
-A slice is a run of whole comparisons: every system and every repeat of a point stay in one slice, so each
-comparison is still measured in one sitting and interleaved as before. The comparisons keep the sweep's order
-and are cut into N contiguous parts of about equal estimated time (each comparison goes to the part its
-midpoint falls in). Slices are cut from the sweep's full list, not from what is left, and by an estimate with
-fixed factors (sweeps.SLICE_FACTORS), not the measured ones that change as rows accumulate, so K/N names the same
-runs in every invocation (with the same options); with --resume a slice runs only what its CSV lacks.
+A slice is a run of whole rounds: one round of a comparison is every system of a point once, in its shuffled order
+(cluster_bench.interleave), and is never split, so every ratio compares runs made side by side. The rounds are
+taken comparison by comparison (every round of the first point, then of the next, ...) and cut into N contiguous
+parts of about equal estimated time (each round goes to the part its midpoint falls in). So a comparison stays in
+one slice, interleaved as in a full run, unless a part boundary falls inside it (at most N - 1 do, between two of
+its rounds), and a comparison longer than the window (an 8-host point, a slow VGG-19 point) is spread over
+consecutive slices round by round instead of making one slice too long for any window. Slices are cut from the
+sweep's full list, not from what is left, and by an estimate with fixed factors (sweeps.SLICE_FACTORS), not the
+measured ones that change as rows accumulate, so K/N names the same runs in every invocation (with the same
+options); with --resume a slice runs only what its CSV lacks.
 """
 
 from __future__ import annotations
@@ -31,6 +35,16 @@ def by_comparison(points: Sequence) -> dict[tuple, list]:
     return groups
 
 
+def by_round(points: Sequence) -> dict[tuple, list]:
+    """The points of each round of each comparison, keyed (group, repeat): comparison by comparison in first-seen
+    order, each comparison's rounds in order (the unit a slice never splits)."""
+    rounds: dict[tuple, list] = {}
+    for group, members in by_comparison(points).items():
+        for p in members:
+            rounds.setdefault((group, p.repeat), []).append(p)
+    return rounds
+
+
 def cut(costs: Sequence[float], n: int) -> list[int]:
     """The slice (0..n-1) of each item, in order: contiguous parts of about equal cost, each item in the part its
     midpoint falls in."""
@@ -43,9 +57,9 @@ def cut(costs: Sequence[float], n: int) -> list[int]:
 
 
 def parts(points: Sequence, n: int, weight: Callable[[Sequence], float]) -> list[list[tuple]]:
-    """The comparison groups of each of the N slices (some may be empty when there are fewer groups than N),
-    cut by `weight` (a fixed estimate: the cut must not move as measured rows change the sweeps' factors)."""
-    cost = {g: weight(members) for g, members in by_comparison(points).items()}
+    """The rounds, (group, repeat), of each of the N slices (some may be empty when there are fewer rounds than
+    N), cut by `weight` (a fixed estimate: the cut must not move as measured rows change the sweeps' factors)."""
+    cost = {r: weight(members) for r, members in by_round(points).items()}
     out: list[list[tuple]] = [[] for _ in range(n)]
     for g, k in zip(cost, cut(list(cost.values()), n)):
         out[k].append(g)
@@ -55,23 +69,26 @@ def parts(points: Sequence, n: int, weight: Callable[[Sequence], float]) -> list
 def select(points: Sequence, k: int, n: int, weight: Callable[[Sequence], float]) -> list:
     """The points of slice K of N, in their original (interleaved) order."""
     mine = set(parts(points, n, weight)[k - 1])
-    return [p for p in points if p.group() in mine]
+    return [p for p in points if (p.group(), p.repeat) in mine]
 
 
 def slices_for(points: Sequence, window_s: float, seconds: Callable[[Sequence], float],
                weight: Callable[[Sequence], float] | None = None) -> tuple[int, float]:
     """(the fewest slices, cut by `weight` as `select` cuts them, whose every one takes at most `window_s` by
-    `seconds`; the longest slice's seconds). When one comparison alone exceeds the window: the fewest slices none
-    of which is longer than that comparison."""
-    groups = by_comparison(points)
+    `seconds`; the longest slice's seconds). When one round alone exceeds the window: the fewest slices none of
+    which is longer than that round."""
+    weight = weight or seconds
+    groups = by_round(points)
     if not groups:
         return 0, 0.0
-    weight = weight or seconds
-    cost = {g: seconds(members) for g, members in groups.items()}
-    target = max(window_s, *cost.values())
-    n = min(len(groups), max(1, math.ceil(sum(cost.values()) / target)))
+    cost = [seconds(members) for members in groups.values()]
+    fixed = [weight(members) for members in groups.values()]  # the cut, as `parts` makes it
+    target = max(window_s, *cost)
+    n = min(len(groups), max(1, math.ceil(sum(cost) / target)))
     while True:
-        longest = max(sum(cost[g] for g in part) for part in parts(points, n, weight))
-        if longest <= target or n >= len(groups):
-            return n, longest
+        per_part = [0.0] * n
+        for c, k in zip(cost, cut(fixed, n)):
+            per_part[k] += c
+        if max(per_part) <= target or n >= len(groups):
+            return n, max(per_part)
         n += 1

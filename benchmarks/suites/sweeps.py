@@ -23,7 +23,7 @@ Every run trains with SGD (momentum 0.9, wd 1e-4: on the servers for p3kv and di
 and Horovod), 3 repeats in a freshly shuffled order, 2 warm-up + 20 timed iterations, under the run guard (clean tree,
 idle machine; see cluster_bench.py). Each sweep appends to results/sweeps/<name>.csv (and <name>_iterations.csv;
 delete them to start over; --resume runs only the runs they lack; --slice K/N runs the K-th of N parts of whole
-comparisons, see sweep_slices.py) and draws results/sweeps/fig_<name>.png with the IQR as error bars; `python -m
+rounds, see sweep_slices.py) and draws results/sweeps/fig_<name>.png with the IQR as error bars; `python -m
 benchmarks.report` then rewrites the tables of docs/benchmarks.md. Compute is emulated with each model's calibrated
 P100 efficiency (benchmarks/workloads/shapes/*.json) and time dilated by --gpu-scale: a P100 at scale s on links of
 rate b has the compute/network ratio of real P100s on links of rate b/s ("P100-equivalent"), which is how every point
@@ -320,7 +320,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--resume", action="store_true", help="skip the runs the sweep's CSV already holds (same "
                         "settings, system and repeat, status ok): continue an interrupted sweep")
     cluster_args.add_redo_argument(parser)
-    parser.add_argument("--slice", help="K/N: run only the K-th of N parts of the sweep (whole comparisons, about "
+    parser.add_argument("--slice", help="K/N: run only the K-th of N parts of the sweep (whole rounds, about "
                         "equal estimated time; `estimate --window H` says how many parts fit H hours each)")
     parser.add_argument("--window", type=float, default=WINDOW_H, help="estimate: hours one slice may take")
     baseline_settings.add_arguments(parser)
