@@ -59,7 +59,7 @@ SUMMARIES = {
                       "python -m benchmarks.suites.kvstore_bench --systems p3-noopt --slice-size 10000"),
     "startup": ("startup.md", "make bench-startup"),
     "link-overhead": ("link_overhead.md", "sudo .venv/bin/python -m benchmarks.suites.link_overhead"),
-    "soak": ("soak.md", "python -m benchmarks.suites.soak_bench --iters 3000"),
+    "soak": ("soak.md", "python -m benchmarks.suites.soak_bench --iters 10000"),
     "priority-hold": ("priority_hold/summary.md", "the runs in benchmarks/analysis/priority_hold.py's docstring, "
                       "then python -m benchmarks.analysis.priority_hold"),
     "priority-hold-traces": ("priority_hold/traces.md", "P3_TRACE=PREFIX on one run of each, then python -m "

@@ -55,7 +55,8 @@ SUITES = (
     Suite("transport", "the raw numpy P3Worker against MXNet's kvstores, loopback (not like-for-like)",
           "make bench-transport", root=False),
     Suite("soak", "memory of every process over a long p3kv job",
-          "python -m benchmarks.suites.soak_bench --iters 3000", root=False, module="benchmarks.suites.soak_bench"),
+          "python -m benchmarks.suites.soak_bench --iters 10000", root=False, module="benchmarks.suites.soak_bench",
+          stated_time="about 22 min"),
     Suite("link_overhead", "bytes a capped emulated link meters per payload byte (checks the bound)",
           "sudo .venv/bin/python -m benchmarks.suites.link_overhead", root=True),
     Suite("cfs_stall", "how long a host's CPU quota holds a real-time thread sharing a lock with it (the virtual "
