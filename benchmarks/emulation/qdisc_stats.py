@@ -2,9 +2,7 @@
 
 The link monitor (link_monitor.py) reads every emulated link's token bucket every few milliseconds. Running
 `tc -s qdisc show` that often would fork two processes per namespace per sample; one netlink socket per network
-namespace, opened once, answers an RTM_GETQDISC dump in microseconds. A netlink socket belongs to the network
-namespace its creating thread was in, so `open_in` creates it on a short-lived thread that first enters the
-namespace (setns(2) acts on the calling thread only; Python 3.11's os has no setns, hence ctypes).
+namespace, opened once (netns_socket.py), answers an RTM_GETQDISC dump in microseconds.
 
 The messages (linux/rtnetlink.h, linux/pkt_sched.h, linux/gen_stats.h): a dump request is an nlmsghdr and a
 tcmsg; each answer is RTM_NEWQDISC with a tcmsg (ifindex, handle, parent) and attributes: TCA_KIND, and
@@ -15,13 +13,13 @@ absent.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import os
 import socket
 import struct
-import threading
 from collections.abc import Sequence
+
+from benchmarks.emulation import netns_socket
 
 NETLINK_ROUTE = 0
 RTM_NEWQDISC, RTM_GETQDISC = 36, 38
@@ -30,7 +28,6 @@ NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
 TC_H_ROOT = 0xFFFFFFFF
 TCA_KIND, TCA_STATS, TCA_STATS2 = 1, 3, 7
 TCA_STATS_BASIC, TCA_STATS_QUEUE = 1, 3
-CLONE_NEWNET = 0x40000000
 _NLMSGHDR = struct.Struct("=IHHII")
 _TCMSG = struct.Struct("=BxxxiIII")
 _RTATTR = struct.Struct("=HH")
@@ -118,48 +115,19 @@ def parse_messages(data: bytes, seq: int) -> tuple[list[tuple[int, int, QdiscSta
     return found, done
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _enter(netns: str) -> None:
-    fd = os.open(f"/run/netns/{netns}", os.O_RDONLY)
-    try:
-        if _libc.setns(fd, CLONE_NEWNET) != 0:
-            err = ctypes.get_errno()
-            raise QdiscError(err, f"cannot enter network namespace {netns}: {os.strerror(err)}")
-    finally:
-        os.close(fd)
-
-
 class NamespaceQdiscs:
     """The root qdiscs of `devices` in network namespace `netns` (None: this process's), read on demand."""
 
     def __init__(self, netns: str | None, devices: Sequence[str], timeout: float = 1.0):
         self.netns, self.devices = netns, list(devices)
         self._seq = 0
-        box: dict = {}
-
-        def make() -> None:
-            try:
-                if netns is not None:
-                    _enter(netns)
-                sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE)
-                sock.settimeout(timeout)
-                box["sock"] = sock
-                box["index"] = {socket.if_nametoindex(d): d for d in devices}
-            except OSError as e:
-                box["error"] = e
-
-        thread = threading.Thread(target=make, name=f"netlink {netns}")  # ends in the namespace: nothing to undo
-        thread.start()
-        thread.join()
-        if "error" in box:
-            if "sock" in box:
-                box["sock"].close()
-            raise QdiscError(f"reading the qdiscs of {', '.join(devices)} in {netns or 'this namespace'}: "
-                             f"{box['error']}")
-        self._sock: socket.socket = box["sock"]
-        self._index: dict[int, str] = box["index"]
+        try:
+            self._sock, index = netns_socket.open_in(
+                netns, socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE, timeout,
+                inside=lambda: {socket.if_nametoindex(d): d for d in devices})
+        except OSError as e:
+            raise QdiscError(f"reading the qdiscs of {', '.join(devices)} in {netns or 'this namespace'}: {e}") from e
+        self._index: dict[int, str] = index
 
     def read(self) -> dict[str, QdiscStats]:
         """{device: its root qdisc's counters} now (a device without a root qdisc that keeps statistics, e.g.

@@ -23,7 +23,16 @@ import pathlib
 import resource
 from collections.abc import Callable, Sequence
 
-from benchmarks.emulation import cpu_sampler, fidelity, link_monitor, net_counters, qdisc_stats, thread_cap
+from benchmarks.emulation import (
+    cpu_sampler,
+    fidelity,
+    link_monitor,
+    net_counters,
+    qdisc_stats,
+    socket_monitor,
+    tcp_diag,
+    thread_cap,
+)
 
 LOG = logging.getLogger("run_monitors")
 
@@ -34,7 +43,7 @@ COLUMNS = ("host_cpus", "cpu_limit", "cpu_quota_cores", "host_cpu_s", "host_thro
            "tcp_out_segs_total", "sampling_cpu_s", "faithful", "fidelity_notes", "cfs_period_us", "cfs_slice_us",
            "link_rx", "link_backlogged_pct", "link_starved_pct", "link_starved_max_pct", "link_monitor_cpu_s",
            "vgpu_late_us_per_iter", "steal_pct", "thread_cap_cores", "threads_capped", "thread_throttled_s",
-           "thread_caps_lead_s", "thread_cpu")
+           "thread_caps_lead_s", "thread_cpu", *socket_monitor.COLUMNS)
 
 
 def joined(values: Sequence[float], digits: int = 3) -> str:
@@ -67,10 +76,12 @@ def _self_cpu_s() -> float:
 class RunMonitors:
     """One run's monitors on `cluster` (an EmulatedCluster). `host_cpus` None: CPU limits off for this run;
     `quota` the per-host cores when on; `thread_cores` each thread's cores (thread_cap.py), None: threads
-    uncapped; `ready` when those caps begin (thread_cap.ThreadCaps; None: at once)."""
+    uncapped; `ready` when those caps begin (thread_cap.ThreadCaps; None: at once); `tcp_trace` whether the socket
+    monitor reads every host's TCP sockets (socket_monitor.py; capped links only)."""
 
     def __init__(self, cluster, host_cpus: float | None, quota: float | None, period_us: int | None = None,
-                 thread_cores: float | None = None, ready: Callable[[], bool] | None = None):
+                 thread_cores: float | None = None, ready: Callable[[], bool] | None = None,
+                 tcp_trace: bool = False):
         self._cluster = cluster
         self.host_cpus, self.quota = host_cpus, quota
         self.period_us = period_us  # the quota's CFS period in real µs; None: the default (cfs_bandwidth.py)
@@ -80,6 +91,8 @@ class RunMonitors:
         self._sampler: cpu_sampler.UsageSampler | None = None
         self._net_before: list[net_counters.HostNet] | None = None
         self._links: link_monitor.LinkMonitor | None = None
+        self._tcp_trace = tcp_trace
+        self._sockets: socket_monitor.SocketMonitor | None = None
 
     def start(self) -> RunMonitors:
         if self._cluster.cpu is not None:
@@ -95,6 +108,12 @@ class RunMonitors:
                 self._links = link_monitor.LinkMonitor(self._cluster.namespaces, self._cluster.bridge_ns).start()
             except (qdisc_stats.QdiscError, OSError) as e:  # a monitor failure must not abort the run it watches
                 LOG.warning("the link monitor cannot read the link queues: %s", e)
+        if self._tcp_trace and self._cluster.rate_bps:
+            try:
+                self._sockets = socket_monitor.SocketMonitor(
+                    self._cluster.namespaces, [self._cluster.address(i) for i in range(self._cluster.hosts)]).start()
+            except (tcp_diag.TcpDiagError, OSError) as e:
+                LOG.warning("the socket monitor cannot read the hosts' TCP sockets: %s", e)
         self._net_before = self._net()
         self._self_before = _self_cpu_s()
         self._link_sampler_before = self._cluster.sampler_cpu_s()
@@ -115,6 +134,7 @@ class RunMonitors:
         samples = self._sampler.stop() if self._sampler is not None else []
         threads = self._threads.stop() if self._threads is not None else None
         link_series = self._links.stop() if self._links is not None else None
+        socket_intervals = self._sockets.stop() if self._sockets is not None else None
         net_after = self._net()
         sampling = _self_cpu_s() - self._self_before
         link_now = self._cluster.sampler_cpu_s()
@@ -181,6 +201,11 @@ class RunMonitors:
                        link_starved_max_pct=round(100 * max(h.starved_share for h in links), 1))
         if self._links is not None:
             row["link_monitor_cpu_s"] = round(self._links.cpu_s, 3)
+        if socket_intervals is not None and window_s:
+            row.update(socket_monitor.analyse(socket_intervals, self._cluster.hosts, self._cluster.rate_bps,
+                                              end - window_s, end).columns())
+        if self._sockets is not None:
+            row["tcp_monitor_cpu_s"] = round(self._sockets.cpu_s, 3)
         cpus = os.cpu_count() or 1
         headroom = cpus - self._cluster.hosts * self.quota if limited and self.quota else None
         verdict = fidelity.judge(cpu_window=window, window_s=window_s, limited=limited, ranks=results,

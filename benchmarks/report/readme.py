@@ -64,6 +64,8 @@ SUMMARIES = {
                       "then python -m benchmarks.analysis.priority_hold"),
     "priority-hold-traces": ("priority_hold/traces.md", "P3_TRACE=PREFIX on one run of each, then python -m "
                              "benchmarks.analysis.trace_anatomy PREFIX ..."),
+    "tcp-trace": ("tcp_trace/summary.md", "the traced runs in benchmarks/analysis/tcp_trace.py's docstring, then "
+                  "python -m benchmarks.analysis.tcp_trace"),
     "torch-loopback": ("torch_loopback.md", "python -m benchmarks torch_loopback --model resnet50_v1 --workers 2 "
                        "--repeats 5 --csv benchmarks/results/torch_loopback.csv"),
 }

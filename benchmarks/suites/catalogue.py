@@ -63,6 +63,12 @@ SUITES = (
           "GPU's timer), per CFS period and slice: results/cfs_stall.md",
           "python -m benchmarks.suites.cfs_stall_bench", root=True, stated_time="about 2 min",
           module="benchmarks.suites.cfs_stall_bench"),
+    Suite("tcp_trace", "TCP's side of the headline comparison (the socket monitor, --tcp-trace): the share of "
+          "the time data waited in a socket while no link on its path ran at its rate, per system, beside the "
+          "simulator's error there: results/tcp_trace/summary.md",
+          "python -m benchmarks.suites.sweeps bandwidth --models resnet50_v1 --equivalents 4 --repeats 2 "
+          "--tcp-trace --results-dir benchmarks/results/tcp_trace (and cubic, the same), then python -m "
+          "benchmarks.analysis.tcp_trace", root=True),
     Suite("kernels", "the server optimizer kernels, ns per element",
           "python -m benchmarks.suites.kernel_bench", root=False),
     Suite("sim", "the simulator: fit, validate against the emulated rows, the paper's evaluation at scale",

@@ -96,3 +96,6 @@ def add_condition_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seeds the shuffled orders (recorded)")
     run_guard.add_arguments(p)
     p.add_argument("--smoke", action="store_true", help="mark the rows as a smoke run (never a result)")
+    p.add_argument("--tcp-trace", action="store_true", help="read every host's TCP sockets during each run "
+                   "(benchmarks/emulation/socket_monitor.py): rows fill tcp_unsaturated_pct and the other tcp_* "
+                   "columns (off by default; its CPU is part of sampling_cpu_s)")

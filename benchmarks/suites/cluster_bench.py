@@ -335,7 +335,7 @@ def points_from_args(args: argparse.Namespace) -> list[Point]:
                   log_interval=args.log_interval, host_cpus=host_cpus_from_args(args, model),
                   link_rx=args.link_rx, link_queue_ms=args.link_queue_ms,
                   cfs_period_gpu_ms=args.cfs_period_gpu_ms, tcp_rto_min_gpu_ms=args.tcp_rto_min_gpu_ms or None,
-                  tcp_congestion=args.tcp_congestion, thread_cap=args.thread_cap)
+                  tcp_congestion=args.tcp_congestion, thread_cap=args.thread_cap, tcp_trace=args.tcp_trace)
             for model in args.model for kv in args.kvstore]
     return baseline_settings.from_args(interleave(base, args.repeats, args.seed), args)
 

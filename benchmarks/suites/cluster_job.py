@@ -94,6 +94,7 @@ class Point:
     tcp_congestion: str | None = None  # TCP's congestion control on the links (None: the machine's default)
     cfs_period_gpu_ms: float | None = cfs_bandwidth.PERIOD_GPU_MS
     thread_cap: bool = False  # each thread of a host at most one dilated CPU, too (thread_cap.py)
+    tcp_trace: bool = False  # the socket monitor reads every host's TCP sockets (socket_monitor.py)
 
     @property
     def dilation(self) -> float:  # a duration in the GPU's time over this is real time; real compute: undilated
@@ -276,7 +277,7 @@ def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: 
         return len(list(scratch.glob(f"{name}.rank*.json"))) == point.workers
     monitors = run_monitors.RunMonitors(cluster, point.host_cpus if point.cpu_quota else None,
                                         point.cpu_quota, point.cfs_period_real_us, point.thread_cap_cores,
-                                        ready=all_ready).start()
+                                        ready=all_ready, tcp_trace=point.tcp_trace).start()
     start = time.perf_counter()
     procs, threads, logs = [], [], []
     for i in range(hosts):

@@ -129,6 +129,7 @@ def _point(name: str, args: argparse.Namespace, model: str, kvstore: str, equiva
     settings.setdefault("link_queue_ms", getattr(args, "link_queue_ms", emulated_cluster.DEFAULT_QUEUE_MS))
     settings.setdefault("cfs_period_gpu_ms", getattr(args, "cfs_period_gpu_ms", cfs_bandwidth.PERIOD_GPU_MS))
     settings.setdefault("thread_cap", getattr(args, "thread_cap", False))
+    settings.setdefault("tcp_trace", getattr(args, "tcp_trace", False))
     return cluster_bench.Point(model=model, kvstore=kvstore, hosts=hosts, host_cpus=host_cpus, link_rx=args.link_rx,
                                bandwidth=link(equivalent, scale), compute="emulated", batch_size=args.batch_size,
                                gpu="p100", gpu_scale=scale, optimizer=args.optimizer, warmup=args.warmup,

@@ -221,7 +221,7 @@ def base_points(args: argparse.Namespace) -> list[Point]:
                             log_interval=max(1, args.iters), host_cpus=host_cpus,
                             link_rx=getattr(args, "link_rx", "softirq"),
                             cfs_period_gpu_ms=args.cfs_period_gpu_ms, thread_cap=args.thread_cap,
-                            tcp_congestion=args.tcp_congestion))
+                            tcp_congestion=args.tcp_congestion, tcp_trace=args.tcp_trace))
     return points
 
 

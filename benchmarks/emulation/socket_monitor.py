@@ -1,0 +1,220 @@
+"""Did TCP keep the links as busy as a fluid model would? (The socket monitor: a measurement for the simulator's
+error, issue 28, not yet a rule of the fidelity verdict.)
+
+The simulator shares a link among the flows that have data for it at once and at full rate (max-min fair, no
+congestion control). Real TCP learns its share: BBR's bandwidth estimate is a maximum over about ten round trips,
+so when flows join or leave a link it paces for a while at a rate fitted to the previous set, and a socket can
+hold data that no saturated link is holding back. This monitor measures how much of that there is, per run.
+
+Every `interval` seconds a thread reads each host's established TCP sockets (tcp_diag.py: one netlink socket per
+namespace); afterwards `analyse` cuts the run's timed window. A flow is a socket whose two ends are different
+hosts of the cluster (a worker's socket to its own host's server never crosses a link). In every interval between
+two readings:
+- each link direction carried the payload its flows sent (the growth of their bytes_sent: the source's egress,
+  the destination's ingress), and is *saturated* when that is at least SENT_SHARE of what the link can carry in
+  the interval (its rate x the interval x the payload share of a full frame, PAYLOAD_SHARE), less one MAX_PACKET;
+- a flow is *backlogged* when its socket held at least one MSS written and not yet sent at both readings;
+- a backlogged flow with no saturated link on its path (neither its egress nor its destination's ingress) is
+  *unsaturated*: data waited in a socket while every link it crosses had room, which a fluid model never allows.
+A run's tcp_unsaturated_pct is the unsaturated share of all backlogged flow-time (per source host in
+tcp_unsaturated_hosts). From the kernel's own chronos it also reports which share of the flows' busy time the
+receiver's window (tcp_rwnd_limited_pct) and a full send buffer (tcp_sndbuf_limited_pct) held them, and the
+retransmitted share of the bytes sent.
+
+The sampler runs on a thread of the runner, outside the hosts' CPU quotas, like the link monitor; its CPU time is
+part of the run's sampling_cpu_s and, alone, tcp_monitor_cpu_s (about 2% of a core for 3 hosts on this machine:
+tcp_diag.py reads known sockets by id and dumps only once a second). It is off unless a run asks for it
+(--tcp-trace).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Sequence
+
+from benchmarks.emulation import tcp_diag
+from benchmarks.emulation.link_monitor import MAX_PACKET, SENT_SHARE
+
+LOG = logging.getLogger("socket_monitor")
+INTERVAL_S = 0.05  # 50 ms: at the sweeps' slowest link (200 Mbit) an interval carries ~1.2 MB, ~18 GSO packets
+PAYLOAD_SHARE = 1448 / 1514  # a full frame's payload: MSS 1448 of 1514 bytes (Ethernet, IPv4, TCP timestamps)
+COLUMNS = ("tcp_flows", "tcp_backlogged_s", "tcp_unsaturated_pct", "tcp_unsaturated_hosts",
+           "tcp_rwnd_limited_pct", "tcp_sndbuf_limited_pct", "tcp_retrans_pct", "tcp_monitor_cpu_s")
+
+Reading = dict[tuple[str, int, str, int], tcp_diag.TcpSocket]
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+    """Every host's sockets at one moment (the hosts are read one after another within a millisecond or two)."""
+
+    time: float
+    hosts: tuple[Reading, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Interval:
+    """What happened between two sweeps, reduced to what `analyse` needs (a run's sweeps are not kept: a
+    five-minute run would hold half a million socket readings)."""
+
+    start: float
+    end: float
+    egress: tuple[int, ...]  # payload bytes each host sent to other hosts
+    ingress: tuple[int, ...]  # ... each host received from other hosts
+    waiting: tuple[tuple[int, int], ...]  # (source, destination) host of each backlogged flow
+    flows: int  # flows that crossed a link in it
+    busy_us: int
+    rwnd_limited_us: int
+    sndbuf_limited_us: int
+    retrans_bytes: int
+
+
+def interval(a: Sweep, b: Sweep, host_of: dict[str, int]) -> Interval:
+    """The interval from sweep `a` to sweep `b`; `host_of` maps each host's address to its index."""
+    n = len(b.hosts)
+    egress, ingress, waiting = [0] * n, [0] * n, []
+    flows = busy = rwnd = sndbuf = retrans = 0
+    for src_host, (before, after) in enumerate(zip(a.hosts, b.hosts)):
+        for key, now in after.items():
+            then = before.get(key)
+            dst_host = host_of.get(now.dst)
+            if then is None or dst_host is None or dst_host == src_host or now.bytes_sent < then.bytes_sent:
+                continue  # a new connection, one that stays on its host, or a reused port
+            sent = now.bytes_sent - then.bytes_sent
+            flows += sent > 0
+            egress[src_host] += sent
+            ingress[dst_host] += sent
+            retrans += now.bytes_retrans - then.bytes_retrans
+            busy += now.busy_us - then.busy_us
+            rwnd += now.rwnd_limited_us - then.rwnd_limited_us
+            sndbuf += now.sndbuf_limited_us - then.sndbuf_limited_us
+            if min(then.notsent_bytes, now.notsent_bytes) >= max(now.snd_mss, 1):
+                waiting.append((src_host, dst_host))
+    return Interval(a.time, b.time, tuple(egress), tuple(ingress), tuple(waiting), flows, busy, rwnd, sndbuf,
+                    retrans)
+
+
+@dataclasses.dataclass(frozen=True)
+class SocketStats:
+    """A run's timed window as the sockets saw it (see the module's docstring)."""
+
+    flows: int  # the most flows that crossed links in one interval
+    intervals: int
+    window_s: float  # the intervals' time together
+    backlogged_s: float  # flow-seconds
+    unsaturated_s: float
+    backlogged_by_host: tuple[float, ...]
+    unsaturated_by_host: tuple[float, ...]
+    busy_us: int
+    rwnd_limited_us: int
+    sndbuf_limited_us: int
+    sent_bytes: int
+    retrans_bytes: int
+
+    @property
+    def unsaturated_share(self) -> float:
+        return self.unsaturated_s / self.backlogged_s if self.backlogged_s else 0.0
+
+    def host_shares(self) -> list[float]:
+        return [u / b if b else 0.0 for u, b in zip(self.unsaturated_by_host, self.backlogged_by_host)]
+
+    def columns(self) -> dict:
+        def pct(part: float, whole: float) -> float | str:
+            return round(100 * part / whole, 2) if whole else ""
+
+        return {"tcp_flows": self.flows, "tcp_backlogged_s": round(self.backlogged_s, 3),
+                "tcp_unsaturated_pct": pct(self.unsaturated_s, self.backlogged_s),
+                "tcp_unsaturated_hosts": ";".join(f"{100 * s:.1f}" for s in self.host_shares()),
+                "tcp_rwnd_limited_pct": pct(self.rwnd_limited_us, self.busy_us),
+                "tcp_sndbuf_limited_pct": pct(self.sndbuf_limited_us, self.busy_us),
+                "tcp_retrans_pct": pct(self.retrans_bytes, self.sent_bytes)}
+
+
+def saturated(carried: float, rate_bps: float, seconds: float) -> bool:
+    """Whether a link direction that carried `carried` payload bytes in `seconds` ran at its rate."""
+    return carried >= SENT_SHARE * rate_bps / 8 * seconds * PAYLOAD_SHARE - MAX_PACKET
+
+
+def analyse(intervals: Sequence[Interval], hosts: int, rate_bps: float, start: float, end: float) -> SocketStats:
+    """The intervals within [start, end] of a cluster of `hosts` whose link directions run at `rate_bps`."""
+    backlogged, unsaturated = [0.0] * hosts, [0.0] * hosts
+    counted = flows = busy = rwnd = sndbuf = sent = retrans = 0
+    covered = 0.0
+    for iv in intervals:
+        dt = iv.end - iv.start
+        if iv.start < start or iv.end > end or dt <= 0:
+            continue
+        counted += 1
+        covered += dt
+        flows = max(flows, iv.flows)
+        busy, rwnd, sndbuf = busy + iv.busy_us, rwnd + iv.rwnd_limited_us, sndbuf + iv.sndbuf_limited_us
+        sent, retrans = sent + sum(iv.egress), retrans + iv.retrans_bytes
+        for src_host, dst_host in iv.waiting:
+            backlogged[src_host] += dt
+            if not (saturated(iv.egress[src_host], rate_bps, dt) or saturated(iv.ingress[dst_host], rate_bps, dt)):
+                unsaturated[src_host] += dt
+    return SocketStats(flows, counted, covered, sum(backlogged), sum(unsaturated), tuple(backlogged),
+                       tuple(unsaturated), busy, rwnd, sndbuf, sent, retrans)
+
+
+class SocketMonitor:
+    """Reads every host's TCP sockets on a thread (start ... stop). `namespaces`: the hosts', in host order."""
+
+    def __init__(self, namespaces: Sequence[str], addresses: Sequence[str], interval: float = INTERVAL_S):
+        self.interval = interval
+        self._host_of = {a: i for i, a in enumerate(addresses)}
+        self._last: Sweep | None = None
+        self._hosts: list[tcp_diag.NamespaceSockets] = []
+        try:
+            for ns in namespaces:  # sockets to the cluster's hosts only: the flows that may cross a link
+                self._hosts.append(tcp_diag.NamespaceSockets(ns, keep=lambda s: s.dst in self._host_of))
+        except tcp_diag.TcpDiagError:
+            self._close()
+            raise
+        self.intervals: list[Interval] = []
+        self.cpu_s = 0.0  # the sampling thread's own CPU time
+        self.error: str | None = None
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="socket-monitor", daemon=True)
+
+    def start(self) -> SocketMonitor:
+        self._thread.start()
+        return self
+
+    def sample(self) -> None:
+        readings = tuple({s.key: s for s in reader.read()} for reader in self._hosts)
+        now = Sweep(time.time(), readings)
+        if self._last is not None:
+            self.intervals.append(interval(self._last, now, self._host_of))
+        self._last = now
+
+    def _run(self) -> None:
+        begin = time.thread_time()
+        try:
+            next_at = time.monotonic()
+            while not self._stopped.is_set():
+                self.sample()
+                next_at += self.interval
+                delay = next_at - time.monotonic()
+                if delay < 0:  # fell behind (the machine was busy): keep the interval, skip the missed ticks
+                    next_at = time.monotonic()
+                    delay = 0.0
+                self._stopped.wait(delay)
+        except Exception as e:  # a monitor failure must not abort the run it watches
+            self.error = str(e)
+            LOG.exception("reading the hosts' TCP sockets failed; the socket monitor will be incomplete")
+        finally:
+            self.cpu_s = time.thread_time() - begin
+
+    def stop(self) -> list[Interval]:
+        self._stopped.set()
+        self._thread.join(timeout=10)
+        self._close()
+        return self.intervals
+
+    def _close(self) -> None:
+        for reader in self._hosts:
+            reader.close()
