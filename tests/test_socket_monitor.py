@@ -157,8 +157,8 @@ def test_the_trace_summary_sets_each_system_beside_its_untraced_runs_and_the_sim
     point = {"tag": "bandwidth", "model": "resnet50_v1", "hosts": "4", "bandwidth": "440mbit", "gpu_scale": "0.11",
              "tcp_congestion_control": "bbr", "faithful": "True"}
     traced = [{**point, "kvstore": "p3", "throughput": t, "tcp_unsaturated_pct": u, "tcp_rwnd_limited_pct": "1.0",
-               "tcp_sndbuf_limited_pct": "50", "tcp_retrans_pct": "0.01", "tcp_flows": "12"}
-              for t, u in (("40", "10"), ("42", "20"))]
+               "tcp_sndbuf_limited_pct": "50", "tcp_retrans_pct": "0.01", "tcp_flows": "12",
+               "tcp_backlogged_s": "500", "timed_window_s": "50"} for t, u in (("40", "10"), ("42", "20"))]
     traced.append({**point, "kvstore": "p3", "throughput": "1", "tcp_unsaturated_pct": "99", "faithful": "False"})
     traced.append({**point, "kvstore": "horovod", "throughput": "36", "tcp_unsaturated_pct": ""})  # not traced
     validation = tmp_path / "sim_validation.csv"
@@ -169,6 +169,7 @@ def test_the_trace_summary_sets_each_system_beside_its_untraced_runs_and_the_sim
     plain = {tcp_trace.key({**point, "kvstore": "p3"}): [40.0, 41.0, 42.0]}
     text = tcp_trace.summary(traced, plain, errors)
     [line] = [x for x in text.splitlines() if "p3kv" in x]
-    assert line == ("| bandwidth: resnet50_v1, 4 hosts, 440mbit (scale 0.11), bbr | p3kv | 2 | 15.0 | 1.0 | 50.0 | 0.0 "
-                    "| 12 | 41.00 / 41.00 (1.000×, n = 2 and 3) | -3.8% |")
+    # 500 flow-seconds waiting in a 50-s window, 10% and 20% of it unsaturated: 1 and 2 flows on average.
+    assert line == ("| bandwidth: resnet50_v1, 4 hosts, 440mbit (scale 0.11), bbr | p3kv | 2 | 15.0 | 1.50 | 1.0 "
+                    "| 50.0 | 0.0 | 12 | 41.00 / 41.00 (1.000×, n = 2 and 3) | -3.8% |")
     assert "Horovod" not in text

@@ -13,7 +13,8 @@ The traced runs (as root, on an idle machine; each sweep's own conditions and ea
         --results-dir benchmarks/results/tcp_trace
     python -m benchmarks.analysis.tcp_trace                  # results/tcp_trace/*.csv -> results/tcp_trace/summary.md
 
-Per system and point: the traced runs' median of each tcp_* column (faithful runs only), the traced throughput
+Per system and point: the traced runs' median of each tcp_* column (faithful runs only) and of the mean number of
+flows waiting on unsaturated paths (unsaturated flow-seconds over the timed window's seconds), the traced throughput
 against the untraced rows of the same point in results/sweeps/ (the monitor's own cost: it reads every socket
 every 50 ms on a thread of the runner), and the simulator's signed error at that point (results/sim_validation.csv,
 negative: predicted faster than measured).
@@ -36,7 +37,8 @@ from benchmarks.paths import RESULTS
 LOG = logging.getLogger("tcp_trace")
 TRACES = RESULTS / "tcp_trace"
 POINT = ("tag", "model", "hosts", "bandwidth", "gpu_scale")  # the sweep (tag) and where in it
-SHOWN = (("tcp_unsaturated_pct", "unsaturated % of waiting"), ("tcp_rwnd_limited_pct", "rwnd-limited % of busy"),
+SHOWN = (("tcp_unsaturated_pct", "unsaturated % of waiting"),
+         ("unsaturated_flows", "flows waiting unsaturated (mean)"), ("tcp_rwnd_limited_pct", "rwnd-limited % of busy"),
          ("tcp_sndbuf_limited_pct", "sndbuf-limited % of busy"), ("tcp_retrans_pct", "retransmitted % of bytes"),
          ("tcp_flows", "flows at once"))
 
@@ -53,7 +55,20 @@ def key(row: dict) -> tuple:
     return (*(str(row.get(c) or "") for c in POINT), str(row.get("tcp_congestion_control") or "bbr"), row["kvstore"])
 
 
+def unsaturated_flows(row: dict) -> float | None:
+    """How many flows on average waited with no link on their path at its rate during the timed window: the
+    unsaturated flow-seconds over the window's seconds (a share alone hides how much waiting there was)."""
+    backlogged, share, window = (_number(row.get(c)) for c in ("tcp_backlogged_s", "tcp_unsaturated_pct",
+                                                               "timed_window_s"))
+    if backlogged is None or share is None or not window:
+        return None
+    return backlogged * share / 100 / window
+
+
 def _median(rows: Sequence[dict], column: str) -> float | None:
+    if column == "unsaturated_flows":
+        values = [v for v in map(unsaturated_flows, rows) if v is not None]
+        return statistics.median(values) if values else None
     values = [v for v in (_number(r.get(column)) for r in rows) if v is not None]
     return statistics.median(values) if values else None
 
@@ -93,7 +108,8 @@ def summary(traced: Sequence[dict], plain: dict[tuple, list[float]], errors: dic
         values = []
         for column, _ in SHOWN:
             m = _median(rows, column)
-            values.append("-" if m is None else f"{m:.0f}" if column == "tcp_flows" else f"{m:.1f}")
+            values.append("-" if m is None else f"{m:.0f}" if column == "tcp_flows" else
+                          f"{m:.2f}" if column == "unsaturated_flows" else f"{m:.1f}")
         mine = statistics.median(float(r["throughput"]) for r in rows)
         base = plain.get(k)
         cost = f"{mine:.2f} / {statistics.median(base):.2f} ({mine / statistics.median(base):.3f}×, n = " \
