@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from benchmarks.emulation import fidelity, link_monitor, qdisc_stats
+from benchmarks.emulation import fidelity, link_monitor, netlink, qdisc_stats
 from benchmarks.emulation.link_monitor import MAX_PACKET, DirectionStats, HostLink, Sample
 
 pytestmark = pytest.mark.unit
@@ -33,7 +33,7 @@ def _qdisc_message(seq: int, ifindex: int, parent: int, kind: str, sent: int, pa
 
 
 def _done(seq: int) -> bytes:
-    return struct.pack("=IHHIIi", 20, qdisc_stats.NLMSG_DONE, 2, seq, 0, 0)
+    return struct.pack("=IHHIIi", 20, netlink.NLMSG_DONE, 2, seq, 0, 0)
 
 
 def test_a_dump_request_asks_for_every_qdisc():
@@ -53,7 +53,7 @@ def test_qdisc_answers_give_bytes_sent_and_backlog_from_either_statistics_attrib
 
 
 def test_a_netlink_error_is_raised_with_its_reason():
-    error = struct.pack("=IHHIIi", 20, qdisc_stats.NLMSG_ERROR, 0, 4, 0, -1)
+    error = struct.pack("=IHHIIi", 20, netlink.NLMSG_ERROR, 0, 4, 0, -1)
     with pytest.raises(qdisc_stats.QdiscError, match="Operation not permitted"):
         qdisc_stats.parse_messages(error, 4)
 

@@ -6,6 +6,7 @@ import sys
 import time
 
 import pytest
+from link_traffic import SENDER, require_namespaces
 
 from benchmarks.emulation import emulated_cluster, fidelity, link_monitor, net_counters, qdisc_stats
 
@@ -19,21 +20,6 @@ c, _ = s.accept()
 while c.recv(1 << 20):
     pass
 """
-SENDER = """
-import socket, sys, time
-c = socket.create_connection((sys.argv[1], 5001), timeout=10)
-end = time.monotonic() + float(sys.argv[2])
-chunk = bytes(1 << 20)
-while time.monotonic() < end:
-    c.sendall(chunk)
-c.close()
-"""
-
-
-def _require():
-    reason = emulated_cluster.why_unavailable()
-    if reason:
-        pytest.skip(reason)
 
 
 def _sent_by_tc(cluster, i: int) -> int:
@@ -59,7 +45,7 @@ def _transfer(cluster, seconds: float) -> tuple[float, float]:
 
 
 def test_a_link_queued_by_a_bulk_transfer_sends_at_its_rate_and_one_that_does_not_is_caught():
-    _require()
+    require_namespaces()
     with emulated_cluster.EmulatedCluster(2, "100mbit") as cluster:
         monitor = link_monitor.LinkMonitor(cluster.namespaces, cluster.bridge_ns).start()
         try:

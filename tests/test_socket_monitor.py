@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from benchmarks.emulation import socket_monitor, tcp_diag
+from benchmarks.emulation import netlink, socket_monitor, tcp_diag
 from benchmarks.emulation.socket_monitor import Sweep, analyse, interval
 from benchmarks.emulation.tcp_diag import TcpSocket
 
@@ -51,9 +51,9 @@ def test_a_sock_diag_answer_is_read_field_by_field_and_an_error_is_raised_with_i
     assert (first.snd_mss, first.notsent_bytes, first.bytes_sent, first.busy_us, first.rwnd_limited_us) == \
         (1448, 65160, 123456789012, 5000, 1000)
     assert second.src == "10.77.0.2" and second.dst == "10.77.0.2"  # v4-mapped, as its IPv4 address
-    done_msg = struct.pack("=IHHII", 20, tcp_diag.NLMSG_DONE, 2, 7, 0) + b"\0" * 4
+    done_msg = struct.pack("=IHHII", 20, netlink.NLMSG_DONE, 2, 7, 0) + b"\0" * 4
     assert tcp_diag.parse_messages(done_msg, 7) == ([], True)
-    error = struct.pack("=IHHII", 20, tcp_diag.NLMSG_ERROR, 0, 7, 0) + struct.pack("=i", -1)
+    error = struct.pack("=IHHII", 20, netlink.NLMSG_ERROR, 0, 7, 0) + struct.pack("=i", -1)
     with pytest.raises(tcp_diag.TcpDiagError, match="Operation not permitted"):
         tcp_diag.parse_messages(error, 7)
 

@@ -6,6 +6,7 @@ import sys
 import time
 
 import pytest
+from link_traffic import SENDER, require_namespaces
 
 from benchmarks.emulation import emulated_cluster, socket_monitor
 
@@ -31,21 +32,6 @@ while peers:
             pass
     time.sleep(0.01 if slow else 0.0005)
 """
-SENDER = """
-import socket, sys, time
-c = socket.create_connection((sys.argv[1], 5001), timeout=30)
-end = time.monotonic() + float(sys.argv[2])
-chunk = bytes(1 << 20)
-while time.monotonic() < end:
-    c.sendall(chunk)
-c.close()
-"""
-
-
-def _require():
-    reason = emulated_cluster.why_unavailable()
-    if reason:
-        pytest.skip(reason)
 
 
 def _transfer(cluster, senders: list[int], to: int, seconds: float, mode: str) -> tuple[float, float]:
@@ -67,7 +53,7 @@ def _transfer(cluster, senders: list[int], to: int, seconds: float, mode: str) -
 
 
 def test_incast_keeps_the_shared_ingress_at_its_rate_and_a_slow_reader_leaves_data_waiting_on_an_idle_link():
-    _require()
+    require_namespaces()
     with emulated_cluster.EmulatedCluster(3, "100mbit") as cluster:
         addresses = [cluster.address(i) for i in range(3)]
         monitor = socket_monitor.SocketMonitor(cluster.namespaces, addresses).start()

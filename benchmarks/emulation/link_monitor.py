@@ -28,11 +28,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 import time
 from collections.abc import Sequence
 
-from benchmarks.emulation import qdisc_stats
+from benchmarks.emulation import periodic, qdisc_stats
 
 LOG = logging.getLogger("link_monitor")
 INTERVAL_S = 0.02  # 20 ms: at the sweeps' slowest link (200 Mbit) an interval owes 500 KB, ~8 GSO packets
@@ -115,7 +114,7 @@ def analyse(series: Sequence[dict[str, Sequence[Sample]]], rate_bps: float, star
                      direction_stats(s.get("ingress", ()), rate_bps, start, end)) for s in series]
 
 
-class LinkMonitor:
+class LinkMonitor(periodic.PeriodicSampler):
     """Samples both qdiscs of every host's link on a thread (start ... stop). `namespaces`: the hosts';
     `bridge_ns`: the bridge's, whose port h<i> is host i's ingress."""
 
@@ -130,14 +129,8 @@ class LinkMonitor:
             self._close_hosts()
             raise
         self.series: list[dict[str, list[Sample]]] = [{d: [] for d in DIRECTIONS} for _ in namespaces]
-        self.cpu_s = 0.0  # the sampling thread's own CPU time
-        self.error: str | None = None
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="link-monitor", daemon=True)
+        super().__init__(self.sample, interval, "link-monitor", "the link monitor")
 
-    def start(self) -> LinkMonitor:
-        self._thread.start()
-        return self
 
     def sample(self) -> None:
         """One reading of every qdisc, each stamped with the time it was read."""
@@ -153,27 +146,8 @@ class LinkMonitor:
             if stats is not None:
                 self.series[i]["ingress"].append(Sample(now, stats.bytes, stats.backlog))
 
-    def _run(self) -> None:
-        begin = time.thread_time()
-        try:
-            next_at = time.monotonic()
-            while not self._stopped.is_set():
-                self.sample()
-                next_at += self.interval
-                delay = next_at - time.monotonic()
-                if delay < 0:  # fell behind (the machine was busy): keep the interval, skip the missed ticks
-                    next_at = time.monotonic()
-                    delay = 0.0
-                self._stopped.wait(delay)
-        except Exception as e:  # a monitor failure must not abort the run it watches
-            self.error = str(e)
-            LOG.exception("sampling the link queues failed; the link monitor will be incomplete")
-        finally:
-            self.cpu_s = time.thread_time() - begin
-
     def stop(self) -> list[dict[str, list[Sample]]]:
-        self._stopped.set()
-        self._thread.join(timeout=10)
+        super().stop()
         self._close_hosts()
         self._bridge.close()
         return self.series

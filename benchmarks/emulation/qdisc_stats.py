@@ -2,7 +2,7 @@
 
 The link monitor (link_monitor.py) reads every emulated link's token bucket every few milliseconds. Running
 `tc -s qdisc show` that often would fork two processes per namespace per sample; one netlink socket per network
-namespace, opened once (netns_socket.py), answers an RTM_GETQDISC dump in microseconds.
+namespace, opened once (netlink.py), answers an RTM_GETQDISC dump in microseconds.
 
 The messages (linux/rtnetlink.h, linux/pkt_sched.h, linux/gen_stats.h): a dump request is an nlmsghdr and a
 tcmsg; each answer is RTM_NEWQDISC with a tcmsg (ifindex, handle, parent) and attributes: TCA_KIND, and
@@ -19,16 +19,14 @@ import socket
 import struct
 from collections.abc import Sequence
 
-from benchmarks.emulation import netns_socket
+from benchmarks.emulation import netlink
+from benchmarks.emulation.netlink import NLM_F_DUMP, NLM_F_REQUEST, NLMSGHDR
 
 NETLINK_ROUTE = 0
 RTM_NEWQDISC, RTM_GETQDISC = 36, 38
-NLMSG_ERROR, NLMSG_DONE = 2, 3
-NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
 TC_H_ROOT = 0xFFFFFFFF
 TCA_KIND, TCA_STATS, TCA_STATS2 = 1, 3, 7
 TCA_STATS_BASIC, TCA_STATS_QUEUE = 1, 3
-_NLMSGHDR = struct.Struct("=IHHII")
 _TCMSG = struct.Struct("=BxxxiIII")
 _RTATTR = struct.Struct("=HH")
 
@@ -49,10 +47,6 @@ class QdiscStats:
     drops: int
 
 
-def _align(n: int) -> int:
-    return (n + 3) & ~3
-
-
 def attributes(data: bytes) -> dict[int, bytes]:
     """{type: payload} of a run of rtattrs (the nested flag bits masked off; the last of a type wins)."""
     found, offset = {}, 0
@@ -61,14 +55,14 @@ def attributes(data: bytes) -> dict[int, bytes]:
         if length < _RTATTR.size:
             break
         found[kind & 0x3FFF] = data[offset + _RTATTR.size:offset + length]
-        offset += _align(length)
+        offset += netlink.align(length)
     return found
 
 
 def request(seq: int = 1) -> bytes:
     """An RTM_GETQDISC dump request of every qdisc in the namespace."""
     body = _TCMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)
-    return _NLMSGHDR.pack(_NLMSGHDR.size + len(body), RTM_GETQDISC, NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + body
+    return NLMSGHDR.pack(NLMSGHDR.size + len(body), RTM_GETQDISC, NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + body
 
 
 def parse_qdisc(payload: bytes) -> tuple[int, int, QdiscStats] | None:
@@ -93,26 +87,9 @@ def parse_qdisc(payload: bytes) -> tuple[int, int, QdiscStats] | None:
 def parse_messages(data: bytes, seq: int) -> tuple[list[tuple[int, int, QdiscStats]], bool]:
     """The qdiscs in one recv()'s worth of netlink messages answering `seq`, and whether the dump is done.
     Raises QdiscError for an NLMSG_ERROR."""
-    found, offset, done = [], 0, False
-    while offset + _NLMSGHDR.size <= len(data):
-        length, kind, _, msg_seq, _ = _NLMSGHDR.unpack_from(data, offset)
-        if length < _NLMSGHDR.size:
-            break
-        payload = data[offset + _NLMSGHDR.size:offset + length]
-        offset += _align(length)
-        if msg_seq != seq:
-            continue  # an answer to an earlier request that timed out
-        if kind == NLMSG_DONE:
-            done = True
-        elif kind == NLMSG_ERROR:
-            code = struct.unpack_from("=i", payload)[0] if len(payload) >= 4 else 0
-            if code:
-                raise QdiscError(-code, f"RTM_GETQDISC failed: {os.strerror(-code)}")
-        elif kind == RTM_NEWQDISC:
-            parsed = parse_qdisc(payload)
-            if parsed is not None:
-                found.append(parsed)
-    return found, done
+    payloads, done = netlink.dump_answers(data, seq, RTM_NEWQDISC,
+                                          lambda code: QdiscError(code, f"RTM_GETQDISC failed: {os.strerror(code)}"))
+    return [p for p in map(parse_qdisc, payloads) if p is not None], done
 
 
 class NamespaceQdiscs:
@@ -122,7 +99,7 @@ class NamespaceQdiscs:
         self.netns, self.devices = netns, list(devices)
         self._seq = 0
         try:
-            self._sock, index = netns_socket.open_in(
+            self._sock, index = netlink.open_in(
                 netns, socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE, timeout,
                 inside=lambda: {socket.if_nametoindex(d): d for d in devices})
         except OSError as e:

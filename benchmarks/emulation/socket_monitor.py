@@ -31,11 +31,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 import time
 from collections.abc import Sequence
 
-from benchmarks.emulation import tcp_diag
+from benchmarks.emulation import periodic, tcp_diag
 from benchmarks.emulation.link_monitor import MAX_PACKET, SENT_SHARE
 
 LOG = logging.getLogger("socket_monitor")
@@ -160,7 +159,7 @@ def analyse(intervals: Sequence[Interval], hosts: int, rate_bps: float, start: f
                        tuple(unsaturated), busy, rwnd, sndbuf, sent, retrans)
 
 
-class SocketMonitor:
+class SocketMonitor(periodic.PeriodicSampler):
     """Reads every host's TCP sockets on a thread (start ... stop). `namespaces`: the hosts', in host order."""
 
     def __init__(self, namespaces: Sequence[str], addresses: Sequence[str], interval: float = INTERVAL_S):
@@ -175,14 +174,8 @@ class SocketMonitor:
             self._close()
             raise
         self.intervals: list[Interval] = []
-        self.cpu_s = 0.0  # the sampling thread's own CPU time
-        self.error: str | None = None
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="socket-monitor", daemon=True)
+        super().__init__(self.sample, interval, "socket-monitor", "the socket monitor")
 
-    def start(self) -> SocketMonitor:
-        self._thread.start()
-        return self
 
     def sample(self) -> None:
         readings = tuple({s.key: s for s in reader.read()} for reader in self._hosts)
@@ -191,27 +184,8 @@ class SocketMonitor:
             self.intervals.append(interval(self._last, now, self._host_of))
         self._last = now
 
-    def _run(self) -> None:
-        begin = time.thread_time()
-        try:
-            next_at = time.monotonic()
-            while not self._stopped.is_set():
-                self.sample()
-                next_at += self.interval
-                delay = next_at - time.monotonic()
-                if delay < 0:  # fell behind (the machine was busy): keep the interval, skip the missed ticks
-                    next_at = time.monotonic()
-                    delay = 0.0
-                self._stopped.wait(delay)
-        except Exception as e:  # a monitor failure must not abort the run it watches
-            self.error = str(e)
-            LOG.exception("reading the hosts' TCP sockets failed; the socket monitor will be incomplete")
-        finally:
-            self.cpu_s = time.thread_time() - begin
-
     def stop(self) -> list[Interval]:
-        self._stopped.set()
-        self._thread.join(timeout=10)
+        super().stop()
         self._close()
         return self.intervals
 

@@ -2,7 +2,7 @@
 the sock_diag netlink interface: what `ss -ti` prints, without forking `ss` and `ip netns exec` per sample.
 
 The socket monitor (socket_monitor.py) reads every emulated host's sockets every few tens of milliseconds through
-one NETLINK_SOCK_DIAG socket per namespace, opened once (netns_socket.py). A dump walks the kernel's whole table of
+one NETLINK_SOCK_DIAG socket per namespace, opened once (netlink.py). A dump walks the kernel's whole table of
 established sockets, which namespaces share unless made otherwise (net.ipv4.tcp_child_ehash_entries): about 1.2 ms
 of CPU per dump on this machine however few sockets a namespace has. So a reader dumps only to discover sockets
 (every `rediscover_s`), and in between asks for each socket it knows by its full id (addresses, ports and the
@@ -29,17 +29,22 @@ import os
 import socket
 import struct
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
-from benchmarks.emulation import netns_socket
+from benchmarks.emulation import netlink
+from benchmarks.emulation.netlink import (
+    NLM_F_DUMP,
+    NLM_F_REQUEST,
+    NLMSG_ERROR,
+    NLMSGHDR,
+    error_code,
+    messages,
+)
 
 NETLINK_SOCK_DIAG = 4
 SOCK_DIAG_BY_FAMILY = 20
-NLMSG_ERROR, NLMSG_DONE = 2, 3
-NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
 INET_DIAG_INFO = 2
 TCP_ESTABLISHED = 1
-_NLMSGHDR = struct.Struct("=IHHII")
 _REQ = struct.Struct("=BBBxI48s")  # inet_diag_req_v2: family, protocol, ext, pad, states, the socket id
 _MSG = struct.Struct("=BBBB2s2s16s16sIQIIIII")  # inet_diag_msg: ..., sport, dport, src, dst, if, cookie, ...
 _RTATTR = struct.Struct("=HH")
@@ -90,7 +95,7 @@ def request(family: int, seq: int, sockid: bytes | None = None) -> bytes:
     its tcp_info."""
     body = _REQ.pack(family, socket.IPPROTO_TCP, 1 << (INET_DIAG_INFO - 1), 1 << TCP_ESTABLISHED, sockid or b"")
     flags = NLM_F_REQUEST if sockid else NLM_F_REQUEST | NLM_F_DUMP
-    return _NLMSGHDR.pack(_NLMSGHDR.size + len(body), SOCK_DIAG_BY_FAMILY, flags, seq, 0) + body
+    return NLMSGHDR.pack(NLMSGHDR.size + len(body), SOCK_DIAG_BY_FAMILY, flags, seq, 0) + body
 
 
 def address(family: int, raw: bytes) -> str:
@@ -114,7 +119,7 @@ def parse_socket(payload: bytes) -> TcpSocket | None:
             break
         if kind & 0x3FFF == INET_DIAG_INFO:
             info = payload[offset + _RTATTR.size:offset + length]
-        offset += (length + 3) & ~3
+        offset += netlink.align(length)
     if info is None or len(info) < TCP_INFO_MIN:
         return None
     values = {name: struct.unpack_from("=" + fmt, info, at)[0] for name, at, fmt in _FIELDS}
@@ -122,40 +127,14 @@ def parse_socket(payload: bytes) -> TcpSocket | None:
                      int.from_bytes(dport, "big"), wqueue, **values, family=family, sockid=sockid)
 
 
-def messages(data: bytes) -> Iterator[tuple[int, int, bytes]]:
-    """(type, seq, payload) of each netlink message in one recv()'s worth."""
-    offset = 0
-    while offset + _NLMSGHDR.size <= len(data):
-        length, kind, _, seq, _ = _NLMSGHDR.unpack_from(data, offset)
-        if length < _NLMSGHDR.size:
-            break
-        yield kind, seq, data[offset + _NLMSGHDR.size:offset + length]
-        offset += (length + 3) & ~3
-
-
-def error_code(payload: bytes) -> int:
-    """An NLMSG_ERROR's errno (0: an acknowledgement)."""
-    return -struct.unpack_from("=i", payload)[0] if len(payload) >= 4 else 0
-
-
 def parse_messages(data: bytes, seq: int) -> tuple[list[TcpSocket], bool]:
     """The sockets in one recv()'s worth of messages answering `seq`, and whether the dump is done. Raises
     TcpDiagError for an NLMSG_ERROR."""
-    found, done = [], False
-    for kind, msg_seq, payload in messages(data):
-        if msg_seq != seq:
-            continue  # an answer to an earlier request that timed out
-        if kind == NLMSG_DONE:
-            done = True
-        elif kind == NLMSG_ERROR:
-            code = error_code(payload)
-            if code:
-                raise TcpDiagError(code, f"SOCK_DIAG_BY_FAMILY failed: {os.strerror(code)}")
-        elif kind == SOCK_DIAG_BY_FAMILY:
-            parsed = parse_socket(payload)
-            if parsed is not None:
-                found.append(parsed)
-    return found, done
+    def error(code: int) -> TcpDiagError:
+        return TcpDiagError(code, f"SOCK_DIAG_BY_FAMILY failed: {os.strerror(code)}")
+
+    payloads, done = netlink.dump_answers(data, seq, SOCK_DIAG_BY_FAMILY, error)
+    return [p for p in map(parse_socket, payloads) if p is not None], done
 
 
 class NamespaceSockets:
@@ -172,7 +151,7 @@ class NamespaceSockets:
         self._next_dump = 0.0
         self._seq = 0
         try:
-            self._sock, _ = netns_socket.open_in(netns, socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_SOCK_DIAG,
+            self._sock, _ = netlink.open_in(netns, socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_SOCK_DIAG,
                                                  timeout)
         except OSError as e:
             raise TcpDiagError(f"reading the TCP sockets of {netns or 'this namespace'}: {e}") from e

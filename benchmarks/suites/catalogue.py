@@ -68,7 +68,7 @@ SUITES = (
           "simulator's error there: results/tcp_trace/summary.md",
           "python -m benchmarks.suites.sweeps bandwidth --models resnet50_v1 --equivalents 4 --repeats 2 "
           "--tcp-trace --results-dir benchmarks/results/tcp_trace (and cubic, the same), then python -m "
-          "benchmarks.analysis.tcp_trace", root=True),
+          "benchmarks.analysis.tcp_trace", root=True, stated_time="about 26 min"),
     Suite("kernels", "the server optimizer kernels, ns per element",
           "python -m benchmarks.suites.kernel_bench", root=False),
     Suite("sim", "the simulator: fit, validate against the emulated rows, the paper's evaluation at scale",
