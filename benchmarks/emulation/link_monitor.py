@@ -27,13 +27,11 @@ link_monitor_cpu_s.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import time
 from collections.abc import Sequence
 
 from benchmarks.emulation import periodic, qdisc_stats
 
-LOG = logging.getLogger("link_monitor")
 INTERVAL_S = 0.02  # 20 ms: at the sweeps' slowest link (200 Mbit) an interval owes 500 KB, ~8 GSO packets
 # A 64 KiB GSO packet as tbf meters it: the kernel's packet length adds the headers of each of its up to 46
 # MSS-sized segments (qdisc_pkt_len_init), 66 bytes each (Ethernet, IPv4, TCP with timestamps).
@@ -119,7 +117,6 @@ class LinkMonitor(periodic.PeriodicSampler):
     `bridge_ns`: the bridge's, whose port h<i> is host i's ingress."""
 
     def __init__(self, namespaces: Sequence[str], bridge_ns: str, interval: float = INTERVAL_S):
-        self.interval = interval
         self._hosts: list[qdisc_stats.NamespaceQdiscs] = []
         try:
             for ns in namespaces:

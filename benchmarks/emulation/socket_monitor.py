@@ -30,14 +30,12 @@ tcp_diag.py reads known sockets by id and dumps only once a second). It is off u
 from __future__ import annotations
 
 import dataclasses
-import logging
 import time
 from collections.abc import Sequence
 
 from benchmarks.emulation import periodic, tcp_diag
 from benchmarks.emulation.link_monitor import MAX_PACKET, SENT_SHARE
 
-LOG = logging.getLogger("socket_monitor")
 INTERVAL_S = 0.05  # 50 ms: at the sweeps' slowest link (200 Mbit) an interval carries ~1.2 MB, ~18 GSO packets
 PAYLOAD_SHARE = 1448 / 1514  # a full frame's payload: MSS 1448 of 1514 bytes (Ethernet, IPv4, TCP timestamps)
 COLUMNS = ("tcp_flows", "tcp_backlogged_s", "tcp_unsaturated_pct", "tcp_unsaturated_hosts",
@@ -163,7 +161,6 @@ class SocketMonitor(periodic.PeriodicSampler):
     """Reads every host's TCP sockets on a thread (start ... stop). `namespaces`: the hosts', in host order."""
 
     def __init__(self, namespaces: Sequence[str], addresses: Sequence[str], interval: float = INTERVAL_S):
-        self.interval = interval
         self._host_of = {a: i for i, a in enumerate(addresses)}
         self._last: Sweep | None = None
         self._hosts: list[tcp_diag.NamespaceSockets] = []
@@ -175,7 +172,6 @@ class SocketMonitor(periodic.PeriodicSampler):
             raise
         self.intervals: list[Interval] = []
         super().__init__(self.sample, interval, "socket-monitor", "the socket monitor")
-
 
     def sample(self) -> None:
         readings = tuple({s.key: s for s in reader.read()} for reader in self._hosts)

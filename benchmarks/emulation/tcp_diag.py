@@ -144,7 +144,6 @@ class NamespaceSockets:
     def __init__(self, netns: str | None, timeout: float = 1.0, keep: Callable[[TcpSocket], bool] | None = None,
                  rediscover_s: float = 1.0):
         self.netns = netns
-        self.timeout = timeout
         self._keep = keep or (lambda s: True)
         self.rediscover_s = rediscover_s
         self._known: list[TcpSocket] = []
