@@ -1,5 +1,6 @@
 """Bounds of a live server against raw workers that hold the secret (issue 24): a worker that stops reading is
-caught within P3_HEARTBEAT_TIMEOUT, naming it, and a worker that pushes far ahead is held to its share of
+caught within P3_HEARTBEAT_TIMEOUT, naming it, one that resets its connection mid-broadcast is named disconnected
+whichever server thread sees the reset, and a worker that pushes far ahead is held to its share of
 P3_SERVER_QUEUE_BYTES while the job still sums correctly.
 
 Raw frames and the handshake come from tests/test_hostile.py and tests/p3auth.py; nodes from tests/harness.py.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import re
 import socket
+import struct
 import sys
 import threading
 import time
@@ -66,13 +68,10 @@ def start_job(nodes, env: dict[str, str]) -> tuple[Node, Node, list[socket.socke
     return scheduler, server, links, int(m.group(1)), int(m.group(2))
 
 
-def test_a_worker_that_stops_reading_fails_the_job_within_the_heartbeat_timeout(nodes):
-    """Worker 1 registers, says HELLO and inits a 16 MiB key with the others, keeps heartbeating, but never reads
-    its data connection: the server's broadcast to it makes no progress, and the server fails within
-    P3_HEARTBEAT_TIMEOUT (not P3_TIMEOUT, 600 s), naming worker 1 and its address; every process exits."""
-    heartbeat_timeout = 3.0
-    env = {"P3_HEARTBEAT_TIMEOUT": str(heartbeat_timeout), "P3_HEARTBEAT_INTERVAL": "0.5",
-           "P3_CONNECT_TIMEOUT": "30"}
+def stalled_broadcast(nodes, env: dict[str, str]) -> tuple[Node, Node, list[socket.socket], threading.Event]:
+    """Worker 1 registers, says HELLO and inits a 16 MiB key with worker 0, keeps heartbeating, but never reads its
+    data connection: the server's broadcast to it makes no progress. Returns the scheduler, the server, the two
+    data connections (worker 1's second) and the event that stops the heartbeats."""
     scheduler, server, links, _, server_port = start_job(nodes, env)
     stop = threading.Event()
     keep_alive(links, stop, 0.3)
@@ -83,7 +82,6 @@ def test_a_worker_that_stops_reading_fails_the_job_within_the_heartbeat_timeout(
     stuck.connect((HOST, server_port))
     p3auth.authenticate(stuck, SECRET)
     data.append(stuck)
-    stuck_port = stuck.getsockname()[1]
     for rank, s in enumerate(data):
         s.sendall(frame(HELLO, sender=rank))
     count = 4 << 20  # 16 MiB of float32: far more than the socket buffers on the way to worker 1
@@ -92,6 +90,18 @@ def test_a_worker_that_stops_reading_fails_the_job_within_the_heartbeat_timeout(
     data[0].sendall(frame(INIT, sender=0, key=1, count=count, payload=value.tobytes()))
     command, key, iteration, body = next_data(data[0])  # worker 0 reads its broadcast; worker 1 never reads
     assert (command, key, iteration, len(body)) == (BROADCAST, 1, 0, 4 * count)
+    data += links
+    return scheduler, server, data, stop
+
+
+def test_a_worker_that_stops_reading_fails_the_job_within_the_heartbeat_timeout(nodes):
+    """The server's broadcast to worker 1 makes no progress (stalled_broadcast), and the server fails within
+    P3_HEARTBEAT_TIMEOUT (not P3_TIMEOUT, 600 s), naming worker 1 and its address; every process exits."""
+    heartbeat_timeout = 3.0
+    env = {"P3_HEARTBEAT_TIMEOUT": str(heartbeat_timeout), "P3_HEARTBEAT_INTERVAL": "0.5",
+           "P3_CONNECT_TIMEOUT": "30"}
+    scheduler, server, data, stop = stalled_broadcast(nodes, env)
+    stuck_port = data[1].getsockname()[1]
     queued = time.monotonic()
     code = server.finish(timeout=heartbeat_timeout + 12)
     took = time.monotonic() - queued
@@ -101,9 +111,34 @@ def test_a_worker_that_stops_reading_fails_the_job_within_the_heartbeat_timeout(
     assert re.search(rf"worker 1 \({HOST}:{stuck_port}\).*did not read in time", server.output), server.output
     assert "P3_HEARTBEAT_TIMEOUT" in server.output, server.output
     assert scheduler.finish() == 1, scheduler.output
-    for s in data + links:
+    for s in data:
         s.close()
     print(f"\nstalled worker caught after {took:.1f} s (P3_HEARTBEAT_TIMEOUT={heartbeat_timeout:g})")
+
+
+def test_a_worker_that_resets_its_connection_mid_broadcast_is_named_disconnected_by_either_thread(nodes):
+    """Worker 1 resets its data connection (unread bytes, SO_LINGER 0) while the server's broadcast to it is blocked:
+    the server's sender and worker 1's receiver both see the reset, and whichever sees it first, the server fails
+    at once naming the same event ("worker 1 (host) disconnected without saying goodbye"; the sender used to report
+    only a reset while sending, and a test that looks for the disconnect then failed by chance)."""
+    env = {"P3_HEARTBEAT_TIMEOUT": "60", "P3_HEARTBEAT_INTERVAL": "0.5", "P3_CONNECT_TIMEOUT": "30"}
+    scheduler, server, data, stop = stalled_broadcast(nodes, env)
+    time.sleep(0.5)  # the sender fills worker 1's buffers and waits to write
+    data[1].setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    data[1].close()
+    reset = time.monotonic()
+    code = server.finish(timeout=15)
+    took = time.monotonic() - reset
+    stop.set()
+    assert code == 1, server.output
+    assert took < 10, (took, server.output)  # not the heartbeat timeout (60 s)
+    m = re.search(rf"worker 1 \({HOST}\) disconnected without saying goodbye \((.*)\): the worker died",
+                  server.output)
+    assert m, server.output
+    assert scheduler.finish() == 1, scheduler.output
+    for s in data[:1] + data[2:]:
+        s.close()
+    print(f"\nreset seen by the {'sender' if 'sending BROADCAST' in m.group(1) else 'receiver'}: {m.group(1)}")
 
 
 def test_pushes_far_ahead_are_held_within_the_workers_share_and_the_job_sums_correctly(nodes):

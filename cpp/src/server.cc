@@ -34,12 +34,7 @@ ServerNode::ServerNode(NodeConfig config, Updater updater, RequestHandler on_req
       updater_(std::move(updater)),
       on_request_(std::move(on_request)),
       sender_(&trace_,
-              [this](const OutMessage&, const Status& st) {
-                Fail(st.code() == Status::Code::kTimeout
-                         ? st.WithContext("the worker is connected but stopped reading for longer than "
-                                          "P3_HEARTBEAT_TIMEOUT (hung or stopped process?)")
-                         : st);
-              }),
+              [this](const OutMessage& m, const Status& st) { Fail(SendFailure(m.peer_rank, st)); }),
       // Keep freed receive buffers up to the queue bound: enough for every frame in flight to be reused.
       pool_(config_.server_queue_bytes),
       admission_(config_.server_queue_bytes, config_.num_worker,
@@ -66,6 +61,22 @@ std::string ServerNode::WorkerName(int rank) const {
   std::lock_guard<std::mutex> lock(mu_);
   const std::string host = rank >= 0 && rank < static_cast<int>(worker_hosts_.size()) ? worker_hosts_[rank] : "?";
   return "worker " + std::to_string(rank) + " (" + host + ")";
+}
+
+Status ServerNode::SendFailure(int rank, const Status& st) const {
+  if (st.code() == Status::Code::kTimeout) {
+    return st.WithContext("the worker is connected but stopped reading for longer than P3_HEARTBEAT_TIMEOUT (hung or "
+                          "stopped process?)");
+  }
+  // A reset or broken pipe while sending is the event the receiver reports as a disconnect, seen first by the
+  // other thread: name it the same way, whichever thread won the race.
+  if (st.code() == Status::Code::kPeerLost) return Disconnected(rank, st);
+  return st;
+}
+
+Status ServerNode::Disconnected(int rank, const Status& st) const {
+  return Status::PeerLost(WorkerName(rank) + " disconnected without saying goodbye (" + st.message() +
+                          "): the worker died or the network failed");
 }
 
 Status ServerNode::Start() {
@@ -158,8 +169,7 @@ void ServerNode::ReceiveLoop(int rank, std::shared_ptr<Connection> conn) {
   if (st.code() == Status::Code::kAborted) {
     Fail(Status::PeerLost(st.message()));  // the worker said why it left
   } else if (st.code() == Status::Code::kPeerLost) {
-    Fail(Status::PeerLost(WorkerName(rank) + " disconnected without saying goodbye (" + st.message() +
-                          "): the worker died or the network failed"));
+    Fail(Disconnected(rank, st));
   } else {
     Fail(st.WithContext("bad frame from " + WorkerName(rank) + "; closed its connection"));
   }

@@ -73,6 +73,10 @@ class ServerNode final : public Server, private Node {
   // A slice needs an iteration from a worker that has left: the job cannot go on (consumer thread).
   void Strand(const std::string& why);
   std::string WorkerName(int rank) const;
+  // Why a send to worker `rank` failed, for Fail (sender thread).
+  Status SendFailure(int rank, const Status& st) const;
+  // The worker's connection closed or reset without a goodbye (seen by its receiver or by the sender).
+  Status Disconnected(int rank, const Status& st) const;
 
   const Updater updater_;
   const RequestHandler on_request_;
