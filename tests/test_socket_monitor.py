@@ -21,12 +21,16 @@ HOST_OF = {a: i for i, a in enumerate(ADDRESSES)}
 LINE = RATE / 8 * socket_monitor.PAYLOAD_SHARE  # payload bytes a link carries per second
 
 
-def _answer(seq: int, family: int, src: bytes, dst: bytes, sport: int, dport: int, info: bytes) -> bytes:
+def _attr(kind: int, data: bytes) -> bytes:
+    attr = struct.pack("=HH", 4 + len(data), kind) + data
+    return attr + b"\0" * (-len(attr) % 4)
+
+
+def _answer(seq: int, family: int, src: bytes, dst: bytes, sport: int, dport: int, info: bytes,
+            bbr: bytes = b"") -> bytes:
     msg = struct.pack("=BBBB", family, tcp_diag.TCP_ESTABLISHED, 0, 0) + struct.pack("!HH", sport, dport) \
         + src.ljust(16, b"\0") + dst.ljust(16, b"\0") + struct.pack("=IQIIIII", 0, 0, 0, 0, 7000, 0, 0)
-    attr = struct.pack("=HH", 4 + len(info), tcp_diag.INET_DIAG_INFO) + info
-    attr += b"\0" * (-len(attr) % 4)
-    body = msg + attr
+    body = msg + _attr(tcp_diag.INET_DIAG_INFO, info) + (_attr(tcp_diag.INET_DIAG_BBRINFO, bbr) if bbr else b"")
     return struct.pack("=IHHII", 16 + len(body), tcp_diag.SOCK_DIAG_BY_FAMILY, 2, seq, 0) + body
 
 
@@ -51,6 +55,14 @@ def test_a_sock_diag_answer_is_read_field_by_field_and_an_error_is_raised_with_i
     assert (first.snd_mss, first.notsent_bytes, first.bytes_sent, first.busy_us, first.rwnd_limited_us) == \
         (1448, 65160, 123456789012, 5000, 1000)
     assert second.src == "10.77.0.2" and second.dst == "10.77.0.2"  # v4-mapped, as its IPv4 address
+    assert first.bbr_bw == 0 and first.bbr_pacing_gain == 0  # no BBR attribute: another congestion control
+    # BBR's attribute: a 64-bit estimate in two halves, gains in 1/256ths (PROBE_BW's 1.25, cwnd gain 2).
+    bbr = struct.pack("=IIIII", 5, 1, 800, 320, 512)
+    [with_bbr], _ = tcp_diag.parse_messages(_answer(8, socket.AF_INET, b"\1\1\1\1", b"\2\2\2\2", 1, 2, info, bbr), 8)
+    assert (with_bbr.bbr_bw, with_bbr.bbr_pacing_gain, with_bbr.bbr_cwnd_gain) == ((1 << 32) + 5, 1.25, 2.0)
+    # Requests ask for tcp_info and for BBR's attribute (by the VEGASINFO bit: attribute 16 has no bit of its own).
+    ext = tcp_diag.request(socket.AF_INET, 1)[16 + 2]
+    assert ext == 1 << (tcp_diag.INET_DIAG_INFO - 1) | 1 << (tcp_diag.INET_DIAG_VEGASINFO - 1)
     done_msg = struct.pack("=IHHII", 20, netlink.NLMSG_DONE, 2, 7, 0) + b"\0" * 4
     assert tcp_diag.parse_messages(done_msg, 7) == ([], True)
     error = struct.pack("=IHHII", 20, netlink.NLMSG_ERROR, 0, 7, 0) + struct.pack("=i", -1)
@@ -58,9 +70,25 @@ def test_a_sock_diag_answer_is_read_field_by_field_and_an_error_is_raised_with_i
         tcp_diag.parse_messages(error, 7)
 
 
+TCP_CC_INFO = 26  # linux/tcp.h: getsockopt's view of the congestion control's state (struct tcp_bbr_info for BBR)
+
+
+def _has_bbr() -> bool:
+    with open("/proc/sys/net/ipv4/tcp_available_congestion_control") as f:
+        return "bbr" in f.read().split()
+
+
 def test_a_live_socket_read_through_netlink_shows_what_getsockopt_tcp_info_shows():
+    """The client runs BBR when the kernel has it (as the emulated links do), so its estimate and gains are checked
+    against getsockopt(TCP_CC_INFO) as well."""
     server = socket.create_server(("127.0.0.1", 0))
-    client = socket.create_connection(server.getsockname())
+    bbr = _has_bbr()
+    if not bbr:
+        print("\nthis kernel has no tcp_bbr (modprobe tcp_bbr): BBR's attribute is not checked")
+    client = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if bbr:
+        client.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, b"bbr")
+    client.connect(server.getsockname())
     peer, _ = server.accept()
     drained = threading.Thread(target=lambda: [None for _ in iter(lambda: peer.recv(1 << 20), b"")], daemon=True)
     drained.start()
@@ -79,6 +107,7 @@ def test_a_live_socket_read_through_netlink_shows_what_getsockopt_tcp_info_shows
             time.sleep(0.01)
         [mine] = [s for s in reader.read() if s.key == (*client.getsockname(), *client.getpeername())]
         info = client.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 512)
+        cc_info = client.getsockopt(socket.IPPROTO_TCP, TCP_CC_INFO, 20)  # idle: BBR's state no longer moves
         client.close()
         drained.join(timeout=10)
         peer.close()
@@ -95,6 +124,11 @@ def test_a_live_socket_read_through_netlink_shows_what_getsockopt_tcp_info_shows
     assert mine.snd_mss == struct.unpack_from("=I", info, 16)[0] > 0
     assert mine.busy_us == struct.unpack_from("=Q", info, 168)[0]
     assert mine.notsent_bytes == 0 and mine.wqueue == 0
+    if bbr:
+        bw_lo, bw_hi, _, pacing_gain, cwnd_gain = struct.unpack("=IIIII", cc_info)
+        assert mine.bbr_bw == bw_hi << 32 | bw_lo > 0
+        assert (mine.bbr_pacing_gain, mine.bbr_cwnd_gain) == (pacing_gain / 256, cwnd_gain / 256)
+        assert mine.bbr_pacing_gain > 0 and mine.bbr_cwnd_gain > 0
 
 
 def _sock(src: int, dst: int, sent: float, notsent: int = 0, port: int = 1000, **counters) -> TcpSocket:
@@ -138,10 +172,41 @@ def test_flows_that_stay_on_a_host_start_in_the_interval_or_hold_less_than_a_seg
     after = _sweep(1.0, _sock(0, 0, LINE, 100_000), _sock(1, 2, 10, 1000), _sock(0, 1, 5, 100_000, port=7),
                    _sock(0, 2, LINE, 100_000, port=8))  # port 8: new in this interval
     iv = interval(before, after, HOST_OF)
-    assert iv.waiting == ((0, 1),) and iv.egress == (5, 10, 0) and iv.ingress == (0, 5, 10) and iv.flows == 2
+    assert iv.waiting == ((0, 1, socket_monitor.LIMITS.index("other")),)
+    assert iv.egress == (5, 10, 0) and iv.ingress == (0, 5, 10) and iv.flows == 2
     stats = analyse([iv], 3, RATE, 0, 1)
     assert stats.backlogged_s == 1 and stats.unsaturated_s == 1  # 0 -> 1 sent 5 bytes with 100 kB waiting
     assert stats.columns()["tcp_retrans_pct"] == 0.0
+
+
+def test_unsaturated_time_is_split_by_what_held_each_flow_and_bbrs_estimates_are_set_against_the_link():
+    backlog, t = 100_000, 0.0
+    limits = socket_monitor.LIMITS
+
+    def held(**counters) -> socket_monitor.Interval:
+        """One second of 0 -> 1 at a tenth of the rate with data waiting: unsaturated, held by `counters`."""
+        nonlocal t
+        t += 1
+        return interval(_sweep(t - 1, _sock(0, 1, 0, backlog)), _sweep(t, _sock(0, 1, LINE / 10, backlog, **counters)),
+                        HOST_OF)
+
+    # In precedence order: the receive window (over half the interval), a full congestion window, BBR's pacing in
+    # PROBE_BW (gain 0.75-1.25) or in STARTUP/DRAIN, and a socket under another congestion control.
+    cases = [held(rwnd_limited_us=600_000, unacked=10), held(unacked=10, bbr_pacing_gain=1.0),
+             held(unacked=3, bbr_pacing_gain=1.0, bbr_bw=int(LINE / 4)), held(bbr_pacing_gain=0.75, bbr_bw=int(LINE)),
+             held(bbr_pacing_gain=2.89), held()]
+    assert [iv.waiting[0][2] for iv in cases] == [limits.index(x) for x in
+                                                  ("rwnd", "cwnd", "pacing", "pacing", "startup", "other")]
+    stats = analyse(cases, 3, RATE, 0, t)
+    columns = stats.columns()
+    assert columns["tcp_unsaturated_pct"] == 100.0
+    assert columns["tcp_unsaturated_limits"] == "rwnd:16.7;cwnd:16.7;pacing:33.3;startup:16.7;other:16.7"
+    # The pacing seconds: estimates of a quarter and of all of the link: on average 0.625 of it.
+    assert columns["tcp_unsaturated_bw_share"] == 0.625
+    # A saturated flow counts in none of it.
+    full = interval(_sweep(t, _sock(0, 2, 0, backlog)), _sweep(t + 1, _sock(0, 2, LINE, backlog, bbr_pacing_gain=1)),
+                    HOST_OF)
+    assert analyse([full], 3, RATE, 0, t + 1).columns()["tcp_unsaturated_limits"] == ""
 
 
 def test_no_interval_in_the_window_gives_empty_shares_not_zeros():
@@ -158,7 +223,10 @@ def test_the_trace_summary_sets_each_system_beside_its_untraced_runs_and_the_sim
              "tcp_congestion_control": "bbr", "faithful": "True"}
     traced = [{**point, "kvstore": "p3", "throughput": t, "tcp_unsaturated_pct": u, "tcp_rwnd_limited_pct": "1.0",
                "tcp_sndbuf_limited_pct": "50", "tcp_retrans_pct": "0.01", "tcp_flows": "12",
-               "tcp_backlogged_s": "500", "timed_window_s": "50"} for t, u in (("40", "10"), ("42", "20"))]
+               "tcp_backlogged_s": "500", "timed_window_s": "50", "tcp_unsaturated_limits": held,
+               "tcp_unsaturated_bw_share": share}
+              for t, u, held, share in (("40", "10", "rwnd:0.0;cwnd:50.0;pacing:50.0;startup:0.0;other:0.0", "0.5"),
+                                        ("42", "20", "rwnd:0.0;cwnd:0.0;pacing:100.0;startup:0.0;other:0.0", "0.7"))]
     traced.append({**point, "kvstore": "p3", "throughput": "1", "tcp_unsaturated_pct": "99", "faithful": "False"})
     traced.append({**point, "kvstore": "horovod", "throughput": "36", "tcp_unsaturated_pct": ""})  # not traced
     validation = tmp_path / "sim_validation.csv"
@@ -169,7 +237,8 @@ def test_the_trace_summary_sets_each_system_beside_its_untraced_runs_and_the_sim
     plain = {tcp_trace.key({**point, "kvstore": "p3"}): [40.0, 41.0, 42.0]}
     text = tcp_trace.summary(traced, plain, errors)
     [line] = [x for x in text.splitlines() if "p3kv" in x]
-    # 500 flow-seconds waiting in a 50-s window, 10% and 20% of it unsaturated: 1 and 2 flows on average.
+    # 500 flow-seconds waiting in a 50-s window, 10% and 20% of it unsaturated: 1 and 2 flows on average, so 50 and
+    # 100 flow-seconds, pooled: 25 + 100 held by pacing, 25 by the congestion window.
     assert line == ("| bandwidth: resnet50_v1, 4 hosts, 440mbit (scale 0.11), bbr | p3kv | 2 | 15.0 | 1.50 | 1.0 "
-                    "| 50.0 | 0.0 | 12 | 41.00 / 41.00 (1.000×, n = 2 and 3) | -3.8% |")
+                    "| 50.0 | 0.0 | 12 | 0.60 | pacing 83, cwnd 17 | 41.00 / 41.00 (1.000×, n = 2 and 3) | -3.8% |")
     assert "Horovod" not in text

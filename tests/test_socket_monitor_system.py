@@ -76,3 +76,5 @@ def test_incast_keeps_the_shared_ingress_at_its_rate_and_a_slow_reader_leaves_da
     slow = socket_monitor.analyse(intervals, 3, RATE, slow_start + 0.5, slow_end - 0.5)
     assert slow.flows == 1 and slow.backlogged_by_host[0] > 0.5 * (slow_end - slow_start - 1.0), slow
     assert slow.unsaturated_share > 0.9 and slow.rwnd_limited_us > 0.5 * slow.busy_us, slow
+    # ... and the split of its unsaturated time says so.
+    assert slow.unsaturated_by_limit[socket_monitor.LIMITS.index("rwnd")] > 0.5 * slow.unsaturated_s, slow

@@ -14,11 +14,11 @@ The traced runs (as root, on an idle machine; each sweep's own conditions and ea
     python -m benchmarks.analysis.tcp_trace                  # results/tcp_trace/*.csv -> results/tcp_trace/summary.md
 
 Per system and point: the traced runs' median of each tcp_* column (faithful runs only) and of the mean number of
-flows waiting on unsaturated paths (unsaturated flow-seconds over the timed window's seconds), the traced throughput
-against the untraced rows of the same point in results/sweeps/ (the monitor's own cost: it reads every socket
-every 50 ms on a thread of the runner), and the simulator's signed error at that point (results/sim_validation.csv,
-negative: predicted faster than measured).
-"""
+flows waiting on unsaturated paths (unsaturated flow-seconds over the timed window's seconds), what held those flows
+(tcp_unsaturated_limits: the runs' unsaturated flow-seconds pooled, split by the flow's limit, in %), the traced
+throughput against the untraced rows of the same point in results/sweeps/ (the monitor's own cost: it reads every
+socket every 50 ms on a thread of the runner), and the simulator's signed error at that point
+(results/sim_validation.csv, negative: predicted faster than measured)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ POINT = ("tag", "model", "hosts", "bandwidth", "gpu_scale")  # the sweep (tag) a
 SHOWN = (("tcp_unsaturated_pct", "unsaturated % of waiting"),
          ("unsaturated_flows", "flows waiting unsaturated (mean)"), ("tcp_rwnd_limited_pct", "rwnd-limited % of busy"),
          ("tcp_sndbuf_limited_pct", "sndbuf-limited % of busy"), ("tcp_retrans_pct", "retransmitted % of bytes"),
-         ("tcp_flows", "flows at once"))
+         ("tcp_flows", "flows at once"), ("tcp_unsaturated_bw_share", "BBR estimates / link (pacing share)"))
 
 
 def _number(value) -> float | None:
@@ -63,6 +63,23 @@ def unsaturated_flows(row: dict) -> float | None:
     if backlogged is None or share is None or not window:
         return None
     return backlogged * share / 100 / window
+
+
+def held_by(rows: Sequence[dict]) -> str:
+    """The runs' unsaturated flow-time pooled and split by what held the flows (tcp_unsaturated_limits), largest
+    first, in %; "-" when no run recorded the split."""
+    pooled: dict[str, float] = {}
+    for row in rows:
+        flows = unsaturated_flows(row)
+        window = _number(row.get("timed_window_s"))
+        for part in filter(None, str(row.get("tcp_unsaturated_limits") or "").split(";")):
+            name, _, share = part.partition(":")
+            pooled[name] = pooled.get(name, 0.0) + (flows or 0.0) * (window or 0.0) * float(share) / 100
+    total = sum(pooled.values())
+    if not total:
+        return "-"
+    return ", ".join(f"{name} {100 * v / total:.0f}" for name, v in sorted(pooled.items(), key=lambda kv: -kv[1])
+                     if 100 * v / total >= 0.5)
 
 
 def _median(rows: Sequence[dict], column: str) -> float | None:
@@ -99,7 +116,8 @@ def summary(traced: Sequence[dict], plain: dict[tuple, list[float]], errors: dic
     for row in traced:
         if bench_rows.verdict(row) is not False and _number(row.get("tcp_unsaturated_pct")) is not None:
             groups.setdefault(key(row), []).append(row)
-    head = ["point", "system", "runs", *(label for _, label in SHOWN), "throughput traced / untraced",
+    head = ["point", "system", "runs", *(label for _, label in SHOWN), "unsaturated flows held by (%)",
+            "throughput traced / untraced",
             "simulator's error"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for k in sorted(groups):
@@ -109,7 +127,7 @@ def summary(traced: Sequence[dict], plain: dict[tuple, list[float]], errors: dic
         for column, _ in SHOWN:
             m = _median(rows, column)
             values.append("-" if m is None else f"{m:.0f}" if column == "tcp_flows" else
-                          f"{m:.2f}" if column == "unsaturated_flows" else f"{m:.1f}")
+                          f"{m:.2f}" if column in ("unsaturated_flows", "tcp_unsaturated_bw_share") else f"{m:.1f}")
         mine = statistics.median(float(r["throughput"]) for r in rows)
         base = plain.get(k)
         cost = f"{mine:.2f} / {statistics.median(base):.2f} ({mine / statistics.median(base):.3f}×, n = " \
@@ -117,7 +135,7 @@ def summary(traced: Sequence[dict], plain: dict[tuple, list[float]], errors: dic
         error = errors.get(k)
         lines.append(f"| {tag}: {model}, {hosts} hosts, {bandwidth} (scale {scale}), {congestion} | "
                      f"{LABEL.get(system, system)} | {len(rows)} | " + " | ".join(values) +
-                     f" | {cost} | {'-' if error is None else f'{100 * error:+.1f}%'} |")
+                     f" | {held_by(rows)} | {cost} | {'-' if error is None else f'{100 * error:+.1f}%'} |")
     return "\n".join(lines) + "\n"
 
 

@@ -17,9 +17,21 @@ two readings:
 - a backlogged flow with no saturated link on its path (neither its egress nor its destination's ingress) is
   *unsaturated*: data waited in a socket while every link it crosses had room, which a fluid model never allows.
 A run's tcp_unsaturated_pct is the unsaturated share of all backlogged flow-time (per source host in
-tcp_unsaturated_hosts). From the kernel's own chronos it also reports which share of the flows' busy time the
-receiver's window (tcp_rwnd_limited_pct) and a full send buffer (tcp_sndbuf_limited_pct) held them, and the
-retransmitted share of the bytes sent.
+tcp_unsaturated_hosts). What held each unsaturated flow back, at the interval's second reading, splits that time in
+tcp_unsaturated_limits (LIMITS, in this order of precedence):
+- rwnd: the receiver's window, for at least half the interval (the kernel's chrono);
+- cwnd: the congestion window, full (segments in flight >= snd_cwnd): CUBIC after a loss, BBR in PROBE_RTT or with
+  a window fitted to a stale min RTT or bandwidth;
+- pacing: BBR's pacing in PROBE_BW (pacing gain 0.75 to 1.25: at its bandwidth estimate, cycling around it);
+- startup: BBR's pacing in STARTUP or DRAIN (gain 2.89 or 0.35: a connection still learning its rate);
+- other: none of these (a socket under another congestion control, not at its window).
+For the pacing share, tcp_unsaturated_bw_share asks whether BBR's estimate is what idles the link: the bandwidth
+estimates of the backlogged flows leaving the flow's source host, summed, over the link's payload rate (time-weighted
+mean over that flow-time). Below 1, the flows together believed the link slower than it is; at 1 or more, the
+estimates would fill it and the gain's cycle or the destination's side held them.
+From the kernel's own chronos it also reports which share of the flows' busy time the receiver's window
+(tcp_rwnd_limited_pct) and a full send buffer (tcp_sndbuf_limited_pct) held them, and the retransmitted share of the
+bytes sent.
 
 The sampler runs on a thread of the runner, outside the hosts' CPU quotas, like the link monitor; its CPU time is
 part of the run's sampling_cpu_s and, alone, tcp_monitor_cpu_s (about 2% of a core for 3 hosts on this machine:
@@ -38,8 +50,12 @@ from benchmarks.emulation.link_monitor import MAX_PACKET, SENT_SHARE
 
 INTERVAL_S = 0.05  # 50 ms: at the sweeps' slowest link (200 Mbit) an interval carries ~1.2 MB, ~18 GSO packets
 PAYLOAD_SHARE = 1448 / 1514  # a full frame's payload: MSS 1448 of 1514 bytes (Ethernet, IPv4, TCP timestamps)
-COLUMNS = ("tcp_flows", "tcp_backlogged_s", "tcp_unsaturated_pct", "tcp_unsaturated_hosts",
-           "tcp_rwnd_limited_pct", "tcp_sndbuf_limited_pct", "tcp_retrans_pct", "tcp_monitor_cpu_s")
+COLUMNS = ("tcp_flows", "tcp_backlogged_s", "tcp_unsaturated_pct", "tcp_unsaturated_hosts", "tcp_unsaturated_limits",
+           "tcp_unsaturated_bw_share", "tcp_rwnd_limited_pct", "tcp_sndbuf_limited_pct", "tcp_retrans_pct",
+           "tcp_monitor_cpu_s")
+
+LIMITS = ("rwnd", "cwnd", "pacing", "startup", "other")  # see the module's docstring
+PACING = LIMITS.index("pacing")
 
 Reading = dict[tuple[str, int, str, int], tcp_diag.TcpSocket]
 
@@ -61,7 +77,9 @@ class Interval:
     end: float
     egress: tuple[int, ...]  # payload bytes each host sent to other hosts
     ingress: tuple[int, ...]  # ... each host received from other hosts
-    waiting: tuple[tuple[int, int], ...]  # (source, destination) host of each backlogged flow
+    waiting: tuple[tuple[int, int, int], ...]  # each backlogged flow's source and destination host and limit
+    # (an index into LIMITS)
+    estimates: tuple[int, ...]  # the bandwidth estimates (BBR, bytes/s) of each host's backlogged flows, summed
     flows: int  # flows that crossed a link in it
     busy_us: int
     rwnd_limited_us: int
@@ -69,10 +87,22 @@ class Interval:
     retrans_bytes: int
 
 
+def limit(then: tcp_diag.TcpSocket, now: tcp_diag.TcpSocket, seconds: float) -> int:
+    """What held a backlogged flow back over an interval of `seconds` read at `then` and `now`: an index into LIMITS
+    (see the module's docstring)."""
+    if now.rwnd_limited_us - then.rwnd_limited_us >= seconds * 1e6 / 2:
+        return LIMITS.index("rwnd")
+    if now.snd_cwnd and now.unacked >= now.snd_cwnd:
+        return LIMITS.index("cwnd")
+    if not now.bbr_pacing_gain:
+        return LIMITS.index("other")
+    return PACING if 0.5 < now.bbr_pacing_gain < 2 else LIMITS.index("startup")
+
+
 def interval(a: Sweep, b: Sweep, host_of: dict[str, int]) -> Interval:
     """The interval from sweep `a` to sweep `b`; `host_of` maps each host's address to its index."""
     n = len(b.hosts)
-    egress, ingress, waiting = [0] * n, [0] * n, []
+    egress, ingress, estimates, waiting = [0] * n, [0] * n, [0] * n, []
     flows = busy = rwnd = sndbuf = retrans = 0
     for src_host, (before, after) in enumerate(zip(a.hosts, b.hosts)):
         for key, now in after.items():
@@ -89,9 +119,10 @@ def interval(a: Sweep, b: Sweep, host_of: dict[str, int]) -> Interval:
             rwnd += now.rwnd_limited_us - then.rwnd_limited_us
             sndbuf += now.sndbuf_limited_us - then.sndbuf_limited_us
             if min(then.notsent_bytes, now.notsent_bytes) >= max(now.snd_mss, 1):
-                waiting.append((src_host, dst_host))
-    return Interval(a.time, b.time, tuple(egress), tuple(ingress), tuple(waiting), flows, busy, rwnd, sndbuf,
-                    retrans)
+                waiting.append((src_host, dst_host, limit(then, now, b.time - a.time)))
+                estimates[src_host] += now.bbr_bw
+    return Interval(a.time, b.time, tuple(egress), tuple(ingress), tuple(waiting), tuple(estimates), flows, busy,
+                    rwnd, sndbuf, retrans)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +136,8 @@ class SocketStats:
     unsaturated_s: float
     backlogged_by_host: tuple[float, ...]
     unsaturated_by_host: tuple[float, ...]
+    unsaturated_by_limit: tuple[float, ...]  # flow-seconds, in LIMITS' order
+    bw_share_s: float  # the pacing share's flow-seconds weighted by its egress's estimates over the link's rate
     busy_us: int
     rwnd_limited_us: int
     sndbuf_limited_us: int
@@ -125,6 +158,11 @@ class SocketStats:
         return {"tcp_flows": self.flows, "tcp_backlogged_s": round(self.backlogged_s, 3),
                 "tcp_unsaturated_pct": pct(self.unsaturated_s, self.backlogged_s),
                 "tcp_unsaturated_hosts": ";".join(f"{100 * s:.1f}" for s in self.host_shares()),
+                "tcp_unsaturated_limits": ";".join(f"{name}:{100 * s / self.unsaturated_s:.1f}" for name, s in
+                                                   zip(LIMITS, self.unsaturated_by_limit)) if self.unsaturated_s
+                else "",
+                "tcp_unsaturated_bw_share": round(self.bw_share_s / self.unsaturated_by_limit[PACING], 3)
+                if self.unsaturated_by_limit[PACING] else "",
                 "tcp_rwnd_limited_pct": pct(self.rwnd_limited_us, self.busy_us),
                 "tcp_sndbuf_limited_pct": pct(self.sndbuf_limited_us, self.busy_us),
                 "tcp_retrans_pct": pct(self.retrans_bytes, self.sent_bytes)}
@@ -137,7 +175,9 @@ def saturated(carried: float, rate_bps: float, seconds: float) -> bool:
 
 def analyse(intervals: Sequence[Interval], hosts: int, rate_bps: float, start: float, end: float) -> SocketStats:
     """The intervals within [start, end] of a cluster of `hosts` whose link directions run at `rate_bps`."""
-    backlogged, unsaturated = [0.0] * hosts, [0.0] * hosts
+    backlogged, unsaturated, by_limit = [0.0] * hosts, [0.0] * hosts, [0.0] * len(LIMITS)
+    bw_share_s = 0.0
+    line = rate_bps / 8 * PAYLOAD_SHARE
     counted = flows = busy = rwnd = sndbuf = sent = retrans = 0
     covered = 0.0
     for iv in intervals:
@@ -149,12 +189,15 @@ def analyse(intervals: Sequence[Interval], hosts: int, rate_bps: float, start: f
         flows = max(flows, iv.flows)
         busy, rwnd, sndbuf = busy + iv.busy_us, rwnd + iv.rwnd_limited_us, sndbuf + iv.sndbuf_limited_us
         sent, retrans = sent + sum(iv.egress), retrans + iv.retrans_bytes
-        for src_host, dst_host in iv.waiting:
+        for src_host, dst_host, held_by in iv.waiting:
             backlogged[src_host] += dt
             if not (saturated(iv.egress[src_host], rate_bps, dt) or saturated(iv.ingress[dst_host], rate_bps, dt)):
                 unsaturated[src_host] += dt
+                by_limit[held_by] += dt
+                if held_by == PACING:
+                    bw_share_s += dt * iv.estimates[src_host] / line
     return SocketStats(flows, counted, covered, sum(backlogged), sum(unsaturated), tuple(backlogged),
-                       tuple(unsaturated), busy, rwnd, sndbuf, sent, retrans)
+                       tuple(unsaturated), tuple(by_limit), bw_share_s, busy, rwnd, sndbuf, sent, retrans)
 
 
 class SocketMonitor(periodic.PeriodicSampler):

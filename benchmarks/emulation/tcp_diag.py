@@ -9,14 +9,17 @@ of CPU per dump on this machine however few sockets a namespace has. So a reader
 kernel's cookie, which a later socket on the same ports does not share): one hash lookup each, all of a
 namespace's requests in one send.
 
-The messages (linux/sock_diag.h, linux/inet_diag.h, linux/tcp.h): a request is an nlmsghdr (SOCK_DIAG_BY_FAMILY,
-a dump) and a struct inet_diag_req_v2 (family, IPPROTO_TCP, the extensions wanted as bits 1 << (attr - 1), the
-states as bits 1 << state, a zeroed socket id); each answer is an inet_diag_msg (the socket id: ports big-endian,
-addresses as four 32-bit words; then expires, rqueue, wqueue, uid, inode) followed by attributes, of which
-INET_DIAG_INFO carries struct tcp_info. The tcp_info offsets read here have been stable since Linux 4.19 (the
-chrono times since 4.10, bytes_sent and bytes_retrans since 4.19); they were checked against `ss -ti` on this
-machine's kernel (tests/test_socket_monitor.py compares with getsockopt(TCP_INFO) of a live socket). AF_INET6 is
-dumped as well: a socket opened as IPv6 and connected to an IPv4 address (v4-mapped) is an AF_INET6 socket, and
+The messages (linux/sock_diag.h, linux/inet_diag.h, linux/tcp.h): a request is an nlmsghdr (SOCK_DIAG_BY_FAMILY, a
+dump) and a struct inet_diag_req_v2 (family, IPPROTO_TCP, the extensions wanted as bits 1 << (attr - 1), the states
+as bits 1 << state, a zeroed socket id); each answer is an inet_diag_msg (the socket id: ports big-endian, addresses
+as four 32-bit words; then expires, rqueue, wqueue, uid, inode) followed by attributes, of which INET_DIAG_INFO
+carries struct tcp_info. A BBR socket also answers with INET_DIAG_BBRINFO (struct tcp_bbr_info: its bandwidth
+estimate in bytes/s as two 32-bit halves, its min RTT in µs, its pacing and cwnd gains in units of 1/256) when asked
+for INET_DIAG_VEGASINFO: the extension bits are one byte, so BBR's attribute (16) cannot be asked for by its own
+bit, and tcp_bbr.c answers either (as `ss -ti` asks). The tcp_info offsets read here have been stable since Linux
+4.19 (the chrono times since 4.10, bytes_sent and bytes_retrans since 4.19); they were checked against `ss -ti` on
+this machine's kernel (tests/test_socket_monitor.py compares with getsockopt(TCP_INFO) of a live socket). AF_INET6
+is dumped as well: a socket opened as IPv6 and connected to an IPv4 address (v4-mapped) is an AF_INET6 socket, and
 some libraries open those.
 """
 
@@ -44,10 +47,14 @@ from benchmarks.emulation.netlink import (
 NETLINK_SOCK_DIAG = 4
 SOCK_DIAG_BY_FAMILY = 20
 INET_DIAG_INFO = 2
+INET_DIAG_VEGASINFO = 3  # the bit that asks a BBR socket for INET_DIAG_BBRINFO (see the module's docstring)
+INET_DIAG_BBRINFO = 16
+BBR_UNIT = 256  # tcp_bbr.c's gains are fixed point: 256 is a gain of 1
 TCP_ESTABLISHED = 1
 _REQ = struct.Struct("=BBBxI48s")  # inet_diag_req_v2: family, protocol, ext, pad, states, the socket id
 _MSG = struct.Struct("=BBBB2s2s16s16sIQIIIII")  # inet_diag_msg: ..., sport, dport, src, dst, if, cookie, ...
 _RTATTR = struct.Struct("=HH")
+_BBR_INFO = struct.Struct("=IIIII")  # struct tcp_bbr_info: bw_lo, bw_hi, min_rtt (µs), pacing_gain, cwnd_gain
 # struct tcp_info: (name, offset, format); see the module's docstring.
 _FIELDS = (("snd_mss", 16, "I"), ("unacked", 24, "I"), ("rtt_us", 68, "I"), ("snd_cwnd", 80, "I"),
            ("pacing_rate", 104, "Q"), ("notsent_bytes", 144, "I"), ("delivery_rate", 160, "Q"),
@@ -82,6 +89,12 @@ class TcpSocket:
     sndbuf_limited_us: int  # ... of which the application waited for room in the send buffer
     bytes_sent: int  # payload sent, retransmissions included
     bytes_retrans: int
+    # BBR's state (0 for a socket under another congestion control): its bandwidth estimate (bytes/s; its pacing
+    # rate is this times the pacing gain) and its gains (1.0 cruising; 1.25 probing up and 0.75 draining in
+    # PROBE_BW's cycle, 2.89 in STARTUP, 0.35 in DRAIN).
+    bbr_bw: int = 0
+    bbr_pacing_gain: float = 0.0
+    bbr_cwnd_gain: float = 0.0
     family: int = dataclasses.field(default=socket.AF_INET, repr=False, compare=False)
     sockid: bytes = dataclasses.field(default=b"", repr=False, compare=False)  # inet_diag_sockid, as the kernel gave it
 
@@ -93,7 +106,8 @@ class TcpSocket:
 def request(family: int, seq: int, sockid: bytes | None = None) -> bytes:
     """A request for every established TCP socket of `family` (a dump), or for the one socket `sockid` names, with
     its tcp_info."""
-    body = _REQ.pack(family, socket.IPPROTO_TCP, 1 << (INET_DIAG_INFO - 1), 1 << TCP_ESTABLISHED, sockid or b"")
+    ext = 1 << (INET_DIAG_INFO - 1) | 1 << (INET_DIAG_VEGASINFO - 1)
+    body = _REQ.pack(family, socket.IPPROTO_TCP, ext, 1 << TCP_ESTABLISHED, sockid or b"")
     flags = NLM_F_REQUEST if sockid else NLM_F_REQUEST | NLM_F_DUMP
     return NLMSGHDR.pack(NLMSGHDR.size + len(body), SOCK_DIAG_BY_FAMILY, flags, seq, 0) + body
 
@@ -112,17 +126,22 @@ def parse_socket(payload: bytes) -> TcpSocket | None:
         return None
     family, _, _, _, sport, dport, src, dst, _, _, _, _, wqueue, _, _ = _MSG.unpack_from(payload)
     sockid = payload[4:52]
-    offset, info = _MSG.size, None
+    offset, info, bbr = _MSG.size, None, {}
     while offset + _RTATTR.size <= len(payload):
         length, kind = _RTATTR.unpack_from(payload, offset)
         if length < _RTATTR.size:
             break
+        body = payload[offset + _RTATTR.size:offset + length]
         if kind & 0x3FFF == INET_DIAG_INFO:
-            info = payload[offset + _RTATTR.size:offset + length]
+            info = body
+        elif kind & 0x3FFF == INET_DIAG_BBRINFO and len(body) >= _BBR_INFO.size:
+            bw_lo, bw_hi, _, pacing_gain, cwnd_gain = _BBR_INFO.unpack_from(body)
+            bbr = {"bbr_bw": bw_hi << 32 | bw_lo, "bbr_pacing_gain": pacing_gain / BBR_UNIT,
+                   "bbr_cwnd_gain": cwnd_gain / BBR_UNIT}
         offset += netlink.align(length)
     if info is None or len(info) < TCP_INFO_MIN:
         return None
-    values = {name: struct.unpack_from("=" + fmt, info, at)[0] for name, at, fmt in _FIELDS}
+    values = {name: struct.unpack_from("=" + fmt, info, at)[0] for name, at, fmt in _FIELDS} | bbr
     return TcpSocket(address(family, src), int.from_bytes(sport, "big"), address(family, dst),
                      int.from_bytes(dport, "big"), wqueue, **values, family=family, sockid=sockid)
 
