@@ -1,6 +1,7 @@
 """The tables after the fidelity monitors: only faithful runs are shown and the others counted, every rank's
 iterations are the statistics' data, and run_ids stay unique when a sweep is resumed."""
 
+import csv
 import json
 
 import pytest
@@ -140,6 +141,35 @@ def test_every_new_column_is_a_run_column_and_the_old_ones_keep_their_place():
     order = ("fidelity_notes", "rank_iter_s", "update_placement", "cfs_period_us", "link_rx", "torch",
              "link_queue_ms", "link_monitor_cpu_s", "vgpu_late_us_per_iter", "steal_pct")
     assert [bench_rows.RUN_COLUMNS.index(c) for c in order] == sorted(bench_rows.RUN_COLUMNS.index(c) for c in order)
+
+
+def test_every_committed_run_csv_takes_a_new_row():
+    """The next run's row can be appended to every committed results CSV: each one's columns are run columns
+    (bench_report.append_csv rewrites a file that lacks some; one with a column RUN_COLUMNS lacks is refused)."""
+    from benchmarks.paths import RESULTS
+
+    checked = 0
+    for path in sorted(RESULTS.rglob("*.csv")):
+        with path.open(newline="") as f:
+            header = next(csv.reader(f), [])
+        if "faithful" not in header or "run_id" not in header or path.stem.endswith("_iterations"):
+            continue  # another benchmark's table, or a run CSV from before the fidelity monitors (never appended)
+        checked += 1
+        assert set(header) <= set(bench_rows.RUN_COLUMNS), (path, set(header) - set(bench_rows.RUN_COLUMNS))
+    assert checked > 20
+
+
+def test_a_csv_from_before_a_column_was_inserted_is_rewritten_with_it_and_keeps_its_rows(tmp_path):
+    from benchmarks.analysis import bench_report
+
+    path = tmp_path / "runs.csv"
+    path.write_text("a,c\n1,3\n")
+    bench_report.append_csv(path, [{"a": "4", "b": "5", "c": "6"}], ("a", "b", "c"))  # b inserted in the middle
+    assert path.read_text().splitlines() == ["a,b,c", "1,,3", "4,5,6"]
+    bench_report.append_csv(path, [{"a": "7", "b": "8", "c": "9", "d": "0"}], ("a", "b", "c", "d"))  # at the end
+    assert path.read_text().splitlines() == ["a,b,c,d", "1,,3", "4,5,6", "7,8,9,0"]
+    with pytest.raises(SystemExit, match=r"columns this version .* does not write \(d\)"):
+        bench_report.append_csv(path, [{"a": "1"}], ("a", "b", "c"))
 
 
 def test_steal_is_read_from_the_cpu_line_of_proc_stat(tmp_path):

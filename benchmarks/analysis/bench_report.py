@@ -34,20 +34,30 @@ LABEL_OF = {"p3": "p3kv, raw P3Worker (numpy, no MXNet engine)", "dist_sync": "M
 
 
 def append_csv(path: pathlib.Path, rows: Iterable[dict], columns: Sequence[str] = COLUMNS) -> None:
-    """Append rows; write the header if the file is new. A file whose header is the start of `columns` (written
-    before columns were added at the end) gets the full header, its rows reading the new columns as empty; a file
-    with another header is an error (move it)."""
+    """Append rows; write the header if the file is new. A file written before some of `columns` existed (its
+    header a subset of them) is first rewritten with all of them, its rows reading the new ones as empty; a file
+    with a column `columns` lacks is an error (move it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     new = not path.exists() or path.stat().st_size == 0
     if not new:
         with path.open(newline="") as f:
             header = next(csv.reader(f), [])
         if len(header) < len(columns) and tuple(header) == tuple(columns[:len(header)]):
-            lines = path.read_text().splitlines(keepends=True)
+            lines = path.read_text().splitlines(keepends=True)  # added at the end: the header alone changes
             path.write_text(",".join(columns) + "\n" + "".join(lines[1:]))
+        elif tuple(header) != tuple(columns) and set(header) <= set(columns):
+            with path.open(newline="") as f:
+                old = list(csv.DictReader(f))
+            tmp = path.with_suffix(".tmp")
+            with tmp.open("w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=list(columns))
+                writer.writeheader()
+                writer.writerows(old)
+            tmp.replace(path)
         elif tuple(header) != tuple(columns):
-            raise SystemExit(f"{path} has other columns than this version of the benchmark writes; move it aside "
-                             "(e.g. rename it) and run again")
+            raise SystemExit(f"{path} has columns this version of the benchmark does not write "
+                             f"({', '.join(sorted(set(header) - set(columns)))}); move it aside (e.g. rename it) "
+                             "and run again")
     with path.open("a", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
         if new:

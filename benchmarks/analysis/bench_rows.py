@@ -68,14 +68,16 @@ RUN_COLUMNS = (
     "tcp_congestion_control",  # TCP's congestion control on the links (link_shaping.py); "": a row from before, BBR
     # The socket monitor (--tcp-trace; emulation/socket_monitor.py; "": not traced): the most flows crossing links
     # at once, the flow-seconds with data waiting in a socket, the share of those with no link on the flow's path
-    # at its rate (overall, per source host, and split by what held the flow: "rwnd:x;cwnd:y;pacing:...", % of
-    # the unsaturated time; "": a row from before the split) and, for BBR's pacing share, its egress's estimates
-    # over the link's rate; the share of the flows' busy time the receive window and a full send buffer held them,
-    # the retransmitted share of bytes sent, the sampling thread's CPU.
-    "tcp_flows", "tcp_backlogged_s", "tcp_unsaturated_pct", "tcp_unsaturated_hosts", "tcp_unsaturated_limits",
-    "tcp_unsaturated_bw_share", "tcp_rwnd_limited_pct", "tcp_sndbuf_limited_pct", "tcp_retrans_pct",
-    "tcp_monitor_cpu_s",
+    # at its rate (overall and per source host), the share of the flows' busy time the receive window and a full
+    # send buffer held them, the retransmitted share of bytes sent, the sampling thread's CPU; then the unsaturated
+    # time split by what held the flow ("rwnd:x;cwnd:y;pacing:...", % of it) and, for BBR's pacing share, its
+    # egress's estimates over the link's rate ("": a row from before the split).
+    "tcp_flows", "tcp_backlogged_s", "tcp_unsaturated_pct", "tcp_unsaturated_hosts", "tcp_rwnd_limited_pct",
+    "tcp_sndbuf_limited_pct", "tcp_retrans_pct", "tcp_monitor_cpu_s", "tcp_unsaturated_limits",
+    "tcp_unsaturated_bw_share",
 )
+# A new column goes at the end: an existing CSV then gains it in its header alone (bench_report.append_csv rewrites
+# a whole file that lacks a column elsewhere, and refuses one with a column not here).
 ITERATION_COLUMNS = ("run_id", "tag", "model", "kvstore", "hosts", "bandwidth", "gpu_scale", "repeat", "rank",
                      "iteration", "time_s")
 # What rows from before this schema lacked, as they ran: no optimizer, one run per point.
