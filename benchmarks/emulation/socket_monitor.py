@@ -22,13 +22,14 @@ tcp_unsaturated_limits (LIMITS, in this order of precedence):
 - rwnd: the receiver's window, for at least half the interval (the kernel's chrono);
 - cwnd: the congestion window, full (segments in flight >= snd_cwnd): CUBIC after a loss, BBR in PROBE_RTT or with
   a window fitted to a stale min RTT or bandwidth;
-- pacing: BBR's pacing in PROBE_BW (pacing gain 0.75 to 1.25: at its bandwidth estimate, cycling around it);
+- pacing: BBR in PROBE_BW (pacing gain 0.75 to 1.25) with neither window full: its pacing rate held it, or
+  something below TCP that tcp_info does not show (TCP small queues, the qdisc);
 - startup: BBR's pacing in STARTUP or DRAIN (gain 2.89 or 0.35: a connection still learning its rate);
 - other: none of these (a socket under another congestion control, not at its window).
 For the pacing share, tcp_unsaturated_bw_share asks whether BBR's estimate is what idles the link: the bandwidth
 estimates of the backlogged flows leaving the flow's source host, summed, over the link's payload rate (time-weighted
-mean over that flow-time). Below 1, the flows together believed the link slower than it is; at 1 or more, the
-estimates would fill it and the gain's cycle or the destination's side held them.
+mean over that flow-time). Below 1, the flows together believed the link slower than it is; at 1 or more, their
+pacing rates would fill it, so the estimates are not what held them.
 From the kernel's own chronos it also reports which share of the flows' busy time the receiver's window
 (tcp_rwnd_limited_pct) and a full send buffer (tcp_sndbuf_limited_pct) held them, and the retransmitted share of the
 bytes sent.
