@@ -7,7 +7,7 @@ it are predicted too fast by more.
 
 The traced runs (as root, on an idle machine; each sweep's own conditions and each system's tuned setting):
 
-    python -m benchmarks.suites.sweeps bandwidth --models resnet50_v1 --equivalents 4 --repeats 2 --tcp-trace \
+    python -m benchmarks.suites.sweeps bandwidth --models resnet50_v1 --equivalents 4 --repeats 4 --tcp-trace \
         --results-dir benchmarks/results/tcp_trace
     python -m benchmarks.suites.sweeps cubic --models resnet50_v1 --repeats 2 --tcp-trace \
         --results-dir benchmarks/results/tcp_trace
