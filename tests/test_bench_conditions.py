@@ -48,10 +48,16 @@ def test_write_run_appends_rows_and_iterations(tmp_path):
         ("a", "0", "0", 0.5), ("a", "0", "1", 0.25), ("a", "1", "0", 0.5), ("a", "1", "1", 0.3), ("b", "0", "0", 0.4)]
     with pytest.raises(ValueError, match="not run columns"):
         bench_rows.write_run(path, {"optimiser": "sgd"})
-    other = tmp_path / "old.csv"
-    other.write_text("timestamp,model\n1,m\n")
-    with pytest.raises(SystemExit, match="other columns"):
-        bench_rows.write_run(other, row)
+    other = tmp_path / "old.csv"  # run columns, some missing: rewritten with all of them, its row kept
+    other.write_text("model,timestamp\n m,1\n")
+    bench_rows.write_run(other, row)
+    with other.open() as f:
+        old, new = csv.DictReader(f)
+    assert (old["model"], old["timestamp"], old["run_id"]) == (" m", "1", "") and new["run_id"] == "a"
+    foreign = tmp_path / "foreign.csv"  # a column no run writes: refused, naming it
+    foreign.write_text("timestamp,modell\n1,m\n")
+    with pytest.raises(SystemExit, match=r"does not write \(modell\)"):
+        bench_rows.write_run(foreign, row)
 
 
 def test_legacy_rows_read_as_no_optimizer_single_run(tmp_path):
