@@ -70,11 +70,11 @@ def held_by(rows: Sequence[dict]) -> str:
     first, in %; "-" when no run recorded the split."""
     pooled: dict[str, float] = {}
     for row in rows:
-        flows = unsaturated_flows(row)
-        window = _number(row.get("timed_window_s"))
+        # The run's unsaturated flow-seconds (a row without the window still counts).
+        unsaturated = (_number(row.get("tcp_backlogged_s")) or 0.0) * (_number(row.get("tcp_unsaturated_pct")) or 0.0)
         for part in filter(None, str(row.get("tcp_unsaturated_limits") or "").split(";")):
             name, _, share = part.partition(":")
-            pooled[name] = pooled.get(name, 0.0) + (flows or 0.0) * (window or 0.0) * float(share) / 100
+            pooled[name] = pooled.get(name, 0.0) + unsaturated * float(share)
     total = sum(pooled.values())
     if not total:
         return "-"
