@@ -21,6 +21,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import hang_report
 import p3auth
 import pytest
 
@@ -201,10 +202,27 @@ def launcher_argv(*args: str) -> list[str]:
 def run_launcher(*args: str, env: dict[str, str] | None = None, timeout: float = 60, merge_output: bool = False,
                  stdin=None, wrap: Sequence[str] = ()) -> subprocess.CompletedProcess:
     """Runs `python -m p3kv.launch ARGS` (prefixed by `wrap`, e.g. `ip netns exec NS`) in the checkout to its
-    end; `env` defaults to launcher_env(). Output is captured, stderr into stdout with `merge_output`."""
-    return subprocess.run([*wrap, *launcher_argv(*args)], cwd=REPO, env=launcher_env() if env is None else env,
-                          stdin=stdin, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT if merge_output else subprocess.PIPE, text=True, timeout=timeout)
+    end; `env` defaults to launcher_env(). Output is captured, stderr into stdout with `merge_output`. A launcher
+    still running after `timeout` seconds fails the test with its output and what each of its processes was
+    doing (hang_report.py), then is stopped with SIGTERM (it stops its children) and, 15 s later, SIGKILL."""
+    argv = [*wrap, *launcher_argv(*args)]
+    with subprocess.Popen(argv, cwd=REPO, env=launcher_env() if env is None else env, stdin=stdin,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT if merge_output else subprocess.PIPE,
+                          text=True) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            processes = hang_report.report(proc.pid)
+            proc.terminate()
+            try:
+                stdout, stderr = proc.communicate(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                stdout, stderr = proc.communicate()
+            pytest.fail(f"the launcher did not end within {timeout:g} s: {' '.join(argv)}\n--- its output (end):\n"
+                        f"{(stdout or '')[-4000:]}{(stderr or '')[-2000:]}\n--- its processes when the time ran out:"
+                        f"\n{processes}", pytrace=False)
+    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
 
 
 def run_job(workers: int, servers: int, worker_args: Sequence[str], *, env: dict[str, str] | None = None,

@@ -18,12 +18,20 @@ def command(role: Role) -> tuple[str, ...]:
 
 
 def set_environment(env: dict[str, str], job: Job, role: Role, root: str, port: int, host: str) -> None:
-    """Adds the ps-lite variables of `role` in a baseline `job` to `env` (a process's whole environment)."""
+    """Adds the ps-lite variables of `role` in a baseline `job` to `env` (a process's whole environment).
+
+    In an mxnet-p3 job the scheduler keeps ps-lite's plain ZMQ van; only workers and servers run the P3 van. The
+    P3 van sends through a priority queue that is not first-in first-out among equal priorities (a message pushed
+    is popped before older ones of its priority), and its sending thread stops at the first TERMINATE it pops. At
+    the job's end the scheduler queues the final barrier's replies to every node, gets its own reply, and queues
+    its TERMINATE: when that overtakes replies still queued, those nodes wait in the barrier forever (a finished
+    job that never exits, seen in CI). The scheduler carries only control messages, so the van it uses does not
+    change what MXNet's P3 sends; the plain van sends each reply before the next message is read."""
     env.update({
         "DMLC_ROLE": role.value, "DMLC_PS_ROOT_URI": root, "DMLC_PS_ROOT_PORT": str(port),
         "DMLC_NUM_WORKER": str(job.num_workers), "DMLC_NUM_SERVER": str(job.num_servers), "DMLC_NODE_HOST": host,
     })
-    if job.kvstore is KVStore.MXNET_P3:
+    if job.kvstore is KVStore.MXNET_P3 and role is not Role.SCHEDULER:
         env["DMLC_PS_VAN_TYPE"] = "p3"
         env["DMLC_PS_WATER_MARK"] = str(config.get("DMLC_PS_WATER_MARK", env))  # the user's, else the artifact's
     else:
