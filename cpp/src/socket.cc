@@ -126,6 +126,12 @@ Status Socket::Connect(const std::string& host, uint16_t port, int buffer_bytes,
       errno = err;
       rc = err == 0 ? 0 : -1;
     }
+    if (rc == 0 && s.ConnectedToItself()) {
+      // It would hold the port its peer is about to listen on and handshake with its own bytes: closed, the port
+      // is free again and a later attempt reaches the peer.
+      rc = -1;
+      errno = ECONNREFUSED;
+    }
     if (rc == 0) {
       s.SetNonBlocking(false);
       SetNoDelay(s.fd_);
@@ -307,6 +313,17 @@ void Socket::Close() {
     close(fd_);
     fd_ = -1;
   }
+}
+
+bool Socket::ConnectedToItself() const {
+  sockaddr_in mine{}, peer{};
+  socklen_t mine_len = sizeof mine, peer_len = sizeof peer;
+  if (fd_ < 0 || getsockname(fd_, reinterpret_cast<sockaddr*>(&mine), &mine_len) != 0 ||
+      getpeername(fd_, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) {
+    return false;
+  }
+  return mine.sin_family == AF_INET && peer.sin_family == AF_INET && mine.sin_port == peer.sin_port &&
+         mine.sin_addr.s_addr == peer.sin_addr.s_addr;
 }
 
 uint16_t Socket::LocalPort() const {

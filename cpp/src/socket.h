@@ -68,6 +68,10 @@ class Socket {
   bool valid() const { return fd_ >= 0; }
   int fd() const { return fd_; }
   uint16_t LocalPort() const;
+  // Whether this connected socket's two ends are one address and port. A connect to a loopback port that nobody
+  // listens on yet can succeed against itself (TCP's simultaneous open, when the kernel picks that very port as
+  // the source): Connect counts that as refused.
+  bool ConnectedToItself() const;
 
  private:
   int fd_ = -1;

@@ -1,5 +1,6 @@
 // Unit tests of the core's pure parts: priority queue ordering, codec round-trip and validation, slicer,
-// float16 conversion and aggregation. No network. Built and run by tests/test_cpp_unit.py.
+// float16 conversion and aggregation; and the socket's check for a connection to itself (loopback only). Built and
+// run by tests/test_cpp_unit.py.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -10,6 +11,8 @@
 #include <thread>
 #include <vector>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 
 #include "codec.h"
@@ -18,6 +21,7 @@
 #include "handshake.h"
 #include "priority_queue.h"
 #include "p3/slicer.h"
+#include "socket.h"
 #include "virtual_stream.h"
 #include "check.h"
 
@@ -302,6 +306,28 @@ void TestHandshake() {
   t.join();
 }
 
+// A socket bound to a loopback port and connected to that same port is connected to itself (TCP's simultaneous
+// open), which Socket::Connect must not take for its peer; a real connection between two sockets is not.
+void TestASocketConnectedToItselfIsTold() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  CHECK(fd >= 0);
+  p3::Socket self(fd);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  CHECK(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  addr.sin_port = htons(self.LocalPort());
+  CHECK(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  CHECK(self.ConnectedToItself());
+
+  p3::Socket listener, client, server;
+  CHECK(p3::Socket::Listen("127.0.0.1", 0, 0, &listener).ok());
+  CHECK(p3::Socket::Connect("127.0.0.1", listener.LocalPort(), 0, 2.0, &client).ok());
+  std::string peer;
+  CHECK(listener.Accept(2.0, &server, &peer).ok());
+  CHECK(!client.ConnectedToItself() && !server.ConnectedToItself() && !listener.ConnectedToItself());
+}
+
 // Items queued together run back to back (a serial device); after an idle gap the clock restarts from now.
 void TestVirtualStream() {
   using Clock = p3::VirtualStream::Clock;
@@ -355,6 +381,7 @@ int main() {
       {"bfloat16", TestBFloat16},
       {"aggregation", TestAggregation},
       {"handshake", TestHandshake},
+      {"a_socket_connected_to_itself_is_told", TestASocketConnectedToItselfIsTold},
       {"virtual_stream", TestVirtualStream},
   };
   return p3test::RunTests(tests);
