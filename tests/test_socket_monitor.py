@@ -60,6 +60,7 @@ def test_a_sock_diag_answer_is_read_field_by_field_and_an_error_is_raised_with_i
     bbr = struct.pack("=IIIII", 5, 1, 800, 320, 512)
     [with_bbr], _ = tcp_diag.parse_messages(_answer(8, socket.AF_INET, b"\1\1\1\1", b"\2\2\2\2", 1, 2, info, bbr), 8)
     assert (with_bbr.bbr_bw, with_bbr.bbr_pacing_gain, with_bbr.bbr_cwnd_gain) == ((1 << 32) + 5, 1.25, 2.0)
+    assert with_bbr.bbr_min_rtt_us == 800 and first.bbr_min_rtt_us == 0
     # Requests ask for tcp_info and for BBR's attribute (by the VEGASINFO bit: attribute 16 has no bit of its own).
     ext = tcp_diag.request(socket.AF_INET, 1)[16 + 2]
     assert ext == 1 << (tcp_diag.INET_DIAG_INFO - 1) | 1 << (tcp_diag.INET_DIAG_VEGASINFO - 1)
@@ -128,8 +129,9 @@ def test_a_live_socket_read_through_netlink_shows_what_getsockopt_tcp_info_shows
     assert mine.busy_us == struct.unpack_from("=Q", info, 168)[0]
     assert mine.notsent_bytes == 0 and mine.wqueue == 0
     if bbr:
-        bw_lo, bw_hi, _, pacing_gain, cwnd_gain = struct.unpack("=IIIII", cc_info)
+        bw_lo, bw_hi, min_rtt, pacing_gain, cwnd_gain = struct.unpack("=IIIII", cc_info)
         assert mine.bbr_bw == bw_hi << 32 | bw_lo > 0
+        assert mine.bbr_min_rtt_us == min_rtt > 0
         assert (mine.bbr_pacing_gain, mine.bbr_cwnd_gain) == (pacing_gain / 256, cwnd_gain / 256)
         assert mine.bbr_pacing_gain > 0 and mine.bbr_cwnd_gain > 0
 
@@ -175,7 +177,7 @@ def test_flows_that_stay_on_a_host_start_in_the_interval_or_hold_less_than_a_seg
     after = _sweep(1.0, _sock(0, 0, LINE, 100_000), _sock(1, 2, 10, 1000), _sock(0, 1, 5, 100_000, port=7),
                    _sock(0, 2, LINE, 100_000, port=8))  # port 8: new in this interval
     iv = interval(before, after, HOST_OF)
-    assert iv.waiting == ((0, 1, socket_monitor.LIMITS.index("other")),)
+    assert iv.waiting == ((0, 1, socket_monitor.LIMITS.index("other"), -1, 0.0),)
     assert iv.egress == (5, 10, 0) and iv.ingress == (0, 5, 10) and iv.flows == 2
     stats = analyse([iv], 3, RATE, 0, 1)
     assert stats.backlogged_s == 1 and stats.unsaturated_s == 1  # 0 -> 1 sent 5 bytes with 100 kB waiting
@@ -212,6 +214,33 @@ def test_unsaturated_time_is_split_by_what_held_each_flow_and_bbrs_estimates_are
     assert analyse([full], 3, RATE, 0, t + 1).columns()["tcp_unsaturated_limits"] == ""
 
 
+def test_a_full_bbr_window_is_put_down_to_the_rtt_a_short_window_or_neither_with_the_rtts_inflation():
+    backlog, t = 100_000, 0.0
+    causes = socket_monitor.WINDOW_CAUSES
+    # BBR's target window: gain 2 x 12.5 MB/s x 1 ms = 25,000 bytes, about 17 segments of 1448.
+    bbr = dict(bbr_pacing_gain=1.0, bbr_cwnd_gain=2.0, bbr_bw=12_500_000, bbr_min_rtt_us=1000)
+
+    def held(**counters) -> socket_monitor.Interval:
+        nonlocal t
+        t += 1
+        return interval(_sweep(t - 1, _sock(0, 1, 0, backlog)), _sweep(t, _sock(0, 1, LINE / 10, backlog, **counters)),
+                        HOST_OF)
+
+    cases = [held(unacked=17, snd_cwnd=17, rtt_us=3000, **bbr),  # RTT 3x its min: at least the gain's 2x
+             held(unacked=4, snd_cwnd=4, rtt_us=1200, **bbr),  # 4 segments of a 17-segment target
+             held(unacked=17, snd_cwnd=17, rtt_us=1500, **bbr),  # at its target, RTT 1.5x: neither
+             held(unacked=17, snd_cwnd=17, rtt_us=3000),  # no BBR state: a full window of unknown cause
+             held(unacked=3, rtt_us=9000, **bbr)]  # not window-held (pacing): no cause
+    assert [iv.waiting[0][3] for iv in cases] == [causes.index(c) for c in ("rtt", "short", "other")] + [-1, -1]
+    assert [iv.waiting[0][4] for iv in cases] == [3.0, 1.2, 1.5, 0.0, 0.0]
+    columns = analyse(cases, 3, RATE, 0, t).columns()
+    assert columns["tcp_unsaturated_limits"] == "rwnd:0.0;cwnd:80.0;pacing:20.0;startup:0.0;other:0.0"
+    assert columns["tcp_cwnd_causes"] == "rtt:33.3;short:33.3;other:33.3"  # BBR's window seconds only
+    assert columns["tcp_cwnd_rtt_inflation"] == 1.9  # (3 + 1.2 + 1.5) / 3
+    untraced = analyse(cases[3:], 3, RATE, 0, t).columns()
+    assert untraced["tcp_cwnd_causes"] == "" and untraced["tcp_cwnd_rtt_inflation"] == ""
+
+
 def test_no_interval_in_the_window_gives_empty_shares_not_zeros():
     stats = analyse([], 2, RATE, 0, 1)
     columns = stats.columns()
@@ -227,9 +256,11 @@ def test_the_trace_summary_sets_each_system_beside_its_untraced_runs_and_the_sim
     traced = [{**point, "kvstore": "p3", "throughput": t, "tcp_unsaturated_pct": u, "tcp_rwnd_limited_pct": "1.0",
                "tcp_sndbuf_limited_pct": "50", "tcp_retrans_pct": "0.01", "tcp_flows": "12",
                "tcp_backlogged_s": "500", "timed_window_s": "50", "tcp_unsaturated_limits": held,
-               "tcp_unsaturated_bw_share": share}
-              for t, u, held, share in (("40", "10", "rwnd:0.0;cwnd:50.0;pacing:50.0;startup:0.0;other:0.0", "0.5"),
-                                        ("42", "20", "rwnd:0.0;cwnd:0.0;pacing:100.0;startup:0.0;other:0.0", "0.7"))]
+               "tcp_unsaturated_bw_share": share, "tcp_cwnd_causes": causes, "tcp_cwnd_rtt_inflation": inflation}
+              for t, u, held, share, causes, inflation in (
+                  ("40", "10", "rwnd:0.0;cwnd:50.0;pacing:50.0;startup:0.0;other:0.0", "0.5",
+                   "rtt:80.0;short:20.0;other:0.0", "2.5"),
+                  ("42", "20", "rwnd:0.0;cwnd:0.0;pacing:100.0;startup:0.0;other:0.0", "0.7", "", ""))]
     traced.append({**point, "kvstore": "p3", "throughput": "1", "tcp_unsaturated_pct": "99", "faithful": "False"})
     traced.append({**point, "kvstore": "horovod", "throughput": "36", "tcp_unsaturated_pct": ""})  # not traced
     validation = tmp_path / "sim_validation.csv"
@@ -243,5 +274,6 @@ def test_the_trace_summary_sets_each_system_beside_its_untraced_runs_and_the_sim
     # 500 flow-seconds waiting in a 50-s window, 10% and 20% of it unsaturated: 1 and 2 flows on average, so 50 and
     # 100 flow-seconds, pooled: 25 + 100 held by pacing, 25 by the congestion window.
     assert line == ("| bandwidth: resnet50_v1, 4 hosts, 440mbit (scale 0.11), bbr | p3kv | 2 | 15.0 | 1.50 | 1.0 "
-                    "| 50.0 | 0.0 | 12 | 0.60 | pacing 83, cwnd 17 | 41.00 / 41.00 (1.000×, n = 2 and 3) | -3.8% |")
+                    "| 50.0 | 0.0 | 12 | 0.60 | 2.50 | pacing 83, cwnd 17 | rtt 80, short 20 "
+                    "| 41.00 / 41.00 (1.000×, n = 2 and 3) | -3.8% |")
     assert "Horovod" not in text

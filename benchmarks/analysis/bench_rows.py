@@ -75,6 +75,9 @@ RUN_COLUMNS = (
     "tcp_flows", "tcp_backlogged_s", "tcp_unsaturated_pct", "tcp_unsaturated_hosts", "tcp_rwnd_limited_pct",
     "tcp_sndbuf_limited_pct", "tcp_retrans_pct", "tcp_monitor_cpu_s", "tcp_unsaturated_limits",
     "tcp_unsaturated_bw_share",
+    # For the cwnd share under BBR: why the window was full ("rtt:x;short:y;other:z", % of it) and the mean of smoothed
+    # RTT over BBR's min RTT (socket_monitor.py; "": a row from before them).
+    "tcp_cwnd_causes", "tcp_cwnd_rtt_inflation",
 )
 # A new column goes at the end: an existing CSV then gains it in its header alone (bench_report.append_csv rewrites
 # a whole file that lacks a column elsewhere, and refuses one with a column not here).

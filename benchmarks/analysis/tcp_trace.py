@@ -40,7 +40,8 @@ POINT = ("tag", "model", "hosts", "bandwidth", "gpu_scale")  # the sweep (tag) a
 SHOWN = (("tcp_unsaturated_pct", "unsaturated % of waiting"),
          ("unsaturated_flows", "flows waiting unsaturated (mean)"), ("tcp_rwnd_limited_pct", "rwnd-limited % of busy"),
          ("tcp_sndbuf_limited_pct", "sndbuf-limited % of busy"), ("tcp_retrans_pct", "retransmitted % of bytes"),
-         ("tcp_flows", "flows at once"), ("tcp_unsaturated_bw_share", "BBR estimates / link (pacing share)"))
+         ("tcp_flows", "flows at once"), ("tcp_unsaturated_bw_share", "BBR estimates / link (pacing share)"),
+         ("tcp_cwnd_rtt_inflation", "RTT / min RTT (cwnd share)"))
 
 
 def _number(value) -> float | None:
@@ -65,16 +66,24 @@ def unsaturated_flows(row: dict) -> float | None:
     return backlogged * share / 100 / window
 
 
-def held_by(rows: Sequence[dict]) -> str:
+def _split(text) -> dict[str, float]:
+    """"name:share;..." as {name: share}."""
+    return {name: float(share) for name, _, share in
+            (part.partition(":") for part in filter(None, str(text or "").split(";")))}
+
+
+def held_by(rows: Sequence[dict], column: str = "tcp_unsaturated_limits") -> str:
     """The runs' unsaturated flow-time pooled and split by what held the flows (tcp_unsaturated_limits), largest
-    first, in %; "-" when no run recorded the split."""
+    first, in %; "-" when no run recorded the split. With column="tcp_cwnd_causes": the window-held share of it
+    (BBR), split by why the window was full."""
     pooled: dict[str, float] = {}
     for row in rows:
         # The run's unsaturated flow-seconds (a row without the window still counts).
-        unsaturated = (_number(row.get("tcp_backlogged_s")) or 0.0) * (_number(row.get("tcp_unsaturated_pct")) or 0.0)
-        for part in filter(None, str(row.get("tcp_unsaturated_limits") or "").split(";")):
-            name, _, share = part.partition(":")
-            pooled[name] = pooled.get(name, 0.0) + unsaturated * float(share)
+        weight = (_number(row.get("tcp_backlogged_s")) or 0.0) * (_number(row.get("tcp_unsaturated_pct")) or 0.0)
+        if column != "tcp_unsaturated_limits":
+            weight *= _split(row.get("tcp_unsaturated_limits")).get("cwnd", 0.0)
+        for name, share in _split(row.get(column)).items():
+            pooled[name] = pooled.get(name, 0.0) + weight * share
     total = sum(pooled.values())
     if not total:
         return "-"
@@ -117,6 +126,7 @@ def summary(traced: Sequence[dict], plain: dict[tuple, list[float]], errors: dic
         if bench_rows.verdict(row) is not False and _number(row.get("tcp_unsaturated_pct")) is not None:
             groups.setdefault(key(row), []).append(row)
     head = ["point", "system", "runs", *(label for _, label in SHOWN), "unsaturated flows held by (%)",
+            "full windows because (%)",
             "throughput traced / untraced",
             "simulator's error"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -127,15 +137,17 @@ def summary(traced: Sequence[dict], plain: dict[tuple, list[float]], errors: dic
         for column, _ in SHOWN:
             m = _median(rows, column)
             values.append("-" if m is None else f"{m:.0f}" if column == "tcp_flows" else
-                          f"{m:.2f}" if column in ("unsaturated_flows", "tcp_unsaturated_bw_share") else f"{m:.1f}")
+                          f"{m:.2f}" if column in ("unsaturated_flows", "tcp_unsaturated_bw_share",
+                                                   "tcp_cwnd_rtt_inflation") else f"{m:.1f}")
         mine = statistics.median(float(r["throughput"]) for r in rows)
         base = plain.get(k)
         cost = f"{mine:.2f} / {statistics.median(base):.2f} ({mine / statistics.median(base):.3f}×, n = " \
             f"{len(rows)} and {len(base)})" if base else f"{mine:.2f} / - (no untraced rows)"
         error = errors.get(k)
+        why = held_by(rows, "tcp_cwnd_causes")
         lines.append(f"| {tag}: {model}, {hosts} hosts, {bandwidth} (scale {scale}), {congestion} | "
                      f"{LABEL.get(system, system)} | {len(rows)} | " + " | ".join(values) +
-                     f" | {held_by(rows)} | {cost} | {'-' if error is None else f'{100 * error:+.1f}%'} |")
+                     f" | {held_by(rows)} | {why} | {cost} | {'-' if error is None else f'{100 * error:+.1f}%'} |")
     return "\n".join(lines) + "\n"
 
 

@@ -30,6 +30,14 @@ For the pacing share, tcp_unsaturated_bw_share asks whether BBR's estimate is wh
 estimates of the backlogged flows leaving the flow's source host, summed, over the link's payload rate (time-weighted
 mean over that flow-time). Below 1, the flows together believed the link slower than it is; at 1 or more, their
 pacing rates would fill it, so the estimates are not what held them.
+For the cwnd share under BBR, tcp_cwnd_causes asks why the window was full (WINDOW_CAUSES, in this order):
+- rtt: the flow's smoothed RTT was at least BBR's cwnd gain times its min RTT. BBR sizes the window as the gain times
+  its bandwidth estimate times its min RTT, so at that RTT a window at its target carries no more than the estimate:
+  queueing delay, not the estimate, bounds the flow;
+- short: the window was below 90% of that target (PROBE_RTT's four segments, loss recovery, a new connection);
+- other: neither (a window at its target and a RTT below the gain's multiple: in flight beyond what the estimate
+  implies).
+tcp_cwnd_rtt_inflation is the time-weighted mean of smoothed RTT over min RTT over that same flow-time.
 From the kernel's own chronos it also reports which share of the flows' busy time the receiver's window
 (tcp_rwnd_limited_pct) and a full send buffer (tcp_sndbuf_limited_pct) held them, and the retransmitted share of the
 bytes sent.
@@ -52,11 +60,14 @@ from benchmarks.emulation.link_monitor import MAX_PACKET, SENT_SHARE
 INTERVAL_S = 0.05  # 50 ms: at the sweeps' slowest link (200 Mbit) an interval carries ~1.2 MB, ~18 GSO packets
 PAYLOAD_SHARE = 1448 / 1514  # a full frame's payload: MSS 1448 of 1514 bytes (Ethernet, IPv4, TCP timestamps)
 COLUMNS = ("tcp_flows", "tcp_backlogged_s", "tcp_unsaturated_pct", "tcp_unsaturated_hosts", "tcp_unsaturated_limits",
-           "tcp_unsaturated_bw_share", "tcp_rwnd_limited_pct", "tcp_sndbuf_limited_pct", "tcp_retrans_pct",
-           "tcp_monitor_cpu_s")
+           "tcp_unsaturated_bw_share", "tcp_cwnd_causes", "tcp_cwnd_rtt_inflation", "tcp_rwnd_limited_pct",
+           "tcp_sndbuf_limited_pct", "tcp_retrans_pct", "tcp_monitor_cpu_s")
 
 LIMITS = ("rwnd", "cwnd", "pacing", "startup", "other")  # see the module's docstring
 PACING = LIMITS.index("pacing")
+CWND = LIMITS.index("cwnd")
+WINDOW_CAUSES = ("rtt", "short", "other")  # why a BBR flow's window was full (see the module's docstring)
+SHORT_WINDOW = 0.9  # of BBR's target window
 
 Reading = dict[tuple[str, int, str, int], tcp_diag.TcpSocket]
 
@@ -78,8 +89,9 @@ class Interval:
     end: float
     egress: tuple[int, ...]  # payload bytes each host sent to other hosts
     ingress: tuple[int, ...]  # ... each host received from other hosts
-    waiting: tuple[tuple[int, int, int], ...]  # each backlogged flow's source and destination host and limit
-    # (an index into LIMITS)
+    # Each backlogged flow's source and destination host, its limit (an index into LIMITS) and, for a BBR flow
+    # held by its window, why (an index into WINDOW_CAUSES; -1 otherwise) and its smoothed RTT over its min RTT.
+    waiting: tuple[tuple[int, int, int, int, float], ...]
     estimates: tuple[int, ...]  # the bandwidth estimates (BBR, bytes/s) of each host's backlogged flows, summed
     flows: int  # flows that crossed a link in it
     busy_us: int
@@ -98,6 +110,20 @@ def limit(then: tcp_diag.TcpSocket, now: tcp_diag.TcpSocket, seconds: float) -> 
     if not now.bbr_pacing_gain:
         return LIMITS.index("other")
     return PACING if 0.5 < now.bbr_pacing_gain < 2 else LIMITS.index("startup")
+
+
+def window_cause(now: tcp_diag.TcpSocket) -> tuple[int, float]:
+    """Why a BBR flow's full window was full (an index into WINDOW_CAUSES) and its smoothed RTT over its min RTT;
+    (-1, 0.0) for a socket without BBR's state."""
+    if not (now.bbr_min_rtt_us and now.bbr_cwnd_gain and now.bbr_bw and now.rtt_us):
+        return -1, 0.0
+    inflation = now.rtt_us / now.bbr_min_rtt_us
+    target = now.bbr_cwnd_gain * now.bbr_bw * now.bbr_min_rtt_us / 1e6  # bytes
+    if inflation >= now.bbr_cwnd_gain:
+        return WINDOW_CAUSES.index("rtt"), inflation
+    if now.snd_cwnd * now.snd_mss < SHORT_WINDOW * target:
+        return WINDOW_CAUSES.index("short"), inflation
+    return WINDOW_CAUSES.index("other"), inflation
 
 
 def interval(a: Sweep, b: Sweep, host_of: dict[str, int]) -> Interval:
@@ -120,7 +146,8 @@ def interval(a: Sweep, b: Sweep, host_of: dict[str, int]) -> Interval:
             rwnd += now.rwnd_limited_us - then.rwnd_limited_us
             sndbuf += now.sndbuf_limited_us - then.sndbuf_limited_us
             if min(then.notsent_bytes, now.notsent_bytes) >= max(now.snd_mss, 1):
-                waiting.append((src_host, dst_host, limit(then, now, b.time - a.time)))
+                held_by = limit(then, now, b.time - a.time)
+                waiting.append((src_host, dst_host, held_by, *(window_cause(now) if held_by == CWND else (-1, 0.0))))
                 estimates[src_host] += now.bbr_bw
     return Interval(a.time, b.time, tuple(egress), tuple(ingress), tuple(waiting), tuple(estimates), flows, busy,
                     rwnd, sndbuf, retrans)
@@ -139,6 +166,8 @@ class SocketStats:
     unsaturated_by_host: tuple[float, ...]
     unsaturated_by_limit: tuple[float, ...]  # flow-seconds, in LIMITS' order
     bw_share_s: float  # the pacing share's flow-seconds weighted by its egress's estimates over the link's rate
+    window_by_cause: tuple[float, ...]  # the cwnd share's BBR flow-seconds, in WINDOW_CAUSES' order
+    inflation_s: float  # ... weighted by smoothed RTT over min RTT
     busy_us: int
     rwnd_limited_us: int
     sndbuf_limited_us: int
@@ -164,6 +193,11 @@ class SocketStats:
                 else "",
                 "tcp_unsaturated_bw_share": round(self.bw_share_s / self.unsaturated_by_limit[PACING], 3)
                 if self.unsaturated_by_limit[PACING] else "",
+                "tcp_cwnd_causes": ";".join(f"{name}:{100 * s / sum(self.window_by_cause):.1f}" for name, s in
+                                            zip(WINDOW_CAUSES, self.window_by_cause)) if sum(self.window_by_cause)
+                else "",
+                "tcp_cwnd_rtt_inflation": round(self.inflation_s / sum(self.window_by_cause), 2)
+                if sum(self.window_by_cause) else "",
                 "tcp_rwnd_limited_pct": pct(self.rwnd_limited_us, self.busy_us),
                 "tcp_sndbuf_limited_pct": pct(self.sndbuf_limited_us, self.busy_us),
                 "tcp_retrans_pct": pct(self.retrans_bytes, self.sent_bytes)}
@@ -177,7 +211,8 @@ def saturated(carried: float, rate_bps: float, seconds: float) -> bool:
 def analyse(intervals: Sequence[Interval], hosts: int, rate_bps: float, start: float, end: float) -> SocketStats:
     """The intervals within [start, end] of a cluster of `hosts` whose link directions run at `rate_bps`."""
     backlogged, unsaturated, by_limit = [0.0] * hosts, [0.0] * hosts, [0.0] * len(LIMITS)
-    bw_share_s = 0.0
+    bw_share_s = inflation_s = 0.0
+    by_cause = [0.0] * len(WINDOW_CAUSES)
     line = rate_bps / 8 * PAYLOAD_SHARE
     counted = flows = busy = rwnd = sndbuf = sent = retrans = 0
     covered = 0.0
@@ -190,15 +225,19 @@ def analyse(intervals: Sequence[Interval], hosts: int, rate_bps: float, start: f
         flows = max(flows, iv.flows)
         busy, rwnd, sndbuf = busy + iv.busy_us, rwnd + iv.rwnd_limited_us, sndbuf + iv.sndbuf_limited_us
         sent, retrans = sent + sum(iv.egress), retrans + iv.retrans_bytes
-        for src_host, dst_host, held_by in iv.waiting:
+        for src_host, dst_host, held_by, cause, inflation in iv.waiting:
             backlogged[src_host] += dt
             if not (saturated(iv.egress[src_host], rate_bps, dt) or saturated(iv.ingress[dst_host], rate_bps, dt)):
                 unsaturated[src_host] += dt
                 by_limit[held_by] += dt
                 if held_by == PACING:
                     bw_share_s += dt * iv.estimates[src_host] / line
+                elif cause >= 0:
+                    by_cause[cause] += dt
+                    inflation_s += dt * inflation
     return SocketStats(flows, counted, covered, sum(backlogged), sum(unsaturated), tuple(backlogged),
-                       tuple(unsaturated), tuple(by_limit), bw_share_s, busy, rwnd, sndbuf, sent, retrans)
+                       tuple(unsaturated), tuple(by_limit), bw_share_s, tuple(by_cause), inflation_s, busy, rwnd,
+                       sndbuf, sent, retrans)
 
 
 class SocketMonitor(periodic.PeriodicSampler):

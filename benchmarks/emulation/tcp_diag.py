@@ -90,9 +90,10 @@ class TcpSocket:
     bytes_sent: int  # payload sent, retransmissions included
     bytes_retrans: int
     # BBR's state (0 for a socket under another congestion control): its bandwidth estimate (bytes/s; its pacing
-    # rate is this times the pacing gain) and its gains (1.0 cruising; 1.25 probing up and 0.75 draining in
+    # rate is this times the pacing gain), its min RTT and its gains (1.0 cruising; 1.25 probing up and 0.75 draining in
     # PROBE_BW's cycle, 2.89 in STARTUP, 0.35 in DRAIN).
     bbr_bw: int = 0
+    bbr_min_rtt_us: int = 0  # the least RTT BBR saw in its window (about 10 s): its window is gain x bw x this
     bbr_pacing_gain: float = 0.0
     bbr_cwnd_gain: float = 0.0
     family: int = dataclasses.field(default=socket.AF_INET, repr=False, compare=False)
@@ -135,8 +136,8 @@ def parse_socket(payload: bytes) -> TcpSocket | None:
         if kind & 0x3FFF == INET_DIAG_INFO:
             info = body
         elif kind & 0x3FFF == INET_DIAG_BBRINFO and len(body) >= _BBR_INFO.size:
-            bw_lo, bw_hi, _, pacing_gain, cwnd_gain = _BBR_INFO.unpack_from(body)
-            bbr = {"bbr_bw": bw_hi << 32 | bw_lo, "bbr_pacing_gain": pacing_gain / BBR_UNIT,
+            bw_lo, bw_hi, min_rtt, pacing_gain, cwnd_gain = _BBR_INFO.unpack_from(body)
+            bbr = {"bbr_bw": bw_hi << 32 | bw_lo, "bbr_min_rtt_us": min_rtt, "bbr_pacing_gain": pacing_gain / BBR_UNIT,
                    "bbr_cwnd_gain": cwnd_gain / BBR_UNIT}
         offset += netlink.align(length)
     if info is None or len(info) < TCP_INFO_MIN:
