@@ -24,6 +24,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import random
 import secrets
 import socket
 import sys
@@ -67,10 +68,39 @@ def _addresses() -> list[str]:
     return found or ["127.0.0.1"]
 
 
-def free_port(address: str) -> int:
-    """A TCP port that is free on `address` now. Another process may take it before the scheduler binds it;
-    pass --port to choose one yourself."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+EPHEMERAL_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+LOWEST_PORT = 10000  # below: the well-known and registered services' usual ports
+
+
+def ephemeral_ports(path: str = EPHEMERAL_FILE) -> range:
+    """The ports the kernel gives connections as their source port (and `bind(0)`); Linux's default if unreadable."""
+    try:
+        with open(path) as f:
+            low, high = (int(v) for v in f.read().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
+def free_port(address: str, ephemeral: range | None = None, attempts: int = 64) -> int:
+    """A TCP port that is free on `address` now, chosen at random outside the kernel's ephemeral range (from
+    LOWEST_PORT up to it, or above it) where there is one. In that range the port could become some connection's
+    source port before the scheduler binds it, and a node that connects before the scheduler listens could then
+    be connected to itself (TCP's simultaneous open; ps-lite's nodes would wait forever for the scheduler). Another
+    process may still bind it first; pass --port to choose one yourself."""
+    ephemeral = ephemeral_ports() if ephemeral is None else ephemeral
+    outside = [r for r in (range(LOWEST_PORT, ephemeral.start), range(ephemeral.stop, 65536)) if len(r)]
+    chooser = random.SystemRandom()
+    for _ in range(attempts if outside else 0):
+        span = chooser.choices(outside, weights=[len(r) for r in outside])[0]
+        port = chooser.choice(span)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((address, port))
+            except OSError:
+                continue  # taken: another try
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # the kernel's choice, as a last resort
         s.bind((address, 0))
         return int(s.getsockname()[1])
 
