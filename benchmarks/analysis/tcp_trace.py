@@ -7,7 +7,9 @@ it are predicted too fast by more.
 
 The traced runs (as root, on an idle machine; each sweep's own conditions and each system's tuned setting):
 
-    python -m benchmarks.suites.sweeps bandwidth --models resnet50_v1 --equivalents 4 --repeats 4 --tcp-trace \
+    python -m benchmarks.suites.sweeps bandwidth --models resnet50_v1 --equivalents 4 --repeats 6 --tcp-trace \
+        --results-dir benchmarks/results/tcp_trace
+    python -m benchmarks.suites.sweeps bandwidth --models inceptionv3 --equivalents 4 --repeats 2 --tcp-trace \
         --results-dir benchmarks/results/tcp_trace
     python -m benchmarks.suites.sweeps cubic --models resnet50_v1 --repeats 2 --tcp-trace \
         --results-dir benchmarks/results/tcp_trace
@@ -15,7 +17,8 @@ The traced runs (as root, on an idle machine; each sweep's own conditions and ea
 
 Per system and point: the traced runs' median of each tcp_* column (faithful runs only) and of the mean number of
 flows waiting on unsaturated paths (unsaturated flow-seconds over the timed window's seconds), what held those flows
-(tcp_unsaturated_limits: the runs' unsaturated flow-seconds pooled, split by the flow's limit, in %), the traced
+(tcp_unsaturated_limits: the runs' unsaturated flow-seconds pooled, split by the flow's limit, in %) and, of its
+full-window share under BBR, why the window was full (tcp_cwnd_causes, pooled the same way), the traced
 throughput against the untraced rows of the same point in results/sweeps/ (the monitor's own cost: it reads every
 socket every 50 ms on a thread of the runner), and the simulator's signed error at that point
 (results/sim_validation.csv, negative: predicted faster than measured)."""

@@ -66,9 +66,10 @@ SUITES = (
     Suite("tcp_trace", "TCP's side of the headline comparison (the socket monitor, --tcp-trace): the share of "
           "the time data waited in a socket while no link on its path ran at its rate, per system, beside the "
           "simulator's error there: results/tcp_trace/summary.md",
-          "python -m benchmarks.suites.sweeps bandwidth --models resnet50_v1 --equivalents 4 --repeats 4 "
-          "--tcp-trace --results-dir benchmarks/results/tcp_trace (and cubic, with --repeats 2), then python -m "
-          "benchmarks.analysis.tcp_trace", root=True, stated_time="about 40 min"),
+          "python -m benchmarks.suites.sweeps bandwidth --models resnet50_v1 --equivalents 4 --repeats 6 "
+          "--tcp-trace --results-dir benchmarks/results/tcp_trace (then --models inceptionv3 with --repeats 2, and "
+          "cubic with --repeats 2), then python -m benchmarks.analysis.tcp_trace", root=True,
+          stated_time="about 65 min"),
     Suite("kernels", "the server optimizer kernels, ns per element",
           "python -m benchmarks.suites.kernel_bench", root=False),
     Suite("sim", "the simulator: fit, validate against the emulated rows, the paper's evaluation at scale",
