@@ -86,7 +86,7 @@ def free_port(address: str, ephemeral: range | None = None, attempts: int = 64) 
     """A TCP port that is free on `address` now, chosen at random outside the kernel's ephemeral range (from
     LOWEST_PORT up to it, or above it) where there is one. In that range the port could become some connection's
     source port before the scheduler binds it, and a node that connects before the scheduler listens could then
-    be connected to itself (TCP's simultaneous open; ps-lite's nodes would wait forever for the scheduler). Another
+    be connected to itself (TCP's simultaneous open, which p3kv's nodes retry and ps-lite's do not check). Another
     process may still bind it first; pass --port to choose one yourself."""
     ephemeral = ephemeral_ports() if ephemeral is None else ephemeral
     outside = [r for r in (range(LOWEST_PORT, ephemeral.start), range(ephemeral.stop, 65536)) if len(r)]
