@@ -134,8 +134,12 @@ def headline(rows: Sequence[dict], resamples: int = bootstrap.RESAMPLES) -> str:
         equivalent = equivalent_gbps(first)
         lines.append(f"| {first['model']} | {f'{equivalent:g} Gbps' if equivalent else 'uncapped'} | "
                      f"{' | '.join(cells)} | {', '.join(settings) or '-'} | {faithful} of {len(runs)} |")
-    conditions = ", ".join(sorted({f"{r['hosts']} emulated hosts of {number(r.get('host_cpus')):g} CPUs each"
-                                   for runs in every.values() for r in runs}))
+    hosts_of: dict[str, set[str]] = {}  # per model: its hosts (VGG-19's default CPUs per host differ)
+    for runs in every.values():
+        for r in runs:
+            hosts_of.setdefault(r["model"], set()).add(
+                f"{r['hosts']} emulated hosts of {number(r.get('host_cpus')):g} CPUs each")
+    conditions = ", ".join(f"{model} on {' or '.join(sorted(hosts))}" for model, hosts in sorted(hosts_of.items()))
     return ("\n".join(lines) + "\n\nRatios: p3kv.torch's throughput over DDP's, with the 95% CI of the hierarchical "
             "bootstrap over jobs, then iterations (benchmarks/analysis/bootstrap.py), from "
             f"`benchmarks/results/sweeps/torch.csv` ({conditions}, CPU, compute and links dilated alike; runs the "
