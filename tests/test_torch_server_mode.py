@@ -47,6 +47,8 @@ CASES = {
     "adam-onecycle": ["--optimizer", "adam", "--scheduler", "onecycle"],
     # BatchNorm's running statistics go through keys the servers' kernel leaves alone (summed only).
     "adam-batchnorm": ["--optimizer", "adam", "--model", "bn"],
+    # Tied weights (one parameter in two modules, one read again outside its module): one key, updated once.
+    "sgd-tied": ["--optimizer", "sgd", "--model", "tied"],
     # float16 parameters: the servers sum two float16 gradients in float32 and round once (as gloo's sum of two
     # values), the kernel runs torch's float16 arithmetic.
     "sgd-float16": ["--optimizer", "sgd", "--dtype", "float16"],

@@ -11,6 +11,8 @@ DDP_CASES: dict[str, list[str]] = {
     "sgd-passes_per_step": ["--accumulate", "3", "--passes-per-step"],
     # BatchNorm: worker 0's running statistics reach every worker as DDP's broadcast_buffers does.
     "batchnorm": ["--model", "bn"],
+    # Tied weights: one parameter in two modules, and a weight read again outside its module: one key, one step.
+    "tied": ["--model", "tied"],
     # Clipping by global norm reads every averaged gradient: optimizer.synchronize() first, then one whole step.
     "adam-clip": ["--optimizer", "adam", "--clip", "0.05"],
     # Half-precision parameters and gradients: the servers sum two of them in float32 and round once.

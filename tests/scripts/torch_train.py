@@ -2,7 +2,7 @@
 (under python -m p3kv.launch) or as a DDP rank (gloo; RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set by the test).
 Worker/rank 0 saves the final parameters and buffers to OUT (torch.save of the state_dict).
 
-    torch_train.py p3kv|ddp OUT [--optimizer NAME] [--model reversed|bn|unused|wide] [--steps N]
+    torch_train.py p3kv|ddp OUT [--optimizer NAME] [--model reversed|bn|unused|wide|tied] [--steps N]
                    [--accumulate K] [--unused error|zeros] [--dtype float32|float16|bfloat16] [--clip NORM]
                    [--marks PREFIX] [--placement worker|server] [--groups] [--save-at K] [--resume CKPT [--load-first]]
                    [--misuse clip-raw|scaler|late-lr] [--scheduler step|onecycle] [--servers S]
@@ -78,7 +78,24 @@ class Wide(Reversed):
         self.c = nn.Linear(16, 640_000)
 
 
-MODELS = {"reversed": Reversed, "bn": WithBatchNorm, "unused": Unused, "wide": Wide}
+class Tied(nn.Module):
+    """Weights shared as language models share their embeddings: b and d are two modules holding one weight
+    (d.weight is b.weight), and the output reads a's weight again, transposed (F.linear outside a's forward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 16)  # used first, and its weight again before c
+        self.b = nn.Linear(16, 16)
+        self.d = nn.Linear(16, 16)
+        self.d.weight = self.b.weight  # one parameter, two modules
+        self.c = nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.d(torch.relu(self.b(torch.relu(self.a(x))))))
+        return self.c(torch.relu(F.linear(h, self.a.weight.t())))
+
+
+MODELS = {"reversed": Reversed, "bn": WithBatchNorm, "unused": Unused, "wide": Wide, "tied": Tied}
 
 
 OPTIMIZERS = {
