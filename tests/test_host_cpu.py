@@ -54,6 +54,37 @@ def test_a_window_counts_the_busy_part_of_a_job_that_idles_at_exit(tmp_path):
     assert len(monitor.rates[0]) >= 2 and windowed[0] > 70, (windowed, monitor.rates)  # one core, busy
 
 
+# A bursty job inside its window: 1 s busy, then 2.5 s idle, then the window closes (and the process lingers).
+BURST_THEN_IDLE = """
+import pathlib, sys, time
+flag = pathlib.Path(sys.argv[1])
+flag.with_suffix(".busy").touch()
+end = time.monotonic() + 1.0
+while time.monotonic() < end:
+    pass
+time.sleep(2.5)
+flag.with_suffix(".done").touch()
+time.sleep(1)
+"""
+
+
+def test_the_mean_over_the_window_counts_the_busy_second_the_median_leaves_out(tmp_path):
+    flag = tmp_path / "job"
+    busy, done = flag.with_suffix(".busy"), flag.with_suffix(".done")
+    proc = subprocess.Popen([sys.executable, "-c", BURST_THEN_IDLE, str(flag)])
+    try:
+        monitor = host_cpu.HostCpuMonitor([proc.pid], interval=0.5,
+                                          window=lambda: busy.exists() and not done.exists()).start()
+        assert proc.wait(timeout=30) == 0
+        median = monitor.stop()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert median == [0.0], monitor.rates  # 5 idle half-seconds outnumber 2 busy ones
+    (mean,) = monitor.means()
+    assert 15 < mean < 50, (mean, monitor.rates)  # about 1 CPU-second over the 3.5 s window
+
+
 def test_a_window_shorter_than_one_interval_reports_its_mean(tmp_path):
     cpu, monitor = _watch(tmp_path, window=True, interval=5.0)
     assert monitor.rates == [[]] and monitor.window_rates is not None
@@ -65,4 +96,5 @@ def test_a_window_that_never_opens_reports_nothing_and_stop_returns():
     time.sleep(0.5)
     started = time.monotonic()
     assert monitor.stop() == [0.0]
+    assert monitor.means() is None  # nothing measured, not a measured zero
     assert time.monotonic() - started < 1.0

@@ -148,6 +148,23 @@ def test_the_csv_has_its_columns_and_a_measured_note_for_every_miss(tmp_path):
     assert miss["cpu"] == "shared 2 cores" and miss["vgpu"] == "1 ms forgiven"
 
 
+def test_measured_cpu_is_the_window_mean_where_every_run_has_one(tmp_path):
+    # DDP's hosts: a median 1-s interval of 5.9% each, the window's mean 18%: a bursty job's CPU is the mean.
+    bursty = [run_row(model="vgg19", kvstore="ddp", cpu_total_pct="23.6", cpu_total_mean_pct=mean)
+              for mean in ("72.0", "76.0", "74.0")]
+    older = [run_row(model="inceptionv3", cpu_total_pct=pct, cpu_total_mean_pct=mean)
+             for pct, mean in (("150", "160"), ("140", ""))]  # one run from before the mean: the median for all
+    write(tmp_path / "sweeps" / "torch.csv", bursty + older)
+    points = {p["model"]: p for p in validate.measured_points(tmp_path)[0]}
+    assert points["vgg19"]["cpu_total_pct"] == 74.0
+    assert points["vgg19"]["cpu_statistic"] == validate.CPU_MEAN
+    assert points["inceptionv3"]["cpu_total_pct"] == 145.0
+    assert points["inceptionv3"]["cpu_statistic"] == validate.CPU_MEDIAN_INTERVAL
+    rows = {r["model"]: r for r in validate.rows_of(list(points.values()), [(0.7, 30.0), (0.7, 30.0)])}
+    assert "74% CPU, the model 30%" in rows["vgg19"]["note"]  # the mean: said without a qualifier
+    assert f"145% CPU ({validate.CPU_MEDIAN_INTERVAL})" in rows["inceptionv3"]["note"]
+
+
 def test_a_miss_without_a_measured_cause_says_so():
     point = {"run_spread": 0.0, "cpu_total_pct": 100.0, "tcp_retrans": 0.0, "throttled_pct": 0.0,
              "vgpu_late_us": 0.0}

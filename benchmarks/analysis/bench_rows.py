@@ -78,6 +78,9 @@ RUN_COLUMNS = (
     # For the cwnd share under BBR: why the window was full ("rtt:x;short:y;other:z", % of it) and the mean of smoothed
     # RTT over BBR's min RTT (socket_monitor.py; "": a row from before them).
     "tcp_cwnd_causes", "tcp_cwnd_rtt_inflation",
+    # Each host's CPU use as the mean over the measurement window (host_cpu.HostCpuMonitor.means), and their sum,
+    # beside cpu_host_pct's median 1-s interval, which reads a bursty job's idle seconds ("": a row from before).
+    "cpu_host_mean_pct", "cpu_total_mean_pct",
 )
 # A new column goes at the end: an existing CSV then gains it in its header alone (bench_report.append_csv rewrites
 # a whole file that lacks a column elsewhere, and refuses one with a column not here).

@@ -3,7 +3,7 @@
 Emulated compute costs no CPU, so what a host burns is communication, the optimizer and the framework; when the
 hosts together approach the machine's cores, the run measures CPU contention, not the network. Each interval's
 rate is the CPU time its processes used (utime + stime, of processes alive at both ends of the interval)
-divided by the interval; a run reports the median interval per host.
+divided by the interval; a run reports the median interval per host and the mean over its window (means()).
 
 Only the job's measurement window counts when the runner names one (every worker has built its model, and not
 all have reported): start-up (the import of MXNet) and shut-down fall out. The second matters: MXNet's servers
@@ -102,3 +102,9 @@ class HostCpuMonitor:
         if not any(self.rates) and self.window_rates is not None:
             return [round(r, 1) for r in self.window_rates]
         return [round(statistics.median(r), 1) if r else 0.0 for r in self.rates]
+
+    def means(self) -> list[float] | None:
+        """Each host's mean utilisation over the whole window (percent of one core), after stop(); None when the
+        window never opened. The median interval stop() returns reads the idle part of a bursty job (DDP's hosts
+        compute for seconds between all-reduces), so the CPU a run used is this mean, not that median."""
+        return None if self.window_rates is None else [round(r, 1) for r in self.window_rates]

@@ -52,6 +52,8 @@ LINK_SYSTEMS = ("p3", "dist_sync", "mxnet-p3", "horovod")  # the ablations run p
 MAX_LINK_NS = 20.0  # the bound of the link-cost search, ns per byte
 OLD_SLACK_S = 1e-3  # the virtual GPU's forgiven gap before operations were chained (cpp/src/device_clock.h then)
 MISS = 0.10
+CPU_MEAN = "window mean"  # how a point's measured CPU use was taken (_cpu_use)
+CPU_MEDIAN_INTERVAL = "median 1-s interval"
 TIME_INSENSITIVE = 0.01  # fit_links: a fit point this close without the links' cost is fitted on its CPU use
 COLUMNS = ("source", "split", "fidelity", "selection", "model", "kvstore", "hosts", "layout", "bandwidth",
            "p100_equiv_gbps", "compute", "gpu_scale", "efficiency_factor", "slice_size", "batch_size", "optimizer",
@@ -104,6 +106,17 @@ def _point_value(row: dict, column: str) -> str:
     return setting_identity(value) if column == "baseline_setting" else value
 
 
+def _cpu_use(runs: Sequence[dict]) -> dict:
+    """What the runs' hosts used (% of one core, summed): the median over runs of each run's window mean where
+    every run has one (the CPU the model's own mean is compared with), else of its median 1-s interval, which reads
+    a bursty job's idle seconds (docs/benchmarks.md)."""
+    if all(r.get("cpu_total_mean_pct") for r in runs):
+        return {"cpu_total_pct": statistics.median(_number(r["cpu_total_mean_pct"]) for r in runs),
+                "cpu_statistic": CPU_MEAN}
+    return {"cpu_total_pct": statistics.median(_number(r.get("cpu_total_pct")) for r in runs),
+            "cpu_statistic": CPU_MEDIAN_INTERVAL}
+
+
 def measured_points(results: pathlib.Path = RESULTS) -> tuple[list[dict], str]:
     """One entry per point of every run CSV (settings, the median over all its iterations, what its runs
     measured besides), and the selection rule that applied."""
@@ -132,7 +145,7 @@ def measured_points(results: pathlib.Path = RESULTS) -> tuple[list[dict], str]:
                  "source": key[0], "fidelity": key[1], "chained": key[2],
                  "runs": len(runs), "median_s": statistics.median(iterations),
                  "run_spread": max(run_medians) / min(run_medians) - 1,
-                 "cpu_total_pct": statistics.median(_number(r.get("cpu_total_pct")) for r in runs),
+                 **_cpu_use(runs),
                  "tcp_retrans": statistics.median(_number(r.get("tcp_retrans_total")) for r in runs),
                  "throttled_pct": max(_max_of(r.get("host_throttled_pct")) for r in runs),
                  "vgpu_late_us": max(_number(r.get("vgpu_late_max_us")) for r in runs),
@@ -320,7 +333,8 @@ def note(point: dict, rel_error: float, simulated_cpu_pct: float) -> str:
     cpu = point["cpu_total_pct"]
     if cpu and abs(cpu - simulated_cpu_pct) > 20:
         what = "CPU it does not charge" if cpu > simulated_cpu_pct else "more CPU than was used"
-        reasons.append(f"measured: the hosts used {cpu:.0f}% CPU, the model {simulated_cpu_pct:.0f}% ({what})")
+        how = "" if point.get("cpu_statistic", CPU_MEAN) == CPU_MEAN else f" ({CPU_MEDIAN_INTERVAL})"
+        reasons.append(f"measured: the hosts used {cpu:.0f}% CPU{how}, the model {simulated_cpu_pct:.0f}% ({what})")
     if point["tcp_retrans"] > 0:
         reasons.append(f"measured: {point['tcp_retrans']:.0f} TCP retransmits per job (loss not modelled)")
     if point["throttled_pct"] > 5:

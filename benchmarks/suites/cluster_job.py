@@ -310,6 +310,7 @@ def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: 
     progress = job_watch.ProgressWatch(env[worker_output.READY_ENV])  # a crawling job is stopped (job_watch.py)
     exit_code = job_watch.wait_all(procs, point.timeout + 60, reported, progress.stalled)
     cpu_pct = cpu.stop()
+    cpu_mean = cpu.means()
     for thread in threads:
         thread.join(timeout=10)
     for log in logs:
@@ -330,6 +331,8 @@ def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: 
            "order": point.order, "tag": point.tag, "exit_code": exit_code, "wall_s": round(wall, 1),
            "load_1m_before": round(load_before, 2), "load_1m_after": round(os.getloadavg()[0], 2),
            "cpu_host_pct": ";".join(f"{c:g}" for c in cpu_pct), "cpu_total_pct": round(sum(cpu_pct), 1),
+           "cpu_host_mean_pct": ";".join(f"{c:g}" for c in cpu_mean) if cpu_mean else "",
+           "cpu_total_mean_pct": round(sum(cpu_mean), 1) if cpu_mean else "",
            "model_bytes": nbytes, "run_id": name,
            "baseline_setting": point.baseline_setting or baseline_settings.DEFAULT_UNTUNED,
            "link_queue_ms": point.link_queue_ms if cluster.rate_bps else "",
