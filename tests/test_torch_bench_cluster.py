@@ -53,6 +53,7 @@ def test_runner_smoke_every_torch_system_on_two_hosts(tmp_path):
         assert r["torch"] and r["p3kv"] and r["baseline_setting"] == "default (untuned)"
         assert (r["host_cpus"], r["cpu_quota_cores"]) == ("4.0", "0.8") and r["cpu_limit"].startswith("cgroup-v")
         assert len(r["host_throttled_pct"].split(";")) == 2 and float(r["timed_window_s"]) > 0
+        assert len(r["cpu_host_mean_pct"].split(";")) == 2 and float(r["cpu_total_mean_pct"]) > 0, r
         assert len(r["qdisc_drops"].split(";")) == 2 and len(r["tcp_retrans"].split(";")) == 2
         assert int(r["tcp_out_segs_total"]) > 0 and r["vgpu_late_max_us"] != ""
         assert r["faithful"] in ("True", "False") and (r["faithful"] == "True" or r["fidelity_notes"]), r
