@@ -79,7 +79,7 @@ RUN_COLUMNS = (
     # RTT over BBR's min RTT (socket_monitor.py; "": a row from before them).
     "tcp_cwnd_causes", "tcp_cwnd_rtt_inflation",
     # Each host's CPU use as the mean over the measurement window (host_cpu.HostCpuMonitor.means), and their sum,
-    # beside cpu_host_pct's median 1-s interval, which reads a bursty job's idle seconds ("": a row from before).
+    # beside cpu_host_pct's median 1-s interval ("": a row from before them).
     "cpu_host_mean_pct", "cpu_total_mean_pct",
 )
 # A new column goes at the end: an existing CSV then gains it in its header alone (bench_report.append_csv rewrites

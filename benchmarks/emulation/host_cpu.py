@@ -105,6 +105,6 @@ class HostCpuMonitor:
 
     def means(self) -> list[float] | None:
         """Each host's mean utilisation over the whole window (percent of one core), after stop(); None when the
-        window never opened. The median interval stop() returns reads the idle part of a bursty job (DDP's hosts
-        compute for seconds between all-reduces), so the CPU a run used is this mean, not that median."""
+        window never opened. The CPU a run used is this mean (what the simulator's CPU use is compared with); the median
+        interval stop() returns leaves out a job's busiest and idlest seconds alike."""
         return None if self.window_rates is None else [round(r, 1) for r in self.window_rates]

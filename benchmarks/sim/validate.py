@@ -108,8 +108,8 @@ def _point_value(row: dict, column: str) -> str:
 
 def _cpu_use(runs: Sequence[dict]) -> dict:
     """What the runs' hosts used (% of one core, summed): the median over runs of each run's window mean where
-    every run has one (the CPU the model's own mean is compared with), else of its median 1-s interval, which reads
-    a bursty job's idle seconds (docs/benchmarks.md)."""
+    every run has one (the CPU the model's own mean is compared with), else of its median 1-s interval (rows from
+    before the mean: docs/benchmarks.md)."""
     if all(r.get("cpu_total_mean_pct") for r in runs):
         return {"cpu_total_pct": statistics.median(_number(r["cpu_total_mean_pct"]) for r in runs),
                 "cpu_statistic": CPU_MEAN}
