@@ -106,17 +106,6 @@ def _point_value(row: dict, column: str) -> str:
     return setting_identity(value) if column == "baseline_setting" else value
 
 
-def _cpu_use(runs: Sequence[dict]) -> dict:
-    """What the runs' hosts used (% of one core, summed): the median over runs of each run's window mean where
-    every run has one (the CPU the model's own mean is compared with), else of its median 1-s interval (rows from
-    before the mean: docs/benchmarks.md)."""
-    if all(r.get("cpu_total_mean_pct") for r in runs):
-        return {"cpu_total_pct": statistics.median(_number(r["cpu_total_mean_pct"]) for r in runs),
-                "cpu_statistic": CPU_MEAN}
-    return {"cpu_total_pct": statistics.median(_number(r.get("cpu_total_pct")) for r in runs),
-            "cpu_statistic": CPU_MEDIAN_INTERVAL}
-
-
 def measured_points(results: pathlib.Path = RESULTS) -> tuple[list[dict], str]:
     """One entry per point of every run CSV (settings, the median over all its iterations, what its runs
     measured besides), and the selection rule that applied."""
@@ -141,11 +130,16 @@ def measured_points(results: pathlib.Path = RESULTS) -> tuple[list[dict], str]:
     for key, runs in groups.items():
         iterations = [t for r in runs for t in _iterations(r)]
         run_medians = [statistics.median(_iterations(r)) for r in runs]
+        # The CPU the runs used: the window's mean where every run has one (what the model's mean is compared
+        # with), else the median 1-s interval of rows from before it (docs/benchmarks.md).
+        mean = all(r.get("cpu_total_mean_pct") for r in runs)
         point = {**dict(zip(POINT, key[3:])), "baseline_setting": runs[0].get("baseline_setting") or "",
                  "source": key[0], "fidelity": key[1], "chained": key[2],
                  "runs": len(runs), "median_s": statistics.median(iterations),
                  "run_spread": max(run_medians) / min(run_medians) - 1,
-                 **_cpu_use(runs),
+                 "cpu_total_pct": statistics.median(_number(r.get("cpu_total_mean_pct" if mean else "cpu_total_pct"))
+                                                    for r in runs),
+                 "cpu_statistic": CPU_MEAN if mean else CPU_MEDIAN_INTERVAL,
                  "tcp_retrans": statistics.median(_number(r.get("tcp_retrans_total")) for r in runs),
                  "throttled_pct": max(_max_of(r.get("host_throttled_pct")) for r in runs),
                  "vgpu_late_us": max(_number(r.get("vgpu_late_max_us")) for r in runs),
