@@ -17,18 +17,21 @@ from benchmarks.emulation import host_cpu
 
 pytestmark = pytest.mark.unit
 
-# Busy for 1.6 s (touching a file when it starts and when it stops), then idle for 4 s: a job that ends its
-# measurement and then waits at exit.
-BURN_THEN_IDLE = """
+# A job that touches a file when its measurement starts, burns one core for `busy` s, idles `idle` s, touches a
+# file when its measurement ends and idles `after` s more.
+JOB = """
 import pathlib, sys, time
 flag = pathlib.Path(sys.argv[1])
 flag.with_suffix(".busy").touch()
-end = time.monotonic() + 1.6
+end = time.monotonic() + {busy}
 while time.monotonic() < end:
     pass
+time.sleep({idle})
 flag.with_suffix(".done").touch()
-time.sleep(4)
+time.sleep({after})
 """
+# Busy for 1.6 s, then idle for 4 s after the measurement: a job that waits at exit.
+BURN_THEN_IDLE = JOB.format(busy=1.6, idle=0, after=4)
 
 
 def _watch(tmp_path, window: bool, interval: float) -> tuple[list[float], host_cpu.HostCpuMonitor]:
@@ -55,17 +58,7 @@ def test_a_window_counts_the_busy_part_of_a_job_that_idles_at_exit(tmp_path):
 
 
 # A bursty job inside its window: 1 s busy, then 2.5 s idle, then the window closes (and the process lingers).
-BURST_THEN_IDLE = """
-import pathlib, sys, time
-flag = pathlib.Path(sys.argv[1])
-flag.with_suffix(".busy").touch()
-end = time.monotonic() + 1.0
-while time.monotonic() < end:
-    pass
-time.sleep(2.5)
-flag.with_suffix(".done").touch()
-time.sleep(1)
-"""
+BURST_THEN_IDLE = JOB.format(busy=1.0, idle=2.5, after=1)
 
 
 def test_the_mean_over_the_window_counts_the_busy_second_the_median_leaves_out(tmp_path):
