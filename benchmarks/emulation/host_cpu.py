@@ -100,7 +100,7 @@ class HostCpuMonitor:
         self._stopped.set()
         self._thread.join()
         if not any(self.rates) and self.window_rates is not None:
-            return [round(r, 1) for r in self.window_rates]
+            return self.means()
         return [round(statistics.median(r), 1) if r else 0.0 for r in self.rates]
 
     def means(self) -> list[float] | None:
