@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <mutex>
 #include <vector>
 
 #include "engine_variable.h"
@@ -52,14 +53,28 @@ struct PushPullOp {
 };
 using OpRef = std::shared_ptr<PushPullOp>;
 
+// MXNet 1.x's threaded engine adds a failed operation's error to one list shared by the whole engine
+// (ThreadedEngine::global_exception_refs_, a std::vector, for waitall to rethrow) inside OnComplete, with no lock,
+// on the thread that completes the operation. The bridge completes failed operations from the worker's receive
+// threads, the thread that fails the job and the engine's own threads (PushZeros) at once when a job fails with
+// many keys in flight: unserialised, their push_backs corrupted the heap (glibc aborted the worker). So one at a
+// time. (The engine's own threads, starting operations on failed arrays, append to it too: that we cannot lock;
+// docs/robustness.md.) Recursive in case an engine completes the next operation on the same thread; never
+// destroyed, since a completion may still run while the process exits.
+std::recursive_mutex& FailedCompletionMutex() {
+  static auto* mu = new std::recursive_mutex;
+  return *mu;
+}
+
 void Complete(const mx::OnComplete& done, const Status& st) {
   if (st.ok()) {
-    done.callback(done.engine, done.param, nullptr);
+    done.callback(done.engine, done.param, nullptr);  // an error-free completion does not touch that list
     return;
   }
   // The engine copies the error and rethrows it from the next wait on `out`: the training script sees
   // MXNetError with this message.
   const dmlc::Error error("p3kv: " + st.message());
+  std::lock_guard<std::recursive_mutex> lock(FailedCompletionMutex());
   done.callback(done.engine, done.param, &error);
 }
 
