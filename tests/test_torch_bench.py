@@ -75,9 +75,12 @@ def test_each_system_runs_two_workers_and_writes_every_field_the_rows_take(runs,
         assert r["versions"]["torch"] == importlib.metadata.version("torch")
         if system == "torch-p3kv-server":
             assert (r["update_on"], r["update_placement"], r["update_s"]) == ("servers", "servers (CPU)", 0.0)
+            # Its copy of the new weights into the parameters: 2 passes on the virtual GPU, not the host's memcpy.
+            assert r["weight_copy"] == "virtual GPU"
+            assert r["weight_copy_s"] == pytest.approx(2 / 5 * runs["torch-p3kv"][1][0]["update_s"])
         else:  # the workers' update: on the virtual GPU at its memory bandwidth
             assert r["update_on"] == "workers" and r["update_placement"] == "workers (virtual GPU, 732 GB/s x 1)"
-            assert r["update_s"] > 0
+            assert r["update_s"] > 0 and (r["weight_copy"], r["weight_copy_s"]) == ("", 0.0)
     assert "iter 2:" in output  # the progress lines the cluster runner relays
     if system == "ddp":
         assert results[0]["ddp_buckets"] == "25 MiB, the first 1 MiB (default)"

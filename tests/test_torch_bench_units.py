@@ -121,6 +121,74 @@ def test_the_worker_side_update_takes_its_memory_traffic_on_the_virtual_gpu_and_
     assert all(torch.equal(a, b.detach()) for a, b in zip(real.parameters(), reference))
 
 
+class _ServerSync:
+    """What copy_weights_on_the_virtual_gpu wraps of p3kv.torch's ServerSynchronizer: its spec and _apply, which
+    copies each slot's received values (avg) into its parameter."""
+
+    def __init__(self, slots):
+        self.spec, self.slots, self.host_copies = {"kernel": "torch_sgd"}, slots, 0
+
+    def _apply(self, slots):
+        for slot in slots:
+            slot.param.detach().copy_(slot.avg)
+            slot.arrived = False
+            self.host_copies += 1
+
+
+def test_server_placements_weight_copy_takes_two_passes_on_the_virtual_gpu_and_copies_only_when_real():
+    import types
+
+    for real in (False, True):
+        clock = FakeClock()
+        gpu = torch_compute.VirtualGpu(clock, clock.sleep)
+        net = torch_compute.EmulatedNet(TINY, 4, _profile(0.1), rank=0, gpu=gpu, real=real)
+        slots = [types.SimpleNamespace(param=p, avg=torch.full_like(p, 0.5), arrived=True) for p in net.parameters()]
+        sync = _ServerSync(slots)
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
+        optimizer._p3kv_sync = sync
+        per_iteration = torch_compute.copy_weights_on_the_virtual_gpu(optimizer, net, real)
+        elements = sum(int(np.prod(p["shape"])) for p in TINY["params"])
+        assert per_iteration == pytest.approx(2 * 4 * elements / (732e9 * 0.1))  # a read and a write of each
+        before = [p.detach().clone() for p in net.parameters()]
+        start = clock.now  # the device is idle: the first copy starts now
+        sync._apply(slots[:1])  # the forward pre-hook of the first layer: its parameters' copy, queued
+        sync._apply(slots[1:])
+        assert gpu.end - start == pytest.approx(per_iteration) and gpu.stats.started == len(slots)
+        assert clock.now == 100.0  # queued: the host does not wait for it
+        assert not any(slot.arrived for slot in slots)
+        if real:  # the copy made as before: the tests' final weights
+            assert sync.host_copies == len(slots) and all(bool((p == 0.5).all()) for p in net.parameters())
+        else:  # nothing copied on the host
+            assert sync.host_copies == 0 and all(torch.equal(a, b) for a, b in zip(before, net.parameters()))
+    worker_placement = torch.optim.SGD(net.parameters(), lr=0.01)
+    worker_placement._p3kv_sync = types.SimpleNamespace(_apply=lambda slots: None)  # no spec: not server placement
+    with pytest.raises(TypeError, match="placement='server'"):
+        torch_compute.copy_weights_on_the_virtual_gpu(worker_placement, net, False)
+
+
+def test_a_server_placement_row_whose_host_copied_the_weights_is_run_again_and_outdated(tmp_path):
+    from benchmarks.analysis import bench_rows, superseded
+
+    args = sweeps.parse_args(["torch", "--models", "resnet50_v1", "--equivalents", "2"])
+    points = [p for p in sweeps.sweep_points("torch", args) if p.repeat == 0]
+    csv_path = tmp_path / "torch.csv"
+    for p in points:
+        settings = sweeps._settings(p)
+        row = {k: v for k, v in settings.items() if k in bench_rows.RUN_COLUMNS}
+        row.update(status="ok", smoke=False, baseline_setting=p.baseline_setting or "",
+                   optimizer=sweeps.optimizer_label(p.optimizer), weight_copy="")  # as before the change
+        bench_rows.write_run(csv_path, row)
+    left = sweeps.not_yet_run(points, csv_path)
+    assert [p.kvstore for p in left] == ["torch-p3kv-server"]  # its old row: the host copied; the others stand
+    assert sweeps._settings(left[0])["weight_copy"] == "virtual GPU"
+    old = next(r for r in bench_rows.read_runs(csv_path) if r["kvstore"] == "torch-p3kv-server")
+    assert superseded.outdated_by({**old, "compute": "emulated"}) == "the weight copy on the virtual GPU"
+    assert not superseded.outdated({**old, "compute": "emulated", "weight_copy": "virtual GPU"})
+    bench_rows.write_run(csv_path, {**{k: v for k, v in old.items() if k in bench_rows.RUN_COLUMNS},
+                                    "weight_copy": "virtual GPU"})
+    assert sweeps.not_yet_run(points, csv_path) == []
+
+
 def test_ddp_like_buckets_fill_last_layer_first_with_a_small_first_bucket():
     mib = 1 << 18  # float32 elements per MiB
     sizes = [mib // 2, 20 * mib, 10 * mib, mib // 4, mib // 2, 2 * mib]  # forward order

@@ -81,6 +81,8 @@ RUN_COLUMNS = (
     # Each host's CPU use as the mean over the measurement window (host_cpu.HostCpuMonitor.means), and their sum,
     # beside cpu_host_pct's median 1-s interval ("": a row from before them).
     "cpu_host_mean_pct", "cpu_total_mean_pct",
+    "weight_copy",  # p3kv.torch server placement: where the new values were copied into the parameters
+    # (suites/torch_systems.WEIGHT_COPY); "": no such copy, or a server-placement row from before (the host's CPU)
 )
 # A new column goes at the end: an existing CSV then gains it in its header alone (bench_report.append_csv rewrites
 # a whole file that lacks a column elsewhere, and refuses one with a column not here).

@@ -61,9 +61,13 @@ def outdated_by(row: dict) -> str:
     CPU-limited run whose threads were not capped at one dilated CPU (no thread_cap_cores; thread_cap.py, on by
     default since): one thread could run at its host's whole quota, which the monitors do not see; a capped run
     from before its processes had the host's CPU count of OpenMP threads (no omp_threads; thread_cap.omp_threads):
-    a server's sums and updates then ran on one of the host's CPUs."""
+    a server's sums and updates then ran on one of the host's CPUs; a p3kv.torch server-placement run from before
+    its copy of the new weights into the parameters ran on the virtual GPU (no weight_copy): the training loop's
+    thread made it, CPU a GPU host does not spend."""
     if row.get("compute") != "emulated":
         return ""
+    if row.get("kvstore") == "torch-p3kv-server" and not row.get("weight_copy"):
+        return "the weight copy on the virtual GPU"
     if row.get("kvstore") == "horovod" and not row.get("horovod_cycle_ms"):
         return "its cycle time was dilated"
     if is_p3kv(str(row.get("kvstore", ""))) and not row.get("priority_hold_ms"):

@@ -18,9 +18,10 @@ forward and backward is a torch.autograd.Function that computes nothing and take
 - the training loop waits for the forward pass's end (reading the loss), as the MXNet workers do.
 
 Nothing is computed in timing mode: the gradients are fixed buffers (filled once; autograd takes them without a
-copy) and a worker-side update only takes its time on the virtual GPU (VirtualGpuSGD, at the GPU's memory bandwidth,
-emulated_compute.Profile.memory_seconds), so the hosts' 2 cores are left to what is measured: the communication and
-the framework's own CPU work (p3kv's and DDP's gradient copies and 1/W scaling, gloo's sums, the servers' SGD).
+copy), a worker-side update only takes its time on the virtual GPU (VirtualGpuSGD, at the GPU's memory bandwidth,
+emulated_compute.Profile.memory_seconds), and so does server placement's copy of the servers' new values into the
+parameters (copy_weights_on_the_virtual_gpu), so the hosts' 2 cores are left to what is measured: the communication
+and the framework's own CPU work (p3kv's and DDP's gradient copies and 1/W scaling, gloo's sums, the servers' SGD).
 With `real=True` (the tests) the gradients depend on the weights the forward read and the updates are torch's own
 SGD, so that the final weights show each system did the work.
 """
@@ -214,6 +215,10 @@ class EmulatedNet(nn.Module):
         """SGD with momentum on `p` on the virtual GPU (emulated_compute's cost for the MXNet workers' updates)."""
         return self.profile.memory_seconds(p.numel(), p.element_size())
 
+    def copy_seconds(self, p: torch.Tensor) -> float:
+        """A device-to-device copy into `p` on the virtual GPU: one read and one write of it."""
+        return self.profile.memory_seconds(p.numel(), p.element_size(), emulated_compute.COPY_ACCESSES)
+
     @property
     def update_seconds_total(self) -> float:
         return sum(self.update_seconds(p) for p in self.parameters())
@@ -238,3 +243,30 @@ class VirtualGpuSGD(torch.optim.SGD):
         if self._real:
             return super().step(closure)
         return None
+
+
+def copy_weights_on_the_virtual_gpu(optimizer: torch.optim.Optimizer, net: EmulatedNet, real: bool) -> float:
+    """Server placement (p3kv.torch.server_placement): the copy of the servers' new values into each parameter,
+    which its synchronizer makes in the forward pre-hook of the parameter's layer, becomes what a GPU host makes of
+    it: a device-to-device copy from the buffer cuda_staging.py landed the values in, queued on the virtual GPU
+    before the layer's forward (its input is here when the hook runs). On the emulated hosts it would be a memcpy of
+    every parameter per iteration (548 MiB at VGG-19) on the training loop's thread, CPU a GPU host does not spend.
+    The copy is still made with `real` (the tests compare final weights). `optimizer`: the one
+    p3kv.torch.distribute(..., placement='server') returned. Returns the copies' seconds per iteration."""
+    sync = getattr(optimizer, "_p3kv_sync", None)
+    host_copy = getattr(sync, "_apply", None)
+    if host_copy is None or getattr(sync, "spec", None) is None:
+        raise TypeError("copy_weights_on_the_virtual_gpu: pass the optimizer p3kv.torch.distribute(model, optimizer, "
+                        "placement='server') returned")
+
+    def apply(slots) -> None:
+        for slot in slots:
+            net.gpu.queue(net.copy_seconds(slot.param))
+        if real:
+            host_copy(slots)
+        else:
+            for slot in slots:
+                slot.arrived = False  # what the copy leaves behind besides the values: nothing is pending
+
+    sync._apply = apply
+    return sum(net.copy_seconds(p) for p in net.parameters())

@@ -215,6 +215,7 @@ def _signature(settings: dict) -> tuple:
             number(settings.get("thread_cap_cores")),  # each thread's cap ("": threads uncapped, older rows)
             number(settings.get("omp_threads")) or 1.0,  # OpenMP threads per process ("": older rows ran one)
             str(settings.get("tcp_congestion_control") or link_shaping.LEGACY_CONGESTION_CONTROL),  # "": older, BBR
+            str(settings.get("weight_copy") or ""),  # torch server placement's weight copy ("": older, the host's)
             baseline_settings.identity(str(settings.get("baseline_setting") or "")))
 
 
@@ -235,7 +236,8 @@ def _settings(point: cluster_bench.Point) -> dict:
             thread_cap.omp_threads(point.host_cpus, point.thread_cap_cores),
             "tcp_congestion_control": point.tcp_congestion or link_shaping.machine_congestion_control(),
             "priority_hold_ms": baseline_settings.priority_hold_ms(os.environ)
-            if cluster_bench.KVSTORES[point.kvstore][0] == "p3" else None}
+            if cluster_bench.KVSTORES[point.kvstore][0] == "p3" else None,
+            "weight_copy": torch_systems.WEIGHT_COPY.get(point.kvstore, "")}
 
 
 def sweep_points(name: str, args: argparse.Namespace) -> list[cluster_bench.Point]:

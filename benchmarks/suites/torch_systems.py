@@ -20,6 +20,10 @@ KVSTORES = {
     "torch-p3kv-server": ("p3", {}, ["--system", "p3kv", "--placement", "server"]),
     "ddp": ("torchrun", {"GLOO_SOCKET_IFNAME": "eth0"}, ["--system", "ddp"]),
 }
+# Where server placement copies the servers' new values into the parameters (the rows' weight_copy): on the virtual
+# GPU, as a GPU host's device-to-device copy (torch_compute.copy_weights_on_the_virtual_gpu). "": no such copy (the
+# other systems), or a server-placement row from before, whose host CPU made the copy (superseded.outdated_by).
+WEIGHT_COPY = {"torch-p3kv-server": "virtual GPU"}
 LAUNCHER_FLAGS = {"torch-p3kv": ["--servers", "core"], "torch-p3kv-server": ["--servers", "core"]}
 NO_SERVERS = ("ddp",)
 # The sweep (`sweeps.py torch`): the same emulation as the MXNet systems' (compute, dilation, CPU quotas, SGD);

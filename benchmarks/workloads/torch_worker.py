@@ -4,7 +4,9 @@ Systems (--system, --placement):
 * ``p3kv`` (cluster_job's torch-p3kv / torch-p3kv-server): p3kv.torch.distribute(model, optimizer, placement=...)
   under `python -m p3kv.launch --servers core` (framework-free servers). Worker placement: the servers sum, and
   each worker's SGD update of a parameter runs when its average has landed, in the forward pre-hook of its layer.
-  Server placement (the paper's): the servers run torch's SGD per slice (real CPU work, the `torch_sgd` kernel).
+  Server placement (the paper's): the servers run torch's SGD per slice (real CPU work, the `torch_sgd` kernel);
+  the copy of their new values into a parameter before its layer's forward runs on the virtual GPU, as a GPU
+  host's device-to-device copy (torch_compute.copy_weights_on_the_virtual_gpu; the rows' weight_copy).
 * ``ddp``: torch.nn.parallel.DistributedDataParallel over gloo under torchrun (RANK, WORLD_SIZE, MASTER_ADDR,
   MASTER_PORT), with --bucket-cap-mb (default: DDP_BUCKET_CAP_MB from the environment, which the tuning grid sets,
   else DDP's own 25): DDP all-reduces buckets during backward and the update runs after backward.
@@ -35,6 +37,7 @@ import statistics
 import sys
 import time
 
+from benchmarks.suites.torch_systems import WEIGHT_COPY
 from benchmarks.workloads import worker_output
 from benchmarks.workloads.cluster_worker import LEARNING_RATE, MOMENTUM, WEIGHT_DECAY, device_fields
 
@@ -107,6 +110,10 @@ class Training:
         self.update_on = "servers" if server else "workers"
         self.update_placement = "servers (CPU)" if server else self.profile.describe_bandwidth()
         self.update_s = 0.0 if server else self.net.update_seconds_total
+        # Server placement's copy of the new weights into the parameters: on the virtual GPU, as on a GPU host.
+        self.weight_copy = WEIGHT_COPY["torch-p3kv-server"] if server else ""
+        self.weight_copy_s = (torch_compute.copy_weights_on_the_virtual_gpu(self.optimizer, self.net, args.real)
+                              if server else 0.0)
         self.samples = args.batch_size * int(description.get("tokens_per_sample", 1))
         self.unit = description.get("sample_unit", "images")
         self.token = torch.zeros(1)
@@ -184,9 +191,10 @@ def main(argv: list[str] | None = None) -> int:
         now = time.perf_counter()
         if it == 0:
             LOG.info("rank %d/%d %s %s batch %d: first forward after %.1f s; compute %.3f s/iter; update: %s, "
-                     "%.4f s/iter%s", rank, training.num_workers, training.mode, args.model, args.batch_size,
+                     "%.4f s/iter%s%s", rank, training.num_workers, training.mode, args.model, args.batch_size,
                      now - start, training.net.compute_seconds, training.update_placement, training.update_s,
-                     f"; DDP buckets {training.buckets}" if training.buckets else "")
+                     f"; weight copies: {training.weight_copy}, {training.weight_copy_s:.4f} s/iter"
+                     if training.weight_copy else "", f"; DDP buckets {training.buckets}" if training.buckets else "")
         if last is not None and it >= args.warmup:
             times.append(now - last)
         last = now
@@ -207,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"rank": rank, "num_workers": training.num_workers, "mode": training.mode, "model": args.model,
               "optimizer": optimizer_label(training.num_workers), "update_on": training.update_on,
               "update_placement": training.update_placement, "update_s": training.update_s,
+              "weight_copy": training.weight_copy, "weight_copy_s": training.weight_copy_s,
               "vgpu_timer": "none: a computed timeline (benchmarks/emulation/torch_compute.py)",
               **device_fields(device, len(times)), "ddp_buckets": training.buckets,
               "compute": args.compute, "batch_size": args.batch_size, "samples_per_batch": training.samples,
