@@ -238,6 +238,20 @@ def test_a_worker_update_on_the_virtual_gpu_costs_its_memory_traffic_not_cpu():
     assert simulate(m, cluster, system).iteration_s == pytest.approx(3 * 4e-3 + 0.02)
 
 
+def test_torch_server_placements_new_values_are_copied_into_the_parameter_on_the_virtual_gpu():
+    from benchmarks.sim.ps import TORCH_P3KV_SERVER
+
+    m = model.synthetic([(0.0, 0.0, 1_000_000)], memory_bytes_per_s=1e9)
+    cluster = Cluster(4, None, layout="separate")
+    system = dataclasses.replace(TORCH_P3KV_SERVER, slice_size=1 << 30, window=1, receivers="process",
+                                 costs=CpuCosts(per_byte=1e-9))
+    assert (system.update_on, system.gpu_accesses) == ("servers", 2)
+    # 2 pushes (4 ms each) on the server thread, the receive (4 ms), then the copy: 2 x 4 MB at 1 GB/s on the device.
+    assert simulate(m, cluster, system).iteration_s == pytest.approx(3 * 4e-3 + 0.008)
+    no_copy = dataclasses.replace(system, gpu_accesses=0)
+    assert simulate(m, cluster, no_copy).iteration_s == pytest.approx(3 * 4e-3)
+
+
 def test_priority_split_cuts_only_big_arrays_one_part_per_server_round_robin():
     m = model.synthetic([(0.0, 0.0, 3_000_001), (0.0, 0.0, 10)])
     parts = parts_of(m, PRIORITY_SPLIT, 2)

@@ -254,7 +254,8 @@ def system(name: str, found: Fitted | None = None, optimizer: str = "none", upda
         place = base.update_on  # nothing to update anyway
     update = found.update[measured] if sgd and place != "workers-gpu" else CpuCosts()
     return dataclasses.replace(base, costs=found.transport[measured], update=update, update_on=place,
-                               gpu_accesses=SGD_ACCESSES if sgd and place == "workers-gpu" else 0,
+                               gpu_accesses=SGD_ACCESSES if sgd and place == "workers-gpu"
+                               else base.gpu_accesses if place == "servers" else 0,  # servers: a worker's copy
                                link_costs=link_costs or CpuCosts())
 
 

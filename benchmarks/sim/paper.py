@@ -67,7 +67,8 @@ def run_point(p: Point, loopback: costs_lib.Fitted | None = None) -> dict:
     else:
         system = (costs_lib.system(p.system, loopback, optimizer="sgd") if p.cpu == "measured"
                   else dataclasses.replace(SYSTEMS[p.system], gpu_accesses=SGD_ACCESSES
-                                           if SYSTEMS[p.system].update_on == "workers-gpu" else 0))
+                                           if SYSTEMS[p.system].update_on == "workers-gpu"
+                                           else SYSTEMS[p.system].gpu_accesses))
         result = simulate(profile, cluster, settings.apply_ps(system, env, p.slice_size), iters=3)
     return {**dataclasses.asdict(p), "compute_s": round(profile.compute_s, 4),
             "iteration_s": round(result.iteration_s, 5), "throughput": round(result.throughput, 2),

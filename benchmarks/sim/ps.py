@@ -42,6 +42,7 @@ from benchmarks.sim.stages import Stages, ThreadCosts
 
 MXNET_BIGARRAY_BOUND = 1_000_000  # MXNET_KVSTORE_BIGARRAY_BOUND's default: larger arrays split over servers
 SGD_ACCESSES = 5  # emulated_compute.SGD_MOMENTUM_ACCESSES: read weight, gradient, momentum; write two
+COPY_ACCESSES = 2  # emulated_compute.COPY_ACCESSES: a device-to-device copy reads and writes each element once
 UPDATE_PLACES = ("servers", "workers-gpu", "workers-cpu")
 RECEIVERS = ("process", "connection")  # one receive thread per process (ps-lite) or per peer connection (p3kv)
 
@@ -59,7 +60,9 @@ class PSSystem:
     update_on: str = "servers"  # where the optimizer runs: UPDATE_PLACES
     costs: CpuCosts = CpuCosts()  # a message's CPU where it is received (per message, per payload byte)
     update: CpuCosts = CpuCosts()  # the optimizer's CPU per part (servers) or array (workers-cpu); zero: none
-    gpu_accesses: int = 0  # workers-gpu: the update's passes over each array on the virtual GPU (0: none)
+    # The passes over each array on the virtual GPU when its result lands (0: none): workers-gpu, the update's;
+    # servers, the copy of the new values into the parameter (p3kv.torch's server placement, torch_compute.py).
+    gpu_accesses: int = 0
     link_costs: CpuCosts = CpuCosts()  # extra receive CPU of the emulated links (veth, bridge, tc), fitted
     receivers: str = "process"  # RECEIVERS: which thread reads a message (the module doc)
     aggregate: CpuCosts = CpuCosts()  # receivers "connection": the consumer's sum per push, part of `costs`
@@ -284,7 +287,7 @@ class PSRun:
             return
         self.got[w][a] = 0
         system = self.system
-        if system.update_on == "workers-gpu" and system.gpu_accesses:
+        if system.update_on in ("workers-gpu", "servers") and system.gpu_accesses:
             elements, itemsize = self.array_size[a]
             self.devices[w].submit(self.model.memory_seconds(elements, itemsize, system.gpu_accesses), True,
                                    self._updated, (w, a))
@@ -363,11 +366,12 @@ DIST_SYNC = PSSystem("dist_sync", big_array_bound=MXNET_BIGARRAY_BOUND, priority
 MXNET_P3 = PSSystem("mxnet-p3", slice_size=40_000, priority=True, window=None, socket_bytes=mxnet_p3_socket(40_000),
                     flight_bytes=FLIGHT_BYTES, update_on="workers-gpu", gpu_accesses=SGD_ACCESSES)
 # p3kv.torch runs p3kv's C++ transport: the same slices, priorities and sender; its worker placement updates each
-# parameter on the virtual GPU as its slices land (torch_compute.VirtualGpuSGD), its server placement on the servers.
+# parameter on the virtual GPU as its slices land (torch_compute.VirtualGpuSGD), its server placement on the servers
+# (the new values then copied into the parameter on the virtual GPU: torch_compute.copy_weights_on_the_virtual_gpu).
 TORCH_P3KV = PSSystem("torch-p3kv", slice_size=50_000, priority=True, update_on="workers-gpu",
                       gpu_accesses=SGD_ACCESSES, receivers="connection", **P3_SOCKETS)
 TORCH_P3KV_SERVER = PSSystem("torch-p3kv-server", slice_size=50_000, priority=True, receivers="connection",
-                             **P3_SOCKETS)
+                             gpu_accesses=COPY_ACCESSES, **P3_SOCKETS)
 SYSTEMS = {s.name: s for s in (P3KV, SLICING_ONLY, PRIORITY_ONLY, PRIORITY_SPLIT, DIST_SYNC, MXNET_P3, TORCH_P3KV,
                                TORCH_P3KV_SERVER)}
 
