@@ -314,6 +314,18 @@ def test_the_readme_lines_give_ddps_rate_each_placements_ratio_and_count_what_th
     assert torch_comparison.headline([{**rows[0], "kvstore": "p3"}]) == ""
 
 
+def test_ddps_setting_cell_names_runs_from_before_its_grid_only_where_the_grid_kept_their_setting():
+    tuned = "default (tuned: DDP_BUCKET_CAP_MB=25)"
+    before, after = {"baseline_setting": "default (untuned)"}, {"baseline_setting": tuned}
+    assert torch_comparison.setting_cell([before, before, before, after, after]) == \
+        f"{tuned}; 3 of 5 runs ran it before the grid"
+    assert torch_comparison.setting_cell([after, after]) == tuned
+    assert torch_comparison.setting_cell([before, {}]) == "default, default (untuned)"  # no grid ran yet
+    moved = {"baseline_setting": "DDP_BUCKET_CAP_MB=5 (tuned)"}  # the grid chose another setting: both stay named
+    assert torch_comparison.setting_cell([before, moved]) == "DDP_BUCKET_CAP_MB=5 (tuned), default (untuned)"
+    assert torch_comparison.setting_cell([]) == "-"
+
+
 def test_ddps_tuning_grid_becomes_a_sentence_with_each_cell_against_the_chosen_one():
     entry = {"throughput": 40.0, "repeats": 3, "csv": "grid.csv", "label": "default (tuned: DDP_BUCKET_CAP_MB=25)",
              "reason": "the default is the fastest cell", "comparison": "resnet50_v1.4000mbit-p100.4h.emulated",

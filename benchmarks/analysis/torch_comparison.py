@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from benchmarks.analysis import bootstrap
-from benchmarks.analysis.points import equivalent_gbps, number
+from benchmarks.analysis.points import equivalent_gbps, number, setting_identity
 from benchmarks.analysis.ratio_table import job_array, point_runs
 
 BASELINE = "ddp"
@@ -100,6 +100,19 @@ def tuning_sentences(best: dict) -> list[str]:
     return found
 
 
+def setting_cell(runs: Sequence[dict]) -> str:
+    """DDP's setting at a point, from its runs' labels. Runs from before its tuning grid say "default (untuned)";
+    where the grid then kept the setting they ran (the later runs' one tuned label, the same setting), the cell
+    gives that label once and how many runs ran it before the grid."""
+    labels = [str(r.get("baseline_setting") or "default") for r in runs]
+    tuned = {label for label in labels if "(tuned" in label}
+    if len(tuned) == 1 and {setting_identity(label) for label in labels} == {setting_identity(next(iter(tuned)))}:
+        label = tuned.pop()
+        before = sum(other != label for other in labels)
+        return label + (f"; {before} of {len(labels)} runs ran it before the grid" if before else "")
+    return ", ".join(sorted(set(labels))) or "-"
+
+
 def headline(rows: Sequence[dict], resamples: int = bootstrap.RESAMPLES) -> str:
     """The README's PyTorch lines: per point of the torch sweep, DDP's P100-equivalent throughput, each p3kv.torch
     placement's ratio to it with its 95% CI, DDP's setting and how many runs were faithful. "" without torch rows."""
@@ -129,11 +142,10 @@ def headline(rows: Sequence[dict], resamples: int = bootstrap.RESAMPLES) -> str:
                 cells.append("- (no faithful DDP run to compare with)")
             else:
                 cells.append(_left_out([r for r in runs if r["kvstore"] == system]))
-        settings = sorted({str(r.get("baseline_setting") or "default") for r in by_system.get(BASELINE, [])})
         faithful = sum(len(v) for v in by_system.values())
         equivalent = equivalent_gbps(first)
         lines.append(f"| {first['model']} | {f'{equivalent:g} Gbps' if equivalent else 'uncapped'} | "
-                     f"{' | '.join(cells)} | {', '.join(settings) or '-'} | {faithful} of {len(runs)} |")
+                     f"{' | '.join(cells)} | {setting_cell(by_system.get(BASELINE, []))} | {faithful} of {len(runs)} |")
     hosts_of: dict[str, set[str]] = {}  # per model: its hosts (VGG-19's default CPUs per host differ)
     for runs in every.values():
         for r in runs:
