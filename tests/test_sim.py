@@ -130,13 +130,24 @@ def test_ddp_reduces_its_buckets_in_turn_then_steps_everything_before_the_next_f
     # forward: nothing of the step overlaps the allreduces.
     m = model.synthetic([(0.0, 0.0, 1_000_000)] * 2, memory_bytes_per_s=1e9)
     c = Cluster(2, 10 * GBIT, latency_s=1e-3, wire_overhead=1.0)
-    sgd = ddp.Ddp(gpu_accesses=5)
+    sgd = ddp.Ddp(gpu_accesses=5, bucket_accesses=0, copy_back_accesses=0)  # the bucket copies: the next test
     assert ddp.simulate(m, c, sgd).iteration_s == pytest.approx(2 * (3.2e-3 + 2e-3) + 40e-3)
     one_bucket = settings.apply_ddp(sgd, {"DDP_BUCKET_CAP_MB": "100"})  # both gradients in one bucket
     assert ddp.simulate(m, c, one_bucket).iteration_s == pytest.approx(6.4e-3 + 2e-3 + 40e-3)
     # Horovod on the same ring updates the first-reduced tensor while the second is reduced: 5.2 ms less.
     h = ring.Horovod(cycle_s=0.0, fusion_bytes=4_000_000, update_on="workers-gpu", gpu_accesses=5)
     assert ring.iteration_seconds(m, c, h) == pytest.approx(3.2e-3 + 2e-3 + 40e-3)
+
+
+def test_ddps_bucket_copies_take_their_passes_on_the_virtual_gpu_around_its_allreduces():
+    # As above, with the reducer's copies on the device (emulation/gradient_work.py): each gradient into its bucket
+    # after its layer's backward, 2 x 4 MB at 1 GB/s (8 ms); the second bucket's allreduce (5.2 ms) starts when its
+    # copy ends (16 ms), the first's ran meanwhile; then the copies back and the step, (2 + 5) x 8 MB (56 ms).
+    m = model.synthetic([(0.0, 0.0, 1_000_000)] * 2, memory_bytes_per_s=1e9)
+    c = Cluster(2, 10 * GBIT, latency_s=1e-3, wire_overhead=1.0)
+    d = ddp.Ddp(gpu_accesses=5)
+    assert (d.bucket_accesses, d.copy_back_accesses) == (2, 2)
+    assert ddp.simulate(m, c, d).iteration_s == pytest.approx(16e-3 + 5.2e-3 + 56e-3)
 
 
 def test_at_paper_scale_p3kv_torch_gains_on_ddp_where_the_link_limits_and_not_where_it_does_not():
@@ -244,12 +255,16 @@ def test_torch_server_placements_new_values_are_copied_into_the_parameter_on_the
     m = model.synthetic([(0.0, 0.0, 1_000_000)], memory_bytes_per_s=1e9)
     cluster = Cluster(4, None, layout="separate")
     system = dataclasses.replace(TORCH_P3KV_SERVER, slice_size=1 << 30, window=1, receivers="process",
-                                 costs=CpuCosts(per_byte=1e-9))
+                                 costs=CpuCosts(per_byte=1e-9), push_accesses=0)
     assert (system.update_on, system.gpu_accesses) == ("servers", 2)
     # 2 pushes (4 ms each) on the server thread, the receive (4 ms), then the copy: 2 x 4 MB at 1 GB/s on the device.
     assert simulate(m, cluster, system).iteration_s == pytest.approx(3 * 4e-3 + 0.008)
     no_copy = dataclasses.replace(system, gpu_accesses=0)
     assert simulate(m, cluster, no_copy).iteration_s == pytest.approx(3 * 4e-3)
+    # With the 1/W scaling into the send buffer on the device before the push (gradient_work.py), 2 x 4 MB more.
+    assert TORCH_P3KV_SERVER.push_accesses == 2
+    scaled = dataclasses.replace(system, push_accesses=2)
+    assert simulate(m, cluster, scaled).iteration_s == pytest.approx(0.008 + 3 * 4e-3 + 0.008)
 
 
 def test_priority_split_cuts_only_big_arrays_one_part_per_server_round_robin():

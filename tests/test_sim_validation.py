@@ -173,6 +173,10 @@ def test_a_miss_without_a_measured_cause_says_so():
     loss = dict(point, tcp_retrans=1200.0, throttled_pct=30.0)
     assert "1200 TCP retransmits" in validate.note(loss, -0.2, 100.0)
     assert "throttled 30%" in validate.note(loss, -0.2, 100.0)
+    # A torch run from before gradient_work.py: its hosts made the gradient passes, which the model leaves out.
+    old_ddp = dict(point, kvstore="ddp", gradient_work="")
+    assert "gradient passes" in validate.note(old_ddp, -0.2, 100.0)
+    assert validate.note(dict(old_ddp, gradient_work="virtual GPU"), -0.2, 100.0) == "no measured cause found"
 
 
 def test_the_report_text_comes_from_the_csv(tmp_path):

@@ -14,6 +14,7 @@ import csv
 import importlib.metadata
 import json
 
+import numpy as np
 import pytest
 from torch_bench_jobs import TINY, ddp_job, p3kv_job, rank_results, tiny_description
 
@@ -81,6 +82,13 @@ def test_each_system_runs_two_workers_and_writes_every_field_the_rows_take(runs,
         else:  # the workers' update: on the virtual GPU at its memory bandwidth
             assert r["update_on"] == "workers" and r["update_placement"] == "workers (virtual GPU, 732 GB/s x 1)"
             assert r["update_s"] > 0 and (r["weight_copy"], r["weight_copy_s"]) == ("", 0.0)
+        # The system's own passes over the gradients during backward, on the virtual GPU (gradient_work.py): DDP's
+        # copies into its buckets and back (2 passes each), p3kv.torch's 1/W scaling into its send buffers (2).
+        nbytes = sum(int(np.prod(p["shape"])) * torch.empty(0, dtype=torch_compute.DTYPES[p["dtype"]]).element_size()
+                     for p in TINY["params"])
+        passes = 4 if system == "ddp" else 2
+        assert r["gradient_work"] == "virtual GPU" and r["gradient_work_bytes"] == passes * nbytes, r
+        assert r["gradient_work_s"] == pytest.approx(passes * nbytes / 732e9) and r["gradient_work_ops"] > 0
     assert "iter 2:" in output  # the progress lines the cluster runner relays
     if system == "ddp":
         assert results[0]["ddp_buckets"] == "25 MiB, the first 1 MiB (default)"

@@ -50,6 +50,7 @@ def test_runner_smoke_every_torch_system_on_two_hosts(tmp_path):
         assert r["update_placement"] == ("servers (CPU)" if r["kvstore"] == "torch-p3kv-server"
                                          else "workers (virtual GPU, 732 GB/s x 0.2)"), r
         assert r["weight_copy"] == torch_systems.WEIGHT_COPY.get(r["kvstore"], ""), r  # server placement's on the GPU
+        assert r["gradient_work"] == "virtual GPU" and float(r["gradient_work_s"]) > 0, r  # every system's passes
         assert r["servers"] == ("0" if r["kvstore"] == "ddp" else "2") and r["workers"] == "2"
         assert r["torch"] and r["p3kv"] and r["baseline_setting"] == "default (untuned)"
         assert (r["host_cpus"], r["cpu_quota_cores"]) == ("4.0", "0.8") and r["cpu_limit"].startswith("cgroup-v")

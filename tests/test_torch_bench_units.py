@@ -189,6 +189,28 @@ def test_a_server_placement_row_whose_host_copied_the_weights_is_run_again_and_o
     assert sweeps.not_yet_run(points, csv_path) == []
 
 
+def test_a_torch_row_whose_host_made_the_gradient_passes_is_run_again_and_outdated(tmp_path):
+    from benchmarks.analysis import bench_rows, superseded
+
+    args = sweeps.parse_args(["torch", "--models", "resnet50_v1", "--equivalents", "2"])
+    points = [p for p in sweeps.sweep_points("torch", args) if p.repeat == 0]
+    csv_path = tmp_path / "torch.csv"
+    for p in points:
+        settings = sweeps._settings(p)
+        assert settings["gradient_work"] == "virtual GPU"  # every torch system's
+        row = {k: v for k, v in settings.items() if k in bench_rows.RUN_COLUMNS}
+        row.update(status="ok", smoke=False, baseline_setting=p.baseline_setting or "",
+                   optimizer=sweeps.optimizer_label(p.optimizer), gradient_work="")  # as before the change
+        bench_rows.write_run(csv_path, row)
+    assert sorted(p.kvstore for p in sweeps.not_yet_run(points, csv_path)) == sorted(torch_systems.SYSTEMS)
+    for old in bench_rows.read_runs(csv_path):
+        assert superseded.outdated_by({**old, "compute": "emulated"}) == "the gradient passes on the virtual GPU"
+        assert not superseded.outdated({**old, "compute": "emulated", "gradient_work": "virtual GPU"})
+    mxnet = sweeps._settings(sweeps.sweep_points("demo", sweeps.parse_args(["demo"]))[0])
+    assert mxnet["gradient_work"] == ""  # the MXNet systems' rows have no such column to miss
+    assert not superseded.outdated_by({"compute": "emulated", "kvstore": "p3", "priority_hold_ms": "1"})
+
+
 def test_ddp_like_buckets_fill_last_layer_first_with_a_small_first_bucket():
     mib = 1 << 18  # float32 elements per MiB
     sizes = [mib // 2, 20 * mib, 10 * mib, mib // 4, mib // 2, 2 * mib]  # forward order
@@ -277,7 +299,8 @@ def _row(kvstore: str, seconds: float, repeat: int, rng) -> dict:
             "iter_s": json.dumps(times[0]), "repeat": str(repeat), "update_placement": "servers (CPU)",
             "legacy": "False", "optimizer": "sgd(lr=0.01)", "bound_throughput": "500", "cpu_total_pct": "50",
             "cpu_host_pct": "25;25", "load_1m_before": "0.1", "load_1m_after": "0.1", "layout": "colocated",
-            "compute": "emulated", "slice_size": ""}
+            "compute": "emulated", "slice_size": "", "gradient_work": "virtual GPU", "priority_hold_ms": "0.5",
+            "thread_cap_cores": "0.2", "omp_threads": "2"}  # current: nothing outdated (superseded.outdated_by)
 
 
 def test_the_table_gives_each_systems_rate_and_its_ratio_to_ddp_with_cis():
@@ -312,6 +335,10 @@ def test_the_readme_lines_give_ddps_rate_each_placements_ratio_and_count_what_th
     assert cells[4] == "no faithful run (2 left out: a host's CPU throttled up to 14% of the timed window)"
     assert cells[6] == "10 of 12"
     assert torch_comparison.headline([{**rows[0], "kvstore": "p3"}]) == ""
+    # Runs from before a change to the emulation (here: their hosts made the gradient passes) are counted as such.
+    older = [{**r, "gradient_work": ""} if r["kvstore"] == "ddp" else r for r in rows]
+    line = next(x for x in torch_comparison.headline(older, resamples=200).splitlines() if x.startswith("| resnet"))
+    assert line.split("|")[-2].strip() == "10 of 12; 5 from before the gradient passes on the virtual GPU"
 
 
 def test_ddps_setting_cell_names_runs_from_before_its_grid_only_where_the_grid_kept_their_setting():

@@ -83,6 +83,10 @@ RUN_COLUMNS = (
     "cpu_host_mean_pct", "cpu_total_mean_pct",
     "weight_copy",  # p3kv.torch server placement: where the new values were copied into the parameters
     # (suites/torch_systems.WEIGHT_COPY); "": no such copy, or a server-placement row from before (the host's CPU)
+    # p3kv.torch and DDP: where their own passes over the gradients during backward ran (torch_systems.GRADIENT_WORK:
+    # the virtual GPU), and their virtual-GPU seconds per iteration (rank 0's); "": other systems, or a torch row
+    # from before, whose training loop made them on the host's CPU
+    "gradient_work", "gradient_work_s",
 )
 # A new column goes at the end: an existing CSV then gains it in its header alone (bench_report.append_csv rewrites
 # a whole file that lacks a column elsewhere, and refuses one with a column not here).

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from benchmarks.analysis import bench_rows
 from benchmarks.analysis.points import equivalent_gbps, key_value, optimizer_label, setting_identity
 from benchmarks.paths import RESULTS
+from benchmarks.suites import torch_systems
 
 LOG = logging.getLogger("superseded")
 # Sweeps whose comparison changed: every row without a verdict is from the old one, which nothing reruns, so it
@@ -63,9 +64,13 @@ def outdated_by(row: dict) -> str:
     from before its processes had the host's CPU count of OpenMP threads (no omp_threads; thread_cap.omp_threads):
     a server's sums and updates then ran on one of the host's CPUs; a p3kv.torch server-placement run from before
     its copy of the new weights into the parameters ran on the virtual GPU (no weight_copy): the training loop's
-    thread made it, CPU a GPU host does not spend."""
+    thread made it, CPU a GPU host does not spend; a p3kv.torch or DDP run from before the systems' own passes over
+    the gradients during backward ran on the virtual GPU (no gradient_work; emulation/gradient_work.py): the training
+    loop's thread made them (DDP's bucket copies, p3kv.torch's scaling into its send buffers) at its cap."""
     if row.get("compute") != "emulated":
         return ""
+    if row.get("kvstore") in torch_systems.SYSTEMS and not row.get("gradient_work"):
+        return "the gradient passes on the virtual GPU"
     if row.get("kvstore") == "torch-p3kv-server" and not row.get("weight_copy"):
         return "the weight copy on the virtual GPU"
     if row.get("kvstore") == "horovod" and not row.get("horovod_cycle_ms"):

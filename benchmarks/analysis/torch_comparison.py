@@ -12,6 +12,7 @@ import numpy as np
 from benchmarks.analysis import bootstrap
 from benchmarks.analysis.points import equivalent_gbps, number, setting_identity
 from benchmarks.analysis.ratio_table import job_array, point_runs
+from benchmarks.analysis.superseded import outdated_by
 
 BASELINE = "ddp"
 SYSTEMS = ("ddp", "torch-p3kv", "torch-p3kv-server")  # suites/torch_systems.py's, in the table's order
@@ -113,6 +114,17 @@ def setting_cell(runs: Sequence[dict]) -> str:
     return ", ".join(sorted(set(labels))) or "-"
 
 
+def _outdated_note(runs: Sequence[dict]) -> str:
+    """How many of a point's shown runs predate a change to the emulation (superseded.outdated_by), and which:
+    `sweeps torch --resume` reruns them and `superseded --move` then retires them."""
+    found: dict[str, int] = {}
+    for r in runs:
+        what = outdated_by(r)
+        if what:
+            found[what] = found.get(what, 0) + 1
+    return "".join(f"; {n} from before {what}" for what, n in sorted(found.items()))
+
+
 def headline(rows: Sequence[dict], resamples: int = bootstrap.RESAMPLES) -> str:
     """The README's PyTorch lines: per point of the torch sweep, DDP's P100-equivalent throughput, each p3kv.torch
     placement's ratio to it with its 95% CI, DDP's setting and how many runs were faithful. "" without torch rows."""
@@ -142,10 +154,11 @@ def headline(rows: Sequence[dict], resamples: int = bootstrap.RESAMPLES) -> str:
                 cells.append("- (no faithful DDP run to compare with)")
             else:
                 cells.append(_left_out([r for r in runs if r["kvstore"] == system]))
-        faithful = sum(len(v) for v in by_system.values())
+        shown = [r for v in by_system.values() for r in v]
         equivalent = equivalent_gbps(first)
         lines.append(f"| {first['model']} | {f'{equivalent:g} Gbps' if equivalent else 'uncapped'} | "
-                     f"{' | '.join(cells)} | {setting_cell(by_system.get(BASELINE, []))} | {faithful} of {len(runs)} |")
+                     f"{' | '.join(cells)} | {setting_cell(by_system.get(BASELINE, []))} | "
+                     f"{len(shown)} of {len(runs)}{_outdated_note(shown)} |")
     hosts_of: dict[str, set[str]] = {}  # per model: its hosts (VGG-19's default CPUs per host differ)
     for runs in every.values():
         for r in runs:
@@ -155,4 +168,5 @@ def headline(rows: Sequence[dict], resamples: int = bootstrap.RESAMPLES) -> str:
     return ("\n".join(lines) + "\n\nRatios: p3kv.torch's throughput over DDP's, with the 95% CI of the hierarchical "
             "bootstrap over jobs, then iterations (benchmarks/analysis/bootstrap.py), from "
             f"`benchmarks/results/sweeps/torch.csv` ({conditions}, CPU, compute and links dilated alike; runs the "
-            "fidelity monitors failed are left out and counted).")
+            "fidelity monitors failed are left out and counted; runs from before a change to the emulation are "
+            "counted in the last column, with the change).")

@@ -20,8 +20,10 @@ forward and backward is a torch.autograd.Function that computes nothing and take
 Nothing is computed in timing mode: the gradients are fixed buffers (filled once; autograd takes them without a
 copy), a worker-side update only takes its time on the virtual GPU (VirtualGpuSGD, at the GPU's memory bandwidth,
 emulated_compute.Profile.memory_seconds), and so does server placement's copy of the servers' new values into the
-parameters (copy_weights_on_the_virtual_gpu), so the hosts' 2 cores are left to what is measured: the communication
-and the framework's own CPU work (p3kv's and DDP's gradient copies and 1/W scaling, gloo's sums, the servers' SGD).
+parameters (copy_weights_on_the_virtual_gpu), and so do the systems' own passes over the gradients during backward
+(DDP's bucket copies, p3kv's 1/W scaling: gradient_work.py, which the worker enters around backward), so the hosts'
+2 cores are left to what is measured: the communication and the frameworks' own CPU work (gloo's sums, the servers'
+sums and SGD, the Python).
 With `real=True` (the tests) the gradients depend on the weights the forward read and the updates are torch's own
 SGD, so that the final weights show each system did the work.
 """

@@ -3,8 +3,11 @@
 What the Reducer does (torch/nn/parallel/distributed.py and its C++ reducer): after the first iteration the
 buckets are rebuilt in the order the gradients became ready in backward (the reverse of forward for these models),
 each closed once it holds at least its limit (1 MiB for the first, `bucket_cap_mb` for the others: 25 MiB by
-default; DDP_BUCKET_CAP_MB in the benchmark's worker); a bucket's allreduce starts once all its gradients are
-ready and every earlier bucket has started. Gloo reduces them one after another over a ring (ring.allreduce_seconds,
+default; DDP_BUCKET_CAP_MB in the benchmark's worker); each gradient is copied into its bucket times 1/W on the
+device right after its layer's backward (`bucket_accesses` passes), and a bucket's allreduce starts once all its
+gradients are there and every earlier bucket has started; when every bucket is reduced, the buckets are copied back
+into the gradients on the device (`copy_back_accesses`) before the step (emulation/gradient_work.py; both 0 for rows
+from before it, whose hosts made those copies). Gloo reduces them one after another over a ring (ring.allreduce_seconds,
 its copies and sums CPU per byte, the cost fitted for Horovod's Gloo ring: the same library). Backward returns only
 when every bucket is reduced, then optimizer.step() updates every parameter on the virtual GPU at its memory
 traffic (torch_compute.VirtualGpuSGD) and only then does the next forward start: communication overlaps backward,
@@ -21,7 +24,7 @@ from collections import deque
 
 from benchmarks.sim.cluster import Cluster, CpuCosts
 from benchmarks.sim.model import ModelProfile
-from benchmarks.sim.ps import Result
+from benchmarks.sim.ps import COPY_ACCESSES, Result
 from benchmarks.sim.ring import Horovod, RingRun
 from benchmarks.suites import baseline_settings
 
@@ -37,6 +40,8 @@ class Ddp:
     bucket_bytes: int = BUCKET_BYTES
     first_bucket_bytes: int = FIRST_BUCKET_BYTES
     link_costs: CpuCosts = CpuCosts()  # extra CPU of the emulated links per byte sent (fitted)
+    bucket_accesses: int = COPY_ACCESSES  # the copy of a gradient into its bucket, on the virtual GPU
+    copy_back_accesses: int = COPY_ACCESSES  # the reduced buckets' copy back into the gradients
 
 
 def buckets_of(sizes: list[int], first: int, rest: int) -> list[list[int]]:
@@ -73,6 +78,14 @@ class DdpRun(RingRun):
         self.launched: deque[list[int]] = deque()
         self.reduced = 0
 
+    def _gradients_ready(self, k: int) -> None:  # the bucket copies first, on the device before the next layer
+        if not self.ddp.bucket_accesses:
+            super()._gradients_ready(k)
+            return
+        seconds = sum(self.model.memory_seconds(self.tensors[t][1], self.tensors[t][2], self.ddp.bucket_accesses)
+                      for t in self.layer_tensors[k])
+        self.device.submit(seconds, False, super()._gradients_ready, k)
+
     def _wake_background(self) -> None:
         while self.enqueued:
             self.missing[self.bucket_of[self.enqueued.popleft()]] -= 1
@@ -91,7 +104,8 @@ class DdpRun(RingRun):
         if self.reduced < len(self.tensors):
             return
         self.reduced = 0
-        step = sum(self.model.memory_seconds(n, size, self.ddp.gpu_accesses) for _, n, size in self.tensors)
+        step = sum(self.model.memory_seconds(n, size, self.ddp.gpu_accesses + self.ddp.copy_back_accesses)
+                   for _, n, size in self.tensors)
         if step:
             self.device.submit(step, True, self._stepped)
         else:

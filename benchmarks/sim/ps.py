@@ -63,6 +63,9 @@ class PSSystem:
     # The passes over each array on the virtual GPU when its result lands (0: none): workers-gpu, the update's;
     # servers, the copy of the new values into the parameter (p3kv.torch's server placement, torch_compute.py).
     gpu_accesses: int = 0
+    # The passes over each array on the virtual GPU after its layer's backward, before its push (p3kv.torch's 1/W
+    # scaling into its send buffer, emulation/gradient_work.py; 0: none, or the host made it, as before that).
+    push_accesses: int = 0
     link_costs: CpuCosts = CpuCosts()  # extra receive CPU of the emulated links (veth, bridge, tc), fitted
     receivers: str = "process"  # RECEIVERS: which thread reads a message (the module doc)
     aggregate: CpuCosts = CpuCosts()  # receivers "connection": the consumer's sum per push, part of `costs`
@@ -217,18 +220,26 @@ class PSRun:
             self.forward_done[w].append(self.loop.now)
         if j >= n:
             k = 2 * n - 1 - j
-            sender, prio, host, parts = self.worker_senders[w], self.prio, self.part_host, self.parts
-            streamed = self.system.receivers == "process"
-            for i in range(self.first_part[k], self.first_part[k + 1]):
-                if streamed:  # ps-lite's reader works on a push as it comes (stages.py)
-                    sender.put(prio[i], host[i], parts[i].nbytes, self._at_server, i, w, [], on_start=self._to_server)
-                else:
-                    sender.put(prio[i], host[i], parts[i].nbytes, self._at_server, i, w)
+            if self.system.push_accesses:  # on the device before the next layer (FIFO), then pushed
+                seconds = sum(self.model.memory_seconds(e, self.model.layers[k].itemsize, self.system.push_accesses)
+                              for e in self.model.layers[k].arrays)
+                self.devices[w].submit(seconds, False, self._push_layer, w, k)
+            else:
+                self._push_layer(w, k)
         self.op[w] = j + 1
         if self.op[w] == 2 * n:
             self.op[w] = 0
             self.iteration[w] += 1
         self._advance(w)
+
+    def _push_layer(self, w: int, k: int) -> None:
+        sender, prio, host, parts = self.worker_senders[w], self.prio, self.part_host, self.parts
+        streamed = self.system.receivers == "process"
+        for i in range(self.first_part[k], self.first_part[k + 1]):
+            if streamed:  # ps-lite's reader works on a push as it comes (stages.py)
+                sender.put(prio[i], host[i], parts[i].nbytes, self._at_server, i, w, [], on_start=self._to_server)
+            else:
+                sender.put(prio[i], host[i], parts[i].nbytes, self._at_server, i, w)
 
     # --- server ---
     def _to_server(self, i: int, w: int, token: list) -> None:
@@ -369,9 +380,9 @@ MXNET_P3 = PSSystem("mxnet-p3", slice_size=40_000, priority=True, window=None, s
 # parameter on the virtual GPU as its slices land (torch_compute.VirtualGpuSGD), its server placement on the servers
 # (the new values then copied into the parameter on the virtual GPU: torch_compute.copy_weights_on_the_virtual_gpu).
 TORCH_P3KV = PSSystem("torch-p3kv", slice_size=50_000, priority=True, update_on="workers-gpu",
-                      gpu_accesses=SGD_ACCESSES, receivers="connection", **P3_SOCKETS)
+                      gpu_accesses=SGD_ACCESSES, push_accesses=COPY_ACCESSES, receivers="connection", **P3_SOCKETS)
 TORCH_P3KV_SERVER = PSSystem("torch-p3kv-server", slice_size=50_000, priority=True, receivers="connection",
-                             gpu_accesses=COPY_ACCESSES, **P3_SOCKETS)
+                             gpu_accesses=COPY_ACCESSES, push_accesses=COPY_ACCESSES, **P3_SOCKETS)
 SYSTEMS = {s.name: s for s in (P3KV, SLICING_ONLY, PRIORITY_ONLY, PRIORITY_SPLIT, DIST_SYNC, MXNET_P3, TORCH_P3KV,
                                TORCH_P3KV_SERVER)}
 

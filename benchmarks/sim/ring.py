@@ -106,13 +106,16 @@ class RingRun:
         if j == n - 1:
             self.forward_done.append(self.loop.now)
         if j >= n:
-            self.enqueued.extend(reversed(self.layer_tensors[2 * n - 1 - j]))  # the worker loop's key order
-            self._wake_background()
+            self._gradients_ready(2 * n - 1 - j)
         self.op = j + 1
         if self.op == 2 * n:
             self.op = 0
             self.iteration += 1
         self._advance()
+
+    def _gradients_ready(self, k: int) -> None:
+        self.enqueued.extend(reversed(self.layer_tensors[k]))  # the worker loop's key order
+        self._wake_background()
 
     # --- Horovod's background thread ---
     def _wake_background(self) -> None:

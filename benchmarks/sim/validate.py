@@ -63,7 +63,8 @@ COLUMNS = ("source", "split", "fidelity", "selection", "model", "kvstore", "host
 POINT = ("model", "kvstore", "hosts", "layout", "bandwidth_bps", "compute", "gpu", "gpu_scale", "efficiency_factor",
          "slice_size", "batch_size", "optimizer", "samples_per_batch", "workers", "unit", "bandwidth",
          "p100_equiv_gbps", "cpus", "cpu_quota_cores", "thread_cap_cores", "update_placement", "update_on",
-         "baseline_setting")
+         "baseline_setting", "gradient_work")
+TORCH_SYSTEMS = ("torch-p3kv", "torch-p3kv-server", "ddp")
 FAITHFUL = "faithful"
 UNFAITHFUL = "unfaithful"
 UNJUDGED = "unjudged (before the fidelity monitors)"
@@ -194,11 +195,16 @@ def simulate_point(point: dict, constants: Constants) -> tuple[float, float]:
     kv = point["kvstore"]
     env = settings.setting(kv, settings.parse_label(point.get("baseline_setting", "")))
     link = CpuCosts(per_byte=constants.links.get(costs_lib.MEASURED_AS.get(kv, kv), 0.0))
+    # The torch systems' passes over the gradients during backward: on the virtual GPU where the row says so
+    # (gradient_work.py), else the host made them, which the model does not charge (note() says so).
+    gpu_passes = point.get("gradient_work") == "virtual GPU"
     if kv == "horovod":
         h = costs_lib.horovod(point["optimizer"], constants.loopback, update_place(point), link)
         result = ring.simulate(profile, cluster, settings.apply_horovod(h, env), iters=3)
     elif kv == "ddp":
         d = settings.apply_ddp(costs_lib.ddp(point["optimizer"], constants.loopback, link), env)
+        if not gpu_passes:
+            d = dataclasses.replace(d, bucket_accesses=0, copy_back_accesses=0)
         result = ddp.simulate(profile, cluster, d, iters=3)
     else:
         system = costs_lib.system(kv, constants.loopback, point["optimizer"], update_place(point), link)
@@ -206,6 +212,8 @@ def simulate_point(point: dict, constants: Constants) -> tuple[float, float]:
         if measured and system.receivers == "process":
             system = dataclasses.replace(system, server_threads=measured.get("server"),
                                          worker_threads=measured.get("worker"))
+        if not gpu_passes:
+            system = dataclasses.replace(system, push_accesses=0)
         slice_size = int(point["slice_size"]) if point.get("slice_size") else None
         result = simulate(profile, cluster, settings.apply_ps(system, env, slice_size), iters=3)
     return result.iteration_s, result.cpu_pct
@@ -334,6 +342,10 @@ def note(point: dict, rel_error: float, simulated_cpu_pct: float) -> str:
     if point["throttled_pct"] > 5:
         reasons.append(f"measured: a host throttled {point['throttled_pct']:.0f}% of the timed window (its quota "
                        "ran out within CFS periods; the model shares it evenly)")
+    if point.get("kvstore") in TORCH_SYSTEMS and point.get("gradient_work") != "virtual GPU":
+        reasons.append("measured: its training loop made the gradient passes (DDP's bucket copies, p3kv.torch's 1/W "
+                       "scaling) on the host's CPU at its thread's cap, a run from before gradient_work.py (not "
+                       "modelled)")
     if point["vgpu_late_us"] > 1000:
         reasons.append(f"measured: virtual GPU completions up to {point['vgpu_late_us'] / 1000:.1f} ms late")
     return "; ".join(reasons) or "no measured cause found"

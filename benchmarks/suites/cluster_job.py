@@ -373,6 +373,7 @@ def run_point(cluster: emulated_cluster.EmulatedCluster, point: Point, scratch: 
                    max(compute, comm_bound_seconds(nbytes, hosts, cluster.rate_bps, point.layout)), 4),
                optimizer=first["optimizer"], update_on=first["update_on"],
                update_placement=first.get("update_placement", ""), weight_copy=first.get("weight_copy", ""),
+               gradient_work=first.get("gradient_work", ""), gradient_work_s=first.get("gradient_work_s", ""),
                **{k: v for k, v in first["versions"].items() if k in bench_rows.RUN_COLUMNS})
     row.update(bound_columns(row))
     bound_throughput, comm = row["bound_throughput"], row["comm_bound_s"]

@@ -24,6 +24,10 @@ KVSTORES = {
 # GPU, as a GPU host's device-to-device copy (torch_compute.copy_weights_on_the_virtual_gpu). "": no such copy (the
 # other systems), or a server-placement row from before, whose host CPU made the copy (superseded.outdated_by).
 WEIGHT_COPY = {"torch-p3kv-server": "virtual GPU"}
+# Where every system's own passes over the gradients during backward run (the rows' gradient_work): DDP's bucket
+# copies and p3kv.torch's 1/W scaling into its send buffers, kernels on a GPU host, on the virtual GPU
+# (emulation/gradient_work.py). "": a row from before, whose training loop made them on the host's CPU.
+GRADIENT_WORK = "virtual GPU"
 LAUNCHER_FLAGS = {"torch-p3kv": ["--servers", "core"], "torch-p3kv-server": ["--servers", "core"]}
 NO_SERVERS = ("ddp",)
 # The sweep (`sweeps.py torch`): the same emulation as the MXNet systems' (compute, dilation, CPU quotas, SGD);

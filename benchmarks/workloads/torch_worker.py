@@ -16,8 +16,10 @@ emulated torch module on the virtual GPU (benchmarks/emulation/torch_compute.py:
 and dilation as the MXNet workers' emulated compute). Optimizer: SGD with momentum 0.9 and weight decay 1e-4 (lr
 0.01) in every system, torch's single-tensor formulas (foreach=False); each gradient is multiplied by 1/W before
 the sum (DDP's reducer and p3kv.torch alike). A worker-side update (p3kv worker placement, DDP) takes its memory
-traffic at the GPU's bandwidth on the virtual GPU, as the MXNet workers' do; nothing is computed on the host
-(--real computes the gradients from the weights and runs torch's SGD too: the tests compare final weights).
+traffic at the GPU's bandwidth on the virtual GPU, as the MXNet workers' do, and so do the systems' own passes over
+the gradients during backward (DDP's bucket copies, p3kv.torch's scaling into its send buffers: gradient_work.py;
+the rows' gradient_work); nothing is computed on the host (--real computes the gradients from the weights and runs
+torch's SGD and those passes too: the tests compare final weights).
 
 The loop is an ordinary torch training loop: forward, wait for its result (the loss), backward, step(),
 zero_grad(). The iteration time is the interval between consecutive forward completions, as in cluster_worker.py;
@@ -37,13 +39,18 @@ import statistics
 import sys
 import time
 
-from benchmarks.suites.torch_systems import WEIGHT_COPY
+from benchmarks.suites.torch_systems import GRADIENT_WORK, WEIGHT_COPY
 from benchmarks.workloads import worker_output
 from benchmarks.workloads.cluster_worker import LEARNING_RATE, MOMENTUM, WEIGHT_DECAY, device_fields
 
 LOG = logging.getLogger("torch_worker")
 DDP_BUCKET_VARIABLE = "DDP_BUCKET_CAP_MB"  # the tuning grid's setting (suites/baseline_settings.py)
 DDP_DEFAULT_BUCKET_MB = 25.0  # torch.nn.parallel.DistributedDataParallel's bucket_cap_mb default
+
+
+def gradient_work_fields(stats) -> dict:
+    """Per iteration (backward pass since the warm-up), what gradient_work.py moved onto the virtual GPU."""
+    return {f"gradient_work_{k}" if k != "seconds" else "gradient_work_s": v for k, v in stats.per_entry().items()}
 
 
 def optimizer_label(num_workers: int) -> str:
@@ -70,7 +77,7 @@ class Training:
     def __init__(self, args: argparse.Namespace):
         import torch
 
-        from benchmarks.emulation import emulated_compute, torch_compute
+        from benchmarks.emulation import emulated_compute, gradient_work, torch_compute
 
         self.torch = torch
         description = (json.loads(pathlib.Path(args.description).read_text()) if args.description
@@ -114,6 +121,10 @@ class Training:
         self.weight_copy = WEIGHT_COPY["torch-p3kv-server"] if server else ""
         self.weight_copy_s = (torch_compute.copy_weights_on_the_virtual_gpu(self.optimizer, self.net, args.real)
                               if server else 0.0)
+        # The frameworks' own passes over the gradients during backward (DDP's bucket copies, p3kv.torch's 1/W
+        # scaling into its send buffers): kernels on a GPU host, so on the virtual GPU here (gradient_work.py).
+        self.gradient_work = gradient_work.GradientWorkOnTheVirtualGpu(self.net.gpu, self.profile.memory_seconds,
+                                                                       args.real)
         self.samples = args.batch_size * int(description.get("tokens_per_sample", 1))
         self.unit = description.get("sample_unit", "images")
         self.token = torch.zeros(1)
@@ -129,7 +140,8 @@ class Training:
         return loss
 
     def backward_and_step(self, loss) -> None:
-        loss.backward()
+        with self.gradient_work:
+            loss.backward()
         self.optimizer.step()
         self.optimizer.zero_grad()
 
@@ -201,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         worker_output.mark_progress()  # the runner stops a job whose iterations stall (job_watch.py)
         if it == max(args.warmup - 1, 0):
             training.net.gpu.reset_stats()  # the virtual GPU's accounting covers the timed iterations
+            training.gradient_work.reset_stats()
         training.backward_and_step(loss)
         if times and len(times) % args.log_interval == 0:
             recent = times[-args.log_interval:]
@@ -216,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
               "optimizer": optimizer_label(training.num_workers), "update_on": training.update_on,
               "update_placement": training.update_placement, "update_s": training.update_s,
               "weight_copy": training.weight_copy, "weight_copy_s": training.weight_copy_s,
+              "gradient_work": GRADIENT_WORK, **gradient_work_fields(training.gradient_work.stats),
               "vgpu_timer": "none: a computed timeline (benchmarks/emulation/torch_compute.py)",
               **device_fields(device, len(times)), "ddp_buckets": training.buckets,
               "compute": args.compute, "batch_size": args.batch_size, "samples_per_batch": training.samples,
