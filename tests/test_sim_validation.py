@@ -21,7 +21,8 @@ def run_row(model="resnet50_v1", kvstore="p3", times=(1.0, 1.0), **extra):
            "model": model, "kvstore": kvstore, "hosts": "4", "layout": "colocated", "bandwidth_bps": "2e9",
            "gpu": "p100", "gpu_scale": "0.2", "efficiency_factor": "1.0", "slice_size": "", "batch_size": "32",
            "optimizer": "sgd", "samples_per_batch": "32", "workers": "4", "unit": "images", "bandwidth": "2gbit",
-           "p100_equiv_gbps": "10", "cpus": "2", "update_on": "servers", "cpu_total_pct": "150"}
+           "p100_equiv_gbps": "10", "cpus": "2", "update_on": "servers", "cpu_total_pct": "150",
+           "priority_hold_ms": "0.5"}  # a p3kv row of the current emulation (superseded.outdated_by)
     row.update(extra)
     return row
 
@@ -108,6 +109,16 @@ def test_faithful_rows_are_used_alone_when_there_are_any(tmp_path):
     assert [(p["fidelity"], p["median_s"], p["split"]) for p in points] == [(validate.FAITHFUL, 2.0, "held-out")]
     assert validate.cluster_of(points[0]).cores == pytest.approx(0.4)  # each host's quota, not a shared machine
     assert validate.cluster_of(points[0]).shared_cores is None
+
+
+def test_rows_from_before_a_change_to_the_emulation_are_left_out_and_counted(tmp_path):
+    current = dict(faithful="True", kvstore="ddp", gradient_work="virtual GPU", update_on="workers")
+    write(tmp_path / "sweeps" / "torch.csv", [run_row(**current, times=(2.0, 2.0)),
+                                             run_row(**{**current, "gradient_work": ""}),  # its host made the passes
+                                             run_row(**{**current, "gradient_work": "", "model": "vgg19"})])
+    points, selection = validate.measured_points(tmp_path)
+    assert selection == f"{validate.ONLY_FAITHFUL} (2 from before a change to the emulation left out)"
+    assert [(p["model"], p["median_s"], p["gradient_work"]) for p in points] == [("resnet50_v1", 2.0, "virtual GPU")]
 
 
 def test_rows_pool_every_ranks_iterations_and_measure_their_spread(tmp_path):

@@ -3,8 +3,10 @@
 
 Which rows. Every ok, non-smoke row of the run CSVs (results/sweeps/*.csv, results/demo_cpu_limited/*.csv) with
 emulated or no compute; when any row is faithful (column `faithful`, benchmarks/emulation/fidelity.py), only
-faithful rows (column `selection`; `fidelity` says what each point's rows were); rows under another TCP congestion
-control than BBR are left out (the model's window is BBR's: sockets.py).
+faithful rows (column `selection`; `fidelity` says what each point's rows were), less those from before a change to
+the emulation (benchmarks/analysis/superseded.outdated_by: the model describes the emulation as it is; `selection`
+counts them); rows under another TCP congestion control than BBR are left out (the model's window is BBR's:
+sockets.py).
 
 What is simulated: what was run there (the link rate tc enforced, not its P100-equivalent; compute dilated by
 --gpu-scale at the point's efficiency; the optimizer where the system ran it, as the row's update_placement says;
@@ -36,6 +38,7 @@ import statistics
 from collections.abc import Callable, Sequence
 
 from benchmarks.analysis.points import key_value, setting_identity
+from benchmarks.analysis.superseded import outdated_by
 from benchmarks.sim import costs as costs_lib
 from benchmarks.sim import ddp, fitting, ring, settings, sockets, threads
 from benchmarks.sim import model as model_lib
@@ -122,7 +125,13 @@ def measured_points(results: pathlib.Path = RESULTS) -> tuple[list[dict], str]:
                             and key_value(row, "tcp_congestion_control") == sockets.CONGESTION_CONTROL):
                         rows.append((f"{folder}/{path.name}", row))
     faithful = [(s, r) for s, r in rows if fidelity(r) == FAITHFUL]
+    # Rows from before a change to the emulation (superseded.outdated_by) measured an emulation the model no
+    # longer describes: the model is validated on the emulation as it is; they are left out and counted.
+    current = [(s, r) for s, r in faithful if not outdated_by(r)]
     selection = ONLY_FAITHFUL if faithful else NO_FAITHFUL
+    if len(current) < len(faithful):
+        selection += f" ({len(faithful) - len(current)} from before a change to the emulation left out)"
+    faithful = current
     groups: dict[tuple, list[dict]] = {}
     for source, row in faithful or rows:
         key = (source, fidelity(row), "vgpu_forgiven_us_per_iter" in row, *(_point_value(row, k) for k in POINT))
