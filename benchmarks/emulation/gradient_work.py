@@ -11,8 +11,8 @@ at one dilated CPU (thread_cap.py): a pass over VGG-19's 548 MiB costs ~50 ms of
 `--gpu-scale` 0.05, where a P100 spends 1.6 ms. DDP's copy back lands between its last all-reduce and the step, on
 the critical path, so the host's memcpy charged DDP for work its GPU would barely notice.
 
-`GradientWorkOnTheVirtualGpu` is a TorchDispatchMode the worker enters around `loss.backward()`: every out-of-place
-write into an existing float tensor (`mul.out`, `div.out`, `copy_`, in-place `mul_`/`div_`/`add_`, `zero_`,
+`GradientWorkOnTheVirtualGpu` is a TorchDispatchMode the worker enters around `loss.backward()`: every write into
+an existing float tensor (`mul.out`, `div.out`, `copy_`, in-place `mul_`/`div_`/`add_`, `zero_`,
 `fill_`) on the training loop's thread becomes an operation on the virtual GPU at its memory traffic (one pass per
 tensor read or written, at the emulated GPU's memory bandwidth), waited for before the host goes on (what follows
 reads its output: the bucket's all-reduce, the push of the send buffer). A copy (`copy_`) brings in what came off
