@@ -43,6 +43,7 @@ from benchmarks.sim import costs as costs_lib
 from benchmarks.sim import ddp, fitting, ring, settings, sockets, threads
 from benchmarks.sim import model as model_lib
 from benchmarks.sim.cluster import Cluster, CpuCosts
+from benchmarks.sim.miss_notes import CPU_MEAN, CPU_MEDIAN_INTERVAL, MISS, note
 from benchmarks.sim.ps import SYSTEMS, simulate
 
 LOG = logging.getLogger("sim.validate")
@@ -54,9 +55,6 @@ FIT_FILE = RESULTS / "sim_fit.json"
 LINK_SYSTEMS = ("p3", "dist_sync", "mxnet-p3", "horovod")  # the ablations run p3kv's transport
 MAX_LINK_NS = 20.0  # the bound of the link-cost search, ns per byte
 OLD_SLACK_S = 1e-3  # the virtual GPU's forgiven gap before operations were chained (cpp/src/device_clock.h then)
-MISS = 0.10
-CPU_MEAN = "window mean"  # how a point's measured CPU use was taken (measured_points)
-CPU_MEDIAN_INTERVAL = "median 1-s interval"
 TIME_INSENSITIVE = 0.01  # fit_links: a fit point this close without the links' cost is fitted on its CPU use
 COLUMNS = ("source", "split", "fidelity", "selection", "model", "kvstore", "hosts", "layout", "bandwidth",
            "p100_equiv_gbps", "compute", "gpu_scale", "efficiency_factor", "slice_size", "batch_size", "optimizer",
@@ -67,7 +65,6 @@ POINT = ("model", "kvstore", "hosts", "layout", "bandwidth_bps", "compute", "gpu
          "slice_size", "batch_size", "optimizer", "samples_per_batch", "workers", "unit", "bandwidth",
          "p100_equiv_gbps", "cpus", "cpu_quota_cores", "thread_cap_cores", "update_placement", "update_on",
          "baseline_setting", "gradient_work")
-TORCH_SYSTEMS = ("torch-p3kv", "torch-p3kv-server", "ddp")
 FAITHFUL = "faithful"
 UNFAITHFUL = "unfaithful"
 UNJUDGED = "unjudged (before the fidelity monitors)"
@@ -332,34 +329,6 @@ def constants(points: Sequence[dict], refit: bool = False, path: pathlib.Path = 
 
 
 # --- the rows ----------------------------------------------------------------------------------------------------
-def note(point: dict, rel_error: float, simulated_cpu_pct: float) -> str:
-    """Why a point misses by more than 10% (empty when it does not), from what its own runs measured: the
-    repeats' spread, CPU the model does not charge or charges beyond what was used, TCP loss, quota throttling, a
-    late virtual GPU. A miss with none of these says so."""
-    if abs(rel_error) <= MISS:
-        return ""
-    reasons = []
-    if point["run_spread"] > MISS:
-        reasons.append(f"measured: its repeats' medians differ by {100 * point['run_spread']:.0f}%")
-    cpu = point["cpu_total_pct"]
-    if cpu and abs(cpu - simulated_cpu_pct) > 20:
-        what = "CPU it does not charge" if cpu > simulated_cpu_pct else "more CPU than was used"
-        how = "" if point.get("cpu_statistic", CPU_MEAN) == CPU_MEAN else f" ({CPU_MEDIAN_INTERVAL})"
-        reasons.append(f"measured: the hosts used {cpu:.0f}% CPU{how}, the model {simulated_cpu_pct:.0f}% ({what})")
-    if point["tcp_retrans"] > 0:
-        reasons.append(f"measured: {point['tcp_retrans']:.0f} TCP retransmits per job (loss not modelled)")
-    if point["throttled_pct"] > 5:
-        reasons.append(f"measured: a host throttled {point['throttled_pct']:.0f}% of the timed window (its quota "
-                       "ran out within CFS periods; the model shares it evenly)")
-    if point.get("kvstore") in TORCH_SYSTEMS and point.get("gradient_work") != "virtual GPU":
-        reasons.append("measured: its training loop made the gradient passes (DDP's bucket copies, p3kv.torch's 1/W "
-                       "scaling) on the host's CPU at its thread's cap, a run from before gradient_work.py (not "
-                       "modelled)")
-    if point["vgpu_late_us"] > 1000:
-        reasons.append(f"measured: virtual GPU completions up to {point['vgpu_late_us'] / 1000:.1f} ms late")
-    return "; ".join(reasons) or "no measured cause found"
-
-
 def rows_of(points: Sequence[dict], sims: Sequence[tuple[float, float]]) -> list[dict]:
     out = []
     for point, (sim, sim_cpu) in zip(points, sims):

@@ -215,8 +215,8 @@ def _signature(settings: dict) -> tuple:
             number(settings.get("thread_cap_cores")),  # each thread's cap ("": threads uncapped, older rows)
             number(settings.get("omp_threads")) or 1.0,  # OpenMP threads per process ("": older rows ran one)
             str(settings.get("tcp_congestion_control") or link_shaping.LEGACY_CONGESTION_CONTROL),  # "": older, BBR
-            str(settings.get("weight_copy") or ""),  # torch server placement's weight copy ("": older, the host's)
-            str(settings.get("gradient_work") or ""),  # torch systems' gradient passes ("": older, the host's)
+            # torch: the weight copy and the gradient passes ("": older rows, the host's; torch_systems.py)
+            str(settings.get("weight_copy") or ""), str(settings.get("gradient_work") or ""),
             baseline_settings.identity(str(settings.get("baseline_setting") or "")))
 
 
@@ -238,8 +238,7 @@ def _settings(point: cluster_bench.Point) -> dict:
             "tcp_congestion_control": point.tcp_congestion or link_shaping.machine_congestion_control(),
             "priority_hold_ms": baseline_settings.priority_hold_ms(os.environ)
             if cluster_bench.KVSTORES[point.kvstore][0] == "p3" else None,
-            "weight_copy": torch_systems.WEIGHT_COPY.get(point.kvstore, ""),
-            "gradient_work": torch_systems.GRADIENT_WORK if point.kvstore in torch_systems.SYSTEMS else ""}
+            **torch_systems.emulation_columns(point.kvstore)}
 
 
 def sweep_points(name: str, args: argparse.Namespace) -> list[cluster_bench.Point]:

@@ -28,6 +28,14 @@ WEIGHT_COPY = {"torch-p3kv-server": "virtual GPU"}
 # copies and p3kv.torch's 1/W scaling into its send buffers, kernels on a GPU host, on the virtual GPU
 # (emulation/gradient_work.py). "": a row from before, whose training loop made them on the host's CPU.
 GRADIENT_WORK = "virtual GPU"
+
+
+def emulation_columns(kvstore: str) -> dict[str, str]:
+    """What a run of `kvstore` records of where the emulation put the torch systems' device work (weight_copy,
+    gradient_work; "" for the other systems)."""
+    return {"weight_copy": WEIGHT_COPY.get(kvstore, ""), "gradient_work": GRADIENT_WORK if kvstore in SYSTEMS else ""}
+
+
 LAUNCHER_FLAGS = {"torch-p3kv": ["--servers", "core"], "torch-p3kv-server": ["--servers", "core"]}
 NO_SERVERS = ("ddp",)
 # The sweep (`sweeps.py torch`): the same emulation as the MXNet systems' (compute, dilation, CPU quotas, SGD);
