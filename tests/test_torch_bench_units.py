@@ -166,18 +166,28 @@ def test_server_placements_weight_copy_takes_two_passes_on_the_virtual_gpu_and_c
         torch_compute.copy_weights_on_the_virtual_gpu(worker_placement, net, False)
 
 
-def test_a_server_placement_row_whose_host_copied_the_weights_is_run_again_and_outdated(tmp_path):
-    from benchmarks.analysis import bench_rows, superseded
+def _rows_from_before(csv_path, **before) -> list:
+    """The torch sweep's first round at ResNet-50 2 Gbps-equivalent written as ok rows, with the columns `before`
+    (a change's column as older rows have it); returns the points."""
+    from benchmarks.analysis import bench_rows
 
     args = sweeps.parse_args(["torch", "--models", "resnet50_v1", "--equivalents", "2"])
     points = [p for p in sweeps.sweep_points("torch", args) if p.repeat == 0]
-    csv_path = tmp_path / "torch.csv"
     for p in points:
         settings = sweeps._settings(p)
+        assert settings["gradient_work"] == "virtual GPU"  # every torch system's
         row = {k: v for k, v in settings.items() if k in bench_rows.RUN_COLUMNS}
         row.update(status="ok", smoke=False, baseline_setting=p.baseline_setting or "",
-                   optimizer=sweeps.optimizer_label(p.optimizer), weight_copy="")  # as before the change
+                   optimizer=sweeps.optimizer_label(p.optimizer), **before)
         bench_rows.write_run(csv_path, row)
+    return points
+
+
+def test_a_server_placement_row_whose_host_copied_the_weights_is_run_again_and_outdated(tmp_path):
+    from benchmarks.analysis import bench_rows, superseded
+
+    csv_path = tmp_path / "torch.csv"
+    points = _rows_from_before(csv_path, weight_copy="")
     left = sweeps.not_yet_run(points, csv_path)
     assert [p.kvstore for p in left] == ["torch-p3kv-server"]  # its old row: the host copied; the others stand
     assert sweeps._settings(left[0])["weight_copy"] == "virtual GPU"
@@ -192,16 +202,8 @@ def test_a_server_placement_row_whose_host_copied_the_weights_is_run_again_and_o
 def test_a_torch_row_whose_host_made_the_gradient_passes_is_run_again_and_outdated(tmp_path):
     from benchmarks.analysis import bench_rows, superseded
 
-    args = sweeps.parse_args(["torch", "--models", "resnet50_v1", "--equivalents", "2"])
-    points = [p for p in sweeps.sweep_points("torch", args) if p.repeat == 0]
     csv_path = tmp_path / "torch.csv"
-    for p in points:
-        settings = sweeps._settings(p)
-        assert settings["gradient_work"] == "virtual GPU"  # every torch system's
-        row = {k: v for k, v in settings.items() if k in bench_rows.RUN_COLUMNS}
-        row.update(status="ok", smoke=False, baseline_setting=p.baseline_setting or "",
-                   optimizer=sweeps.optimizer_label(p.optimizer), gradient_work="")  # as before the change
-        bench_rows.write_run(csv_path, row)
+    points = _rows_from_before(csv_path, gradient_work="")
     assert sorted(p.kvstore for p in sweeps.not_yet_run(points, csv_path)) == sorted(torch_systems.SYSTEMS)
     for old in bench_rows.read_runs(csv_path):
         assert superseded.outdated_by({**old, "compute": "emulated"}) == "the gradient passes on the virtual GPU"
