@@ -96,6 +96,18 @@ def test_p3kvs_links_are_fitted_on_cpu_use_and_ps_lites_on_time():
     assert links["dist_sync"] == pytest.approx(3e-9, abs=0.2e-9)
 
 
+def test_the_fit_is_kept_until_a_fit_point_changes():
+    """sim_fit.json's hash covers the fit points as the fit reads them: a rerun of a held-out point (which changes
+    every point's `selection` count) keeps the fit; a fit point's new measurement does not."""
+    fit = {"split": "fit", "kvstore": "p3", "median_s": 3.15, "selection": "faithful rows only (30 ... left out)"}
+    held = {"split": "held-out", "kvstore": "p3", "median_s": 6.3, "selection": fit["selection"]}
+    key = validate._inputs_hash([fit, held])
+    recount = "faithful rows only (45 from before a change to the emulation left out)"
+    assert validate._inputs_hash([{**fit, "selection": recount}, {**held, "selection": recount, "median_s": 6.0}]) \
+        == key
+    assert validate._inputs_hash([{**fit, "median_s": 3.1}, held]) != key
+
+
 def test_faithful_rows_are_used_alone_when_there_are_any(tmp_path):
     write(tmp_path / "sweeps" / "bandwidth.csv", [run_row(), run_row(model="vgg19")])
     points, selection = validate.measured_points(tmp_path)

@@ -50,7 +50,8 @@ DDP_DEFAULT_BUCKET_MB = 25.0  # torch.nn.parallel.DistributedDataParallel's buck
 
 def gradient_work_fields(stats) -> dict:
     """Per iteration (backward pass since the warm-up), what gradient_work.py moved onto the virtual GPU."""
-    return {f"gradient_work_{k}" if k != "seconds" else "gradient_work_s": v for k, v in stats.per_entry().items()}
+    per = stats.per_entry()
+    return {"gradient_work_ops": per["ops"], "gradient_work_bytes": per["bytes"], "gradient_work_s": per["seconds"]}
 
 
 def optimizer_label(num_workers: int) -> str:
