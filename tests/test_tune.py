@@ -202,6 +202,17 @@ def test_a_tuning_csv_resumes_and_its_best_setting_goes_to_best_json(tmp_path):
     merged = best_setting.merge_best(best, "resnet50_v1.2gbit.4h.x0.2.emulated", entries)
     assert set(merged) == {"other.point", "resnet50_v1.2gbit.4h.x0.2.emulated"}
     assert json.loads(best.read_text()) == merged
+    # A run of the same cell under other conditions (here another link queue; in practice one from before a change
+    # to the emulation, which --resume ran again): with the grid's runs given, left out and counted, never pooled.
+    older = _row(points[0], 0.01, "older", link_queue_ms=1)
+    assert sweeps.conditions(older) != sweeps.point_conditions(points[0])
+    bench_rows.write_run(csv_path, older, {rank: [0.01] * points[0].iters for rank in range(4)})
+    assert sweeps.not_yet_run(points, csv_path) == []
+    pooled = tune.choose_best(csv_path, BASE, cells)["dist_sync"]
+    assert pooled["runs"] == 10 and pooled["older_left_out"] == 0  # without the grid: every row of the cell
+    now = tune.choose_best(csv_path, BASE, cells, grid=points)["dist_sync"]
+    assert now["runs"] == 9 and now["older_left_out"] == 1
+    assert now["cells"] == entry["cells"] and now["setting"] == entry["setting"]
 
 
 @pytest.mark.unit

@@ -148,15 +148,25 @@ def tuning_points(base: Point, cells: Sequence[Cell], repeats: int, seed: int, r
     return ordered
 
 
-def choose_best(csv_path: pathlib.Path, base: Point, cells: Sequence[Cell], include_smoke: bool = False
-                ) -> dict[str, dict]:
+def choose_best(csv_path: pathlib.Path, base: Point, cells: Sequence[Cell], include_smoke: bool = False,
+                grid: Sequence[Point] | None = None) -> dict[str, dict]:
     """{system: best.json entry} from every ok row of the tuning CSV that belongs to one of `cells` at `base`'s
     iterations (rows of other invocations included: a resumed grid pools its repeats), except runs the fidelity
     monitors judged unfaithful: a setting is chosen on the runs the tables would show (their count is recorded).
+    With `grid` (the runs the grid would make now), where a system has rows run under the same conditions, only
+    those count: a row from before a change to the emulation (its --resume identity differs, so the grid ran its
+    cell again) is left out and counted, never pooled with the new runs. A system none of whose rows has the
+    grid's conditions (rows that do not record them all, e.g. without compute) keeps every row.
     A smoke grid (`include_smoke`) checks the machinery on a few iterations of a busy machine, where the monitors
     often fail a run; it keeps those runs, and its entry is marked smoke, which the comparisons never read."""
     rows = [r for r in bench_rows.read_runs(csv_path)
             if (include_smoke or str(r.get("smoke")) != "True") and int(r["iters"]) == base.iters]
+    older = []
+    if grid is not None:
+        now = {sweeps.point_conditions(p) for p in grid}
+        current = {r["kvstore"] for r in rows if sweeps.conditions(r) in now}
+        older = [r for r in rows if r["kvstore"] in current and sweeps.conditions(r) not in now]
+        rows = [r for r in rows if r["kvstore"] not in current or sweeps.conditions(r) in now]
     unfaithful = [] if include_smoke else [r for r in rows if bench_rows.verdict(r) is False]
     rows = [r for r in rows if include_smoke or bench_rows.verdict(r) is not False]
     entries = {}
@@ -188,6 +198,7 @@ def choose_best(csv_path: pathlib.Path, base: Point, cells: Sequence[Cell], incl
             choice, env, label, [c.label for c in mine], csv=csv_path.name,
             date=time.strftime("%Y-%m-%dT%H:%M:%S%z"), commit=used[-1].get("git_commit", ""),
             runs=len(used), unfaithful_left_out=sum(r["kvstore"] == system for r in unfaithful),
+            older_left_out=sum(r["kvstore"] == system for r in older),
             repeats=max(int(r["repeat"]) for r in used) + 1, iters=base.iters,
             warmup=base.warmup, smoke=any(str(r.get("smoke")) == "True" for r in used))
     return entries
@@ -318,8 +329,9 @@ def tune_point(base: Point, args: argparse.Namespace) -> int:
     LOG.info("%s: %d jobs (%d cells x %d repeats)", key, len(points), len(cells), args.repeats)
     rows = cluster_bench.run_points(points, csv_path, cluster_bench.conditions_from_args(args))
     whole = cells_for(args.systems, args.cells)  # a system's best is chosen over its whole grid, every slice's runs
-    entries = choose_best(csv_path, base, [c for c in whole if c.system not in skipped and c.system in
-                                           {m.system for m in cells}], include_smoke=args.smoke)
+    tuned = [c for c in whole if c.system not in skipped and c.system in {m.system for m in cells}]
+    entries = choose_best(csv_path, base, tuned, include_smoke=args.smoke,
+                          grid=tuning_points(base, tuned, args.repeats, args.seed, args.results_dir))
     for entry in entries.values():  # what another dilation of the same comparison looks its setting up by
         entry.update(comparison=baseline_settings.comparison_key(base), gpu_scale=base.gpu_scale)
     merged = best_setting.merge_best(args.results_dir / "best.json", key, entries)
