@@ -205,7 +205,7 @@ def test_a_tuning_csv_resumes_and_its_best_setting_goes_to_best_json(tmp_path):
     # A run of the same cell under other conditions (here another link queue; in practice one from before a change
     # to the emulation, which --resume ran again): with the grid's runs given, left out and counted, never pooled.
     older = _row(points[0], 0.01, "older", link_queue_ms=1)
-    assert sweeps.conditions(older) != sweeps.point_conditions(points[0])
+    assert tune.conditions(older) != tune.point_conditions(points[0])
     bench_rows.write_run(csv_path, older, {rank: [0.01] * points[0].iters for rank in range(4)})
     assert sweeps.not_yet_run(points, csv_path) == []
     pooled = tune.choose_best(csv_path, BASE, cells)["dist_sync"]

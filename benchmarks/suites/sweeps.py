@@ -220,16 +220,6 @@ def _signature(settings: dict) -> tuple:
             baseline_settings.identity(str(settings.get("baseline_setting") or "")))
 
 
-def conditions(settings: dict) -> tuple:
-    """A run's identity without its repeat: the runs of one setting under the same emulation, which one result may
-    pool (tune.choose_best); a row from before a change to the emulation has other conditions."""
-    return _signature({**settings, "repeat": 0})
-
-
-def point_conditions(point: cluster_bench.Point) -> tuple:
-    return conditions(_settings(point))
-
-
 def not_yet_run(points: Sequence[cluster_bench.Point], csv_path: pathlib.Path, redo_unfaithful: bool = False
                 ) -> list[cluster_bench.Point]:
     """The points without an ok, non-smoke row (with `redo_unfaithful`: one not judged unfaithful) of the same

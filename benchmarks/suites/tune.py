@@ -148,6 +148,16 @@ def tuning_points(base: Point, cells: Sequence[Cell], repeats: int, seed: int, r
     return ordered
 
 
+def conditions(settings: dict) -> tuple:
+    """A run's identity without its repeat (the sweeps' --resume identity): the runs of one setting under the same
+    emulation, which one choice may pool; a row from before a change to the emulation has other conditions."""
+    return sweeps._signature({**settings, "repeat": 0})
+
+
+def point_conditions(point: Point) -> tuple:
+    return conditions(sweeps._settings(point))
+
+
 def choose_best(csv_path: pathlib.Path, base: Point, cells: Sequence[Cell], include_smoke: bool = False,
                 grid: Sequence[Point] | None = None) -> dict[str, dict]:
     """{system: best.json entry} from every ok row of the tuning CSV that belongs to one of `cells` at `base`'s
@@ -163,10 +173,10 @@ def choose_best(csv_path: pathlib.Path, base: Point, cells: Sequence[Cell], incl
             if (include_smoke or str(r.get("smoke")) != "True") and int(r["iters"]) == base.iters]
     older = []
     if grid is not None:
-        now = {sweeps.point_conditions(p) for p in grid}
-        current = {r["kvstore"] for r in rows if sweeps.conditions(r) in now}
-        older = [r for r in rows if r["kvstore"] in current and sweeps.conditions(r) not in now]
-        rows = [r for r in rows if r["kvstore"] not in current or sweeps.conditions(r) in now]
+        now = {point_conditions(p) for p in grid}
+        current = {r["kvstore"] for r in rows if conditions(r) in now}
+        older = [r for r in rows if r["kvstore"] in current and conditions(r) not in now]
+        rows = [r for r in rows if r["kvstore"] not in current or conditions(r) in now]
     unfaithful = [] if include_smoke else [r for r in rows if bench_rows.verdict(r) is False]
     rows = [r for r in rows if include_smoke or bench_rows.verdict(r) is not False]
     entries = {}
