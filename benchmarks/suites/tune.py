@@ -174,9 +174,10 @@ def choose_best(csv_path: pathlib.Path, base: Point, cells: Sequence[Cell], incl
     older = []
     if grid is not None:
         now = {point_conditions(p) for p in grid}
-        current = {r["kvstore"] for r in rows if conditions(r) in now}
-        older = [r for r in rows if r["kvstore"] in current and conditions(r) not in now]
-        rows = [r for r in rows if r["kvstore"] not in current or conditions(r) in now]
+        same = [conditions(r) in now for r in rows]
+        current = {r["kvstore"] for r, s in zip(rows, same) if s}
+        older = [r for r, s in zip(rows, same) if r["kvstore"] in current and not s]
+        rows = [r for r, s in zip(rows, same) if r["kvstore"] not in current or s]
     unfaithful = [] if include_smoke else [r for r in rows if bench_rows.verdict(r) is False]
     rows = [r for r in rows if include_smoke or bench_rows.verdict(r) is not False]
     entries = {}
