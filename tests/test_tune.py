@@ -216,7 +216,50 @@ def test_a_tuning_csv_resumes_and_its_best_setting_goes_to_best_json(tmp_path):
 
 
 @pytest.mark.unit
-def test_a_grid_run_in_slices_chooses_a_systems_best_only_once_all_its_cells_ran(tmp_path):
+def test_resume_knows_the_rows_of_a_grid_without_emulated_compute(tmp_path):
+    # cluster_job.py writes a dilation, an efficiency and CPUs only for emulated compute (the point has them anyway),
+    # so --resume compares them only there: a `--compute none` grid's rows count as done instead of running again.
+    args = tune.parse_args(["--systems", "dist_sync", "--compute", "none", "--hosts", "2", "--batch-size", "4"])
+    base = tune.base_points(args)[0]
+    assert base.gpu_scale == 1.0 and base.host_cpus and base.cpu_quota is None
+    points = tune.tuning_points(base, tune.cells_for(["dist_sync"]), 2, 0, tmp_path)
+    csv_path = tmp_path / "point.csv"
+    blank = {"gpu_scale": "", "efficiency_factor": "", "host_cpus": ""}
+    for n, p in enumerate(points[:4]):
+        recorded = {k: v for k, v in sweeps._settings(p).items() if k in bench_rows.RUN_COLUMNS}
+        row = {**recorded, **blank, "run_id": f"r{n}", "status": "ok", "smoke": False, "workers": 2,
+               "samples_per_batch": 4, "iter_s": [1.0] * p.iters}
+        bench_rows.write_run(csv_path, row)
+    assert sweeps.not_yet_run(points, csv_path) == points[4:]
+    emulated = dataclasses.replace(points[0], compute="emulated")  # there the blanks are another run's (older) rows
+    assert sweeps._signature({**sweeps._settings(emulated), **blank}) != sweeps._signature(sweeps._settings(emulated))
+
+
+@pytest.mark.unit
+def test_choose_only_chooses_again_from_the_csv_and_runs_nothing(tmp_path):
+    argv = ["--systems", "dist_sync", "--bandwidth", "2gbit", "--gpu-scale", "0.2", "--results-dir", str(tmp_path),
+            "--choose-only"]
+    args = tune.parse_args(argv)
+    base = tune.base_points(args)[0]
+    key = baseline_settings.point_key(base)
+    assert tune.main(argv) == 2 and not (tmp_path / "best.json").exists()  # no CSV yet: says so, writes nothing
+    cells = tune.cells_for(["dist_sync"])
+    seconds = {"100000": 1.0, "1000000": 1.0, "10000000": 0.8}
+    rng = np.random.default_rng(1)
+    for n, p in enumerate(tune.tuning_points(base, cells, 3, 0, tmp_path)):
+        bound = dict(p.setting_env)["MXNET_KVSTORE_BIGARRAY_BOUND"]
+        bench_rows.write_run(tmp_path / f"{key}.csv", _row(p, seconds[bound], f"r{n}"),
+                             {rank: list(rng.normal(seconds[bound], 0.01, size=p.iters)) for rank in range(4)})
+    before = (tmp_path / f"{key}.csv").read_text()
+    assert tune.main(argv) == 0  # as any user, no emulated cluster built: nothing here could run a job
+    assert (tmp_path / f"{key}.csv").read_text() == before  # not a run added
+    entry = json.loads((tmp_path / "best.json").read_text())[key]["dist_sync"]
+    assert entry["setting"] == {"MXNET_KVSTORE_BIGARRAY_BOUND": "10000000"} and entry["runs"] == 9
+    assert (tmp_path / f"{key}.md").read_text().startswith(f"Tuning at {key}")
+
+
+@pytest.mark.unit
+def test_a_grid_run_in_slices_chooses_a_systems_best_only_once_all_its_cells_ran(tmp_path, caplog):
     cells = tune.cells_for(["horovod", "dist_sync"])
     parts = [tune.cell_slice(cells, k, 3, [BASE], 3) for k in (1, 2, 3)]
     assert [c for part in parts for c in part] == cells  # every cell in exactly one part, in grid order
@@ -230,6 +273,11 @@ def test_a_grid_run_in_slices_chooses_a_systems_best_only_once_all_its_cells_ran
             bench_rows.write_run(csv_path, _row(p, 1.0, f"r{n}"),
                                  {rank: list(rng.normal(1.0, 0.01, size=p.iters)) for rank in range(4)})
     assert tune.choose_best(csv_path, BASE, dist_sync) == {}  # a partial grid writes no best setting
+    assert "has no run in" in caplog.text and "judged unfaithful" not in caplog.text
+    last = [p for p in points if p.baseline_setting == dist_sync[2].label]
+    bench_rows.write_run(csv_path, _row(last[0], 0.8, "u", faithful=False))  # its only run: not a result
+    assert tune.choose_best(csv_path, BASE, dist_sync) == {}
+    assert f"every run of cell {dist_sync[2].label} in {csv_path} (1) was judged unfaithful" in caplog.text
     for n, p in enumerate(points):
         if p.baseline_setting == dist_sync[2].label:
             bench_rows.write_run(csv_path, _row(p, 0.8, f"s{n}"),

@@ -37,7 +37,6 @@ Each system runs at its tuned best setting for the point where results/tuning/be
 tune`; --untuned: the defaults), recorded in every row's baseline_setting column.
 """
 
-
 from __future__ import annotations
 
 import argparse
@@ -200,12 +199,13 @@ def _signature(settings: dict) -> tuple:
     def number(value) -> float | None:
         return None if value in (None, "") else float(value)
 
+    dilated = str(settings["compute"]) == "emulated"  # a row records its scale, CPUs (if limited) only then
     return (str(settings["tag"]), str(settings["model"]), str(settings["kvstore"]), int(settings["hosts"]),
             str(settings["layout"]), str(settings["bandwidth"]), str(settings["compute"]),
-            int(settings["batch_size"]), number(settings["gpu_scale"]), number(settings["efficiency_factor"]),
+            int(settings["batch_size"]),  # host_cpus: None in rows from before CPU limits, never a limited run
+            *(number(settings.get(k)) if dilated else None for k in ("gpu_scale", "efficiency_factor", "host_cpus")),
             number(settings["slice_size"]), optimizer_label(str(settings["optimizer"])),
             int(settings["warmup"]), int(settings["iters"]), int(settings["repeat"]),
-            number(settings.get("host_cpus")),  # rows from before CPU limits: None, never a limited run
             number(settings.get("link_queue_ms")) or emulated_cluster.DEFAULT_QUEUE_MS,  # older rows: 50 ms
             number(settings.get("cfs_period_us")),  # the CFS period the hosts got ("" / None: no quota)
             link_burst(settings),  # the links' bucket in bytes (None: uncapped)

@@ -26,7 +26,8 @@ a system's best setting is written only once every cell of its grid has runs.
 Every cell is a job of cluster_job.py at the point, its setting in the job's environment and in the row's
 baseline_setting column; all cells of all systems run --repeats rounds, each round in a freshly shuffled order
 (seeded), under the run guard. Rows go through bench_rows.py into RESULTS_DIR/<point>.csv (every rank's iterations
-in <point>_iterations.csv); --resume runs only the cells and repeats the CSV lacks. Then, per system, over the runs
+in <point>_iterations.csv); --resume runs only the cells and repeats the CSV lacks, --choose-only none (it only
+chooses again, e.g. after a change to how a best is chosen; no root needed). Then, per system, over the runs
 the fidelity monitors judged faithful, the best setting (analysis/best_setting.py: the fastest cell, or the default
 when the fastest is within the 95% CI of it) goes into RESULTS_DIR/best.json with its CI, the grid, the date and the
 commit; the comparison suites read it (--best, --untuned).
@@ -188,8 +189,13 @@ def choose_best(csv_path: pathlib.Path, base: Point, cells: Sequence[Cell], incl
             runs = [r for r in rows if r["kvstore"] == system and r.get("baseline_setting") == c.label
                     and int(r["warmup"]) == (base.warmup if c.warmup is None else c.warmup)]
             if not runs and not c.reference:
-                LOG.warning("%s: cell %s has no run in %s yet (another --slice?); its best setting waits for the "
-                            "whole grid", system, c.label, csv_path)
+                judged = sum(r["kvstore"] == system and r.get("baseline_setting") == c.label for r in unfaithful)
+                if judged:  # e.g. compute that is not emulated: never faithful (fidelity.py), so never a result
+                    LOG.warning("%s: every run of cell %s in %s (%d) was judged unfaithful; no best setting (--smoke "
+                                "keeps them, as a check of the machinery)", system, c.label, csv_path, judged)
+                else:
+                    LOG.warning("%s: cell %s has no run in %s yet (another --slice?); its best setting waits for "
+                                "the whole grid", system, c.label, csv_path)
                 break
             spi = float(runs[0]["workers"]) * float(runs[0]["samples_per_batch"]) if runs else 1.0
             measured.append(best_setting.Cell(c.label, tuple(best_setting.job_times(
@@ -271,6 +277,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--results-dir", type=pathlib.Path, default=baseline_settings.TUNING, help="where the "
                    "tuning CSVs and best.json go (default benchmarks/results/tuning)")
     p.add_argument("--resume", action="store_true", help="run only the cells and repeats the CSV lacks")
+    p.add_argument("--choose-only", action="store_true", help="run nothing: choose each system's best setting "
+                   "again from the runs its CSV has (after a change to how a best is chosen; needs no root)")
     cluster_args.add_redo_argument(p)
     p.add_argument("--estimate", action="store_true", help="print how long it would take, run nothing")
     p.add_argument("--slice", help="K/N: run only the K-th of N parts of the cells (see the module's doc)")
@@ -333,12 +341,18 @@ def tune_point(base: Point, args: argparse.Namespace) -> int:
     if args.slice:
         LOG.info("--slice %d/%d: %d of the grid's cells: %s", *args.slice, len(cells),
                  "; ".join(f"{c.system} {c.label}" for c in cells))
-    if args.resume or args.redo_unfaithful:
+    if args.choose_only:
+        if not csv_path.exists():
+            LOG.error("--choose-only: %s has no runs yet: run the grid first (without --choose-only)", csv_path)
+            return 2
+        points = []
+    elif args.resume or args.redo_unfaithful:
         left = sweeps.not_yet_run(points, csv_path, args.redo_unfaithful)
         LOG.info("--resume: %d of %d runs are already in %s", len(points) - len(left), len(points), csv_path)
         points = left
     LOG.info("%s: %d jobs (%d cells x %d repeats)", key, len(points), len(cells), args.repeats)
-    rows = cluster_bench.run_points(points, csv_path, cluster_bench.conditions_from_args(args))
+    rows = [] if args.choose_only else cluster_bench.run_points(points, csv_path,
+                                                                cluster_bench.conditions_from_args(args))
     whole = cells_for(args.systems, args.cells)  # a system's best is chosen over its whole grid, every slice's runs
     tuned = [c for c in whole if c.system not in skipped and c.system in {m.system for m in cells}]
     entries = choose_best(csv_path, base, tuned, include_smoke=args.smoke,
@@ -363,7 +377,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                          f"{longest / 3600:.1f} h" + (" (one cell alone is longer)" if longest > args.window * 3600
                                                       else "") + "\n")
         return 0
-    reason = emulated_cluster.why_unavailable()
+    reason = None if args.choose_only else emulated_cluster.why_unavailable()
     if reason:
         LOG.error("cannot build the emulated cluster: %s", reason)
         return 2
