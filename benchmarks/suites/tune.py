@@ -167,7 +167,7 @@ def choose_best(csv_path: pathlib.Path, base: Point, cells: Sequence[Cell], incl
     With `grid` (the runs the grid would make now), where a system has rows run under the same conditions, only
     those count: a row from before a change to the emulation (its --resume identity differs, so the grid ran its
     cell again) is left out and counted, never pooled with the new runs. A system none of whose rows has the
-    grid's conditions (rows that do not record them all, e.g. without compute) keeps every row.
+    grid's conditions (rows older than a column of them) keeps every row.
     A smoke grid (`include_smoke`) checks the machinery on a few iterations of a busy machine, where the monitors
     often fail a run; it keeps those runs, and its entry is marked smoke, which the comparisons never read."""
     rows = [r for r in bench_rows.read_runs(csv_path)
