@@ -2,6 +2,8 @@
 own rows, scaled to the dilation it will run at; the others from the bound times the measured slowdown; the
 time outside the timed iterations from CPU-limited runs once there are enough of them."""
 
+import dataclasses
+
 import pytest
 
 from benchmarks.analysis import bench_rows
@@ -51,3 +53,28 @@ def test_without_rows_the_estimate_uses_the_bound_and_says_so(tmp_path):
         30.0, 1.15, "defaults", {})
     rows, source = sweeps.estimates(sweeps.parse_args(["estimate"]), tmp_path / "sweeps")
     assert "s/iter: 0 of" in source and [name for name, _, _ in rows] == list(sweeps.ALL)
+
+
+def test_a_model_and_system_with_runs_of_their_own_get_their_own_start_up_time(tmp_path):
+    # A torch job of VGG-19 builds its model for about two minutes; one median for every job made VGG-19's torch
+    # sweep take 1.5 times its estimate. Three runs of a (model, system) are enough for its own; fewer are not.
+    results = tmp_path / "results"
+    for run in range(3):
+        bench_rows.write_run(results / "sweeps" / "demo.csv", _row("p3", 0.5, 21.0, "cgroup-v1", run=run))  # 10 s
+        bench_rows.write_run(results / "sweeps" / "demo.csv", _row("dist_sync", 0.5, 21.0, "cgroup-v1", run=run))
+        bench_rows.write_run(results / "sweeps" / "demo.csv", _row("mxnet-p3", 0.5, 21.0, "cgroup-v1", run=run))
+        bench_rows.write_run(results / "sweeps" / "demo.csv", _row("horovod", 0.5, 141.0, "cgroup-v1", run=run))
+    bench_rows.write_run(results / "sweeps" / "demo.csv", {**_row("p3", 0.5, 141.0, "cgroup-v1", run=7),
+                                                           "model": "vgg19"})  # one run: not its own yet
+    factors = sweeps.measured_factors(results)
+    assert factors.overhead_s == pytest.approx(10.0 + sweeps.GATE_S)  # the median of all 13
+    assert factors.overhead_by == {(m, kv): pytest.approx(s + sweeps.GATE_S) for m, kv, s in (
+        ("resnet50_v1", "p3", 10.0), ("resnet50_v1", "dist_sync", 10.0), ("resnet50_v1", "mxnet-p3", 10.0),
+        ("resnet50_v1", "horovod", 130.0))}
+    assert "4 model and system pairs with their own" in factors.source
+    points = {p.kvstore: p for p in sweeps.sweep_demo(sweeps.parse_args(["demo"]))}
+    iterations = 22 * 0.25 / points["p3"].gpu_scale
+    assert sweeps.point_seconds(points["horovod"], factors)[0] == pytest.approx(iterations + 130.0 + sweeps.GATE_S)
+    assert sweeps.point_seconds(points["p3"], factors)[0] == pytest.approx(iterations + 10.0 + sweeps.GATE_S)
+    vgg = dataclasses.replace(points["p3"], model="vgg19")  # its iteration time measured, its start-up not yet
+    assert sweeps.point_seconds(vgg, factors) == (pytest.approx(iterations + factors.overhead_s), True)

@@ -382,3 +382,17 @@ def test_worker_arguments_refuse_what_the_torch_systems_do_not_run():
             torch_worker.parse_args(["--model", "resnet50_v1", "--out", "/tmp/x", *bad])
     args = torch_worker.parse_args(["--model", "resnet50_v1", "--out", "/tmp/x"])
     assert isinstance(args, argparse.Namespace) and args.system == "p3kv" and args.placement == "worker"
+
+
+def test_the_weights_checksum_is_the_float64_sum_without_a_float64_copy(monkeypatch):
+    # VGG-19's weights as float64 copies were 1.1 GB page-faulted in under the per-thread cap: over a minute of
+    # every job after its last iteration. The checksum accumulates in float64 all the same, for every dtype.
+    state = {"w": torch.linspace(-1.0, 3.0, 100_002, dtype=torch.float32).reshape(6, -1)[:, ::2],  # non-contiguous
+             "b": torch.tensor([1e8, 1.0, -1e8, 0.5], dtype=torch.float32),  # float32 accumulation loses the 1.5
+             "h": torch.tensor([0.25, 1.5], dtype=torch.bfloat16), "n": torch.tensor(7, dtype=torch.int64)}
+    expected = sum(float(t.double().sum()) for t in state.values())
+    doubles = []
+    monkeypatch.setattr(torch.Tensor, "double", lambda t: doubles.append(t.shape) or t.to(torch.float64))
+    assert torch_worker.checksum_of(state) == pytest.approx(expected, rel=1e-12)
+    assert torch_worker.checksum_of({"b": state["b"]}) == 1.5
+    assert doubles == []  # no float64 copy of any tensor

@@ -1,7 +1,9 @@
 """How long sweep runs take (`sweeps.py estimate`, `make sweeps-estimate`, `python -m benchmarks`): per run, its
 warm-up and timed iterations at the iteration time its own point's measured rows showed (at any dilation, scaled to
 the run's), or, for a point never measured, the header-inclusive bound times the slowdown the measured rows showed
-over their bound; plus each job's time outside its timed iterations. And the fixed weights --slice cuts sweeps by.
+over their bound; plus each job's time outside its timed iterations (its model and system's where they have runs: a
+torch job of VGG-19 spends about 130 s there, one of ResNet-50 on MXNet 15 s, so one median for all made VGG-19's
+torch sweep take 1.5 times its estimate). And the fixed weights --slice cuts sweeps by.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from benchmarks.emulation import emulated_cluster, emulated_compute, wire_bound
 from benchmarks.suites import cluster_bench
 
 GATE_S = 5.0  # the run guard's idle sample before every run
+OWN_OVERHEAD_RUNS = 3  # runs a (model, system) needs before its own start-up and shutdown time is used
 # What --slice cuts a sweep by: the estimate with fixed factors, so K/N stays the same runs as rows accumulate.
 SLICE_FACTORS = (30.0, 1.15, "fixed")
 
@@ -31,6 +34,9 @@ class Factors(NamedTuple):
     # s/iter x gpu_scale (the undilated iteration) per measured point (timing_key): a point measured before is
     # estimated from its own rows, at its own dilation
     per_iteration: Mapping[tuple, float] = {}
+    # per (model, system) with OWN_OVERHEAD_RUNS or more runs: its own time outside the timed iterations (a
+    # torch job of VGG-19 builds its 548 MiB model for about 2 minutes, a ResNet-50 job of MXNet's starts in 15 s)
+    overhead_by: Mapping[tuple, float] = {}
 
 
 def timing_key(model: str, kvstore: str, hosts: int, layout: str, equivalent_gbps: float | None, batch_size: int,
@@ -82,10 +88,12 @@ def measured_factors(results: pathlib.Path = cluster_bench.RESULTS) -> Factors:
                 if r.get("compute") == "emulated" and r.get("median_s") and r.get("bound_s") and r.get("wall_s")]
     if not rows:
         return Factors(30.0, 1.15, "defaults")
-    limited = [r for r in rows if str(r.get("cpu_limit", "")).startswith("cgroup")]
-    for_overhead = limited if len(limited) >= 3 else rows
-    overhead = statistics.median(float(r["wall_s"]) - (int(r["warmup"]) + int(r["iters"])) * float(r["median_s"])
-                                 for r in for_overhead)
+    overhead, for_overhead = _overhead(rows)
+    by_system: dict[tuple, list[dict]] = {}
+    for r in rows:
+        by_system.setdefault((r["model"], r["kvstore"]), []).append(r)
+    overhead_by = {key: _overhead(runs)[0] + GATE_S for key, runs in by_system.items()
+                   if len(runs) >= OWN_OVERHEAD_RUNS}
     slowdown = statistics.median(float(r["median_s"]) / float(r["bound_s"]) for r in rows)
     by_point: dict[tuple, list[dict]] = {}
     for r in rows:
@@ -98,10 +106,22 @@ def measured_factors(results: pathlib.Path = cluster_bench.RESULTS) -> Factors:
     for key, runs in by_point.items():
         chosen = [r for r in runs if str(r.get("cpu_limit", "")).startswith("cgroup")] or runs
         per_iteration[key] = statistics.median(float(r["median_s"]) * float(r["gpu_scale"]) for r in chosen)
-    overhead_from = f"{len(for_overhead)} {'CPU-limited ' if for_overhead is limited else ''}runs"
-    return Factors(max(overhead, 0.0) + GATE_S, slowdown,
+    limited = all(str(r.get("cpu_limit", "")).startswith("cgroup") for r in for_overhead)
+    overhead_from = f"{len(for_overhead)} {'CPU-limited ' if limited else ''}runs"
+    return Factors(overhead + GATE_S, slowdown,
                    f"{source}: {len(rows)} runs, {len(per_iteration)} points with their own; overhead from "
-                   f"{overhead_from}", per_iteration)
+                   f"{overhead_from}, {len(overhead_by)} model and system pairs with their own", per_iteration,
+                   overhead_by)
+
+
+def _overhead(rows: Sequence[dict]) -> tuple[float, Sequence[dict]]:
+    """(the median time of `rows`' jobs outside their timed and warm-up iterations, the rows it is from): the
+    CPU-limited runs' where there are OWN_OVERHEAD_RUNS or more (the hosts' quotas slow their start-up)."""
+    limited = [r for r in rows if str(r.get("cpu_limit", "")).startswith("cgroup")]
+    chosen = limited if len(limited) >= OWN_OVERHEAD_RUNS else rows
+    median = statistics.median(float(r["wall_s"]) - (int(r["warmup"]) + int(r["iters"])) * float(r["median_s"])
+                               for r in chosen)
+    return max(median, 0.0), chosen
 
 
 def point_seconds(p: cluster_bench.Point, factors: Factors) -> tuple[float, bool]:
@@ -119,13 +139,15 @@ def point_seconds(p: cluster_bench.Point, factors: Factors) -> tuple[float, bool
         comm = wire_bound.link_load(p.kvstore, sizes, nbytes, p.hosts, p.layout, p.slice_size).seconds(
             emulated_cluster.parse_rate(p.bandwidth))
         per_iteration, measured = max(compute, comm) * factors.slowdown, False
-    return (p.warmup + p.iters) * per_iteration + factors.overhead_s, measured
+    overhead = factors.overhead_by.get((p.model, p.kvstore), factors.overhead_s)
+    return (p.warmup + p.iters) * per_iteration + overhead, measured
 
 
 def estimate_seconds(points: Sequence[cluster_bench.Point], repeats: int, factors: Factors | tuple) -> float:
     """Run time of the points: per run, (warm-up + timed iterations) x its measured iteration time (rows of the
     same point at any dilation, scaled to this one's), or else x the header-inclusive bound x the slowdown
-    measured rows showed over their bound; plus each job's start-up, shutdown and idle sample."""
+    measured rows showed over their bound; plus each job's start-up, shutdown and idle sample (its model and
+    system's, Factors.overhead_by, where measured)."""
     factors = Factors(*factors)
     return repeats * sum(point_seconds(p, factors)[0] for p in points)
 

@@ -260,9 +260,9 @@ def estimates(args: argparse.Namespace, results_dir: pathlib.Path) -> tuple[list
         rows.append((name, estimate_seconds(points, 1, factors), estimate_seconds(left, 1, factors)))
         own += sum(point_seconds(p, factors)[1] for p in points)
         runs += len(points)
-    source = (f"start-up, shutdown and idle sample {factors.overhead_s:.0f} s per job; s/iter: {own} of {runs} runs "
-              "from their own point's measured rows (scaled to the run's dilation), the others "
-              f"{factors.slowdown:.2f} x the header-inclusive bound; from {factors.source}")
+    source = (f"start-up, shutdown and idle sample per job: its model and system's, else {factors.overhead_s:.0f} s;"
+              f" s/iter: {own} of {runs} runs from their own point's measured rows (scaled to the run's dilation), "
+              f"the others {factors.slowdown:.2f} x the header-inclusive bound; from {factors.source}")
     return rows, source
 
 
