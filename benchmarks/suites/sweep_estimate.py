@@ -2,7 +2,7 @@
 warm-up and timed iterations at the iteration time its own point's measured rows showed (at any dilation, scaled to
 the run's), or, for a point never measured, the header-inclusive bound times the slowdown the measured rows showed
 over their bound; plus each job's time outside its timed iterations (its model and system's where they have runs: a
-torch job of VGG-19 spends about 130 s there, one of ResNet-50 on MXNet 15 s, so one median for all made VGG-19's
+torch job of VGG-19 spent about 130 s there, one of ResNet-50 on MXNet 15 s, so one median for all made VGG-19's
 torch sweep take 1.5 times its estimate). And the fixed weights --slice cuts sweeps by.
 """
 
@@ -35,7 +35,8 @@ class Factors(NamedTuple):
     # estimated from its own rows, at its own dilation
     per_iteration: Mapping[tuple, float] = {}
     # per (model, system) with OWN_OVERHEAD_RUNS or more runs: its own time outside the timed iterations (a
-    # torch job of VGG-19 builds its 548 MiB model for about 2 minutes, a ResNet-50 job of MXNet's starts in 15 s)
+    # torch job of VGG-19: 35-60 s of start-up, its initial 548 MiB broadcast included, and its end; 15 s in all
+    # for a ResNet-50 job of MXNet's)
     overhead_by: Mapping[tuple, float] = {}
 
 

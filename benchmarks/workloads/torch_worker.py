@@ -159,8 +159,9 @@ class Training:
 def checksum_of(state: dict) -> float:
     """The sum of every value in `state`, accumulated in float64 through numpy's small cast buffer. Not
     t.double().sum() over a copy of the state, which allocates a float64 copy of each tensor: for VGG-19's weights
-    0.8 s of this machine's CPU against 0.08 s, and a worker's threads run at gpu_scale cores after their start-up
-    (thread_cap.py; 16 s against 1.6 s at 0.05), time every job spent after its last iteration."""
+    0.8 s of this machine's CPU against 0.08 s uncapped, and under the per-thread cap (thread_cap.py, 0.05 cores) a
+    DDP job's time after its last iteration fell from 82 s to 2 s with this (2026-12-07, torch sweep at 5
+    Gbps-equivalent)."""
     import numpy as np
     import torch
 
