@@ -211,6 +211,37 @@ def test_a_connections_congestion_window_caps_what_it_has_in_flight():
     assert got["frame"] == pytest.approx(4e-3)
 
 
+def test_a_zmq_style_sender_without_a_send_limit_still_has_one_window_per_connection():
+    # dist_sync's ZMQ puts every message on its socket at once, but its TCP connection has BBR's window too. Host 2
+    # keeps host 1's ingress busy, so host 0's first 1 MB reaches host 1 at half the rate, at 2 ms; with a 1 MB
+    # window the second may start only then and lands at 4 ms; without one it leaves host 0 from 1 ms on and lands
+    # sooner (its bytes sharing host 1 with the first's, which then lands later).
+    def second_arrives(flight_bytes):
+        loop = EventLoop()
+        net = FairNetwork(loop, Cluster(3, 8e9, wire_overhead=1.0))
+        got = {}
+        record = lambda t, name: got.__setitem__(name, t)  # noqa: E731
+        other = net.sender(2, prioritised=False, window=None)
+        zmq = net.sender(0, prioritised=False, window=None, flight_bytes=flight_bytes)
+        loop.at(0.0, other.put, 0, 1, 10e6, record, "busy")
+        loop.at(0.0, zmq.put, 0, 1, 1e6, record, "first")
+        loop.at(0.0, zmq.put, 0, 1, 1e6, record, "second")
+        loop.run()
+        return got["first"], got["second"]
+
+    assert second_arrives(1e6) == pytest.approx((2e-3, 4e-3))
+    first, second = second_arrives(None)
+    assert first > 2e-3 * 1.01 and second < 4e-3 * 0.99  # the two shared host 1 with host 2's bytes
+
+
+def test_every_parameter_server_system_runs_over_connections_with_the_probed_window():
+    # Every system of ps.SYSTEMS talks TCP under the emulation's BBR: none may send past the window the probe measured.
+    from benchmarks.sim.ps import FLIGHT_BYTES, SYSTEMS
+
+    assert FLIGHT_BYTES > 0
+    assert {name: system.flight_bytes for name, system in SYSTEMS.items()} == {name: FLIGHT_BYTES for name in SYSTEMS}
+
+
 def test_the_virtual_gpu_chains_operations_and_forgives_only_within_its_slack():
     def run(slack, ready_at):
         loop = EventLoop()

@@ -371,8 +371,10 @@ PRIORITY_SPLIT = PSSystem("p3-priority-split", slice_size=None, priority=True, s
                           receivers="connection", **P3_SOCKETS)
 # MXNet 1.9's kv.pushpull is one ps-lite ZPushPull request per part (kvstore_dist.h PushPullDefault; P3StoreDist
 # one per slice): the server answers every worker's request with the aggregate as soon as it has all of them, so
-# no ack and no pull round trip: the same traffic as P3's broadcast. ZMQ: a socket per peer, no send limit.
-DIST_SYNC = PSSystem("dist_sync", big_array_bound=MXNET_BIGARRAY_BOUND, priority=False, window=None)
+# no ack and no pull round trip: the same traffic as P3's broadcast. ZMQ: a socket per peer, no send limit; each
+# socket a TCP connection under the same BBR as p3kv's, so the same probed window caps what it has in flight.
+DIST_SYNC = PSSystem("dist_sync", big_array_bound=MXNET_BIGARRAY_BOUND, priority=False, window=None,
+                     flight_bytes=FLIGHT_BYTES)
 # MXNet's P3 van: a priority queue and a send thread in front of ZMQ sockets with DMLC_PS_WATER_MARK=10.
 MXNET_P3 = PSSystem("mxnet-p3", slice_size=40_000, priority=True, window=None, socket_bytes=mxnet_p3_socket(40_000),
                     flight_bytes=FLIGHT_BYTES, update_on="workers-gpu", gpu_accesses=SGD_ACCESSES)
