@@ -236,10 +236,12 @@ def test_a_zmq_style_sender_without_a_send_limit_still_has_one_window_per_connec
 
 def test_every_parameter_server_system_runs_over_connections_with_the_probed_window():
     # Every system of ps.SYSTEMS talks TCP under the emulation's BBR: none may send past the window the probe measured.
-    from benchmarks.sim.ps import FLIGHT_BYTES, SYSTEMS
+    # The window is PSSystem's default, so a system added later has it without being told.
+    from benchmarks.sim.ps import FLIGHT_BYTES, SYSTEMS, PSSystem
 
     assert FLIGHT_BYTES > 0
     assert {name: system.flight_bytes for name, system in SYSTEMS.items()} == {name: FLIGHT_BYTES for name in SYSTEMS}
+    assert PSSystem("a-new-system").flight_bytes == FLIGHT_BYTES
 
 
 def test_the_virtual_gpu_chains_operations_and_forgives_only_within_its_slack():

@@ -9,6 +9,8 @@ results/legacy/superseded_<name>.csv (their iterations to its _iterations file):
 replaces stays where the tables read it, however old, except in a sweep whose comparison changed (RETIRED): there
 every row without a verdict moves once a faithful row exists. A run's iterations are copied with it and left in
 place while a kept row shares its run_id (older sweeps repeated run_ids after --resume).
+The tuning grids' files (results/tuning/) stay as they are: tune.choose_best itself leaves out their unfaithful runs
+and those from before a change to the emulation, and records how many in best.json, so no table reads them.
 
     python -m benchmarks.analysis.superseded            # what would move, per sweep
     python -m benchmarks.analysis.superseded --move     # move it; then python -m benchmarks.report

@@ -45,6 +45,9 @@ SGD_ACCESSES = 5  # emulated_compute.SGD_MOMENTUM_ACCESSES: read weight, gradien
 COPY_ACCESSES = 2  # emulated_compute.COPY_ACCESSES: a device-to-device copy reads and writes each element once
 UPDATE_PLACES = ("servers", "workers-gpu", "workers-cpu")
 RECEIVERS = ("process", "connection")  # one receive thread per process (ps-lite) or per peer connection (p3kv)
+# Probed on this kernel (sockets.py): a send socket's payload, the autotuned socket's bytes, and what one TCP
+# connection under BBR has in flight. Every system here sends over such connections (p3kv's transport, ZMQ's).
+SOCKET_PAYLOAD, AUTOTUNED_SOCKET_BYTES, FLIGHT_BYTES = sockets.probed()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +58,7 @@ class PSSystem:
     priority: bool = False  # sender and server queues by (layer, arrival) instead of arrival
     window: int | None = 1  # messages a process has in its sockets at once (None: no limit; see sender.Sender)
     socket_bytes: float | None = None  # p3kv's sender instead: bytes per destination socket (sender.Sender)
-    flight_bytes: float | None = None  # what one connection has in flight at most (TCP's window; None: no cap)
+    flight_bytes: float | None = FLIGHT_BYTES  # what one connection has in flight at most (TCP's window; None: none)
     split_bound: int | None = None  # without slices: arrays above it cut into one part per server (round-robin)
     update_on: str = "servers"  # where the optimizer runs: UPDATE_PLACES
     costs: CpuCosts = CpuCosts()  # a message's CPU where it is received (per message, per payload byte)
@@ -344,7 +347,6 @@ def summarise(forward_done: list[list[float]], model: ModelProfile, workers: int
 
 
 # The systems under test. Costs are attached by costs.py (measured constants), settings by settings.py.
-SOCKET_PAYLOAD, AUTOTUNED_SOCKET_BYTES, FLIGHT_BYTES = sockets.probed()
 MXNET_P3_WATER_MARK = 10  # the messages ZMQ's pipe to one peer holds above its socket (DMLC_PS_WATER_MARK)
 
 
@@ -359,32 +361,33 @@ def mxnet_p3_socket(slice_size: int, itemsize: int = 4) -> float:
 
 
 P3_SOCKET_BYTES = socket_payload(float(DEFAULTS["p3"]["P3_SOCKET_BUFFER"]))
-P3_SOCKETS = {"socket_bytes": P3_SOCKET_BYTES, "flight_bytes": FLIGHT_BYTES}  # p3kv's transport, every system on it
-P3KV = PSSystem("p3", slice_size=50_000, priority=True, receivers="connection", **P3_SOCKETS)
+P3KV = PSSystem("p3", slice_size=50_000, priority=True, receivers="connection",
+                socket_bytes=P3_SOCKET_BYTES)
 SLICING_ONLY = PSSystem("p3-slicing-only", slice_size=50_000, priority=False, receivers="connection",
-                        **P3_SOCKETS)
+                        socket_bytes=P3_SOCKET_BYTES)
 PRIORITY_ONLY = PSSystem("p3-priority-only", slice_size=None, priority=True, receivers="connection",
-                         **P3_SOCKETS)
+                         socket_bytes=P3_SOCKET_BYTES)
 # The fair priority-only ablation (cluster_worker --split-big-arrays SERVERS): no slices, arrays above 10^6
 # elements cut into one key per server.
 PRIORITY_SPLIT = PSSystem("p3-priority-split", slice_size=None, priority=True, split_bound=MXNET_BIGARRAY_BOUND,
-                          receivers="connection", **P3_SOCKETS)
+                          receivers="connection", socket_bytes=P3_SOCKET_BYTES)
 # MXNet 1.9's kv.pushpull is one ps-lite ZPushPull request per part (kvstore_dist.h PushPullDefault; P3StoreDist
 # one per slice): the server answers every worker's request with the aggregate as soon as it has all of them, so
 # no ack and no pull round trip: the same traffic as P3's broadcast. ZMQ: a socket per peer, no send limit; each
 # socket a TCP connection under the same BBR as p3kv's, so the same probed window caps what it has in flight.
-DIST_SYNC = PSSystem("dist_sync", big_array_bound=MXNET_BIGARRAY_BOUND, priority=False, window=None,
-                     flight_bytes=FLIGHT_BYTES)
+DIST_SYNC = PSSystem("dist_sync", big_array_bound=MXNET_BIGARRAY_BOUND, priority=False, window=None)
 # MXNet's P3 van: a priority queue and a send thread in front of ZMQ sockets with DMLC_PS_WATER_MARK=10.
 MXNET_P3 = PSSystem("mxnet-p3", slice_size=40_000, priority=True, window=None, socket_bytes=mxnet_p3_socket(40_000),
-                    flight_bytes=FLIGHT_BYTES, update_on="workers-gpu", gpu_accesses=SGD_ACCESSES)
+                    update_on="workers-gpu", gpu_accesses=SGD_ACCESSES)
 # p3kv.torch runs p3kv's C++ transport: the same slices, priorities and sender; its worker placement updates each
 # parameter on the virtual GPU as its slices land (torch_compute.VirtualGpuSGD), its server placement on the servers
 # (the new values then copied into the parameter on the virtual GPU: torch_compute.copy_weights_on_the_virtual_gpu).
 TORCH_P3KV = PSSystem("torch-p3kv", slice_size=50_000, priority=True, update_on="workers-gpu",
-                      gpu_accesses=SGD_ACCESSES, push_accesses=COPY_ACCESSES, receivers="connection", **P3_SOCKETS)
+                      gpu_accesses=SGD_ACCESSES, push_accesses=COPY_ACCESSES, receivers="connection",
+                      socket_bytes=P3_SOCKET_BYTES)
 TORCH_P3KV_SERVER = PSSystem("torch-p3kv-server", slice_size=50_000, priority=True, receivers="connection",
-                             gpu_accesses=COPY_ACCESSES, push_accesses=COPY_ACCESSES, **P3_SOCKETS)
+                             gpu_accesses=COPY_ACCESSES, push_accesses=COPY_ACCESSES,
+                             socket_bytes=P3_SOCKET_BYTES)
 SYSTEMS = {s.name: s for s in (P3KV, SLICING_ONLY, PRIORITY_ONLY, PRIORITY_SPLIT, DIST_SYNC, MXNET_P3, TORCH_P3KV,
                                TORCH_P3KV_SERVER)}
 
