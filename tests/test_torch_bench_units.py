@@ -6,6 +6,7 @@ sweep definition and its CI table."""
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 
 import numpy as np
@@ -353,6 +354,32 @@ def test_ddps_setting_cell_names_runs_from_before_its_grid_only_where_the_grid_k
     moved = {"baseline_setting": "DDP_BUCKET_CAP_MB=5 (tuned)"}  # the grid chose another setting: both stay named
     assert torch_comparison.setting_cell([before, moved]) == "DDP_BUCKET_CAP_MB=5 (tuned), default (untuned)"
     assert torch_comparison.setting_cell([]) == "-"
+
+
+def test_ddps_setting_cell_takes_the_grids_choice_where_every_run_predates_the_grid(tmp_path):
+    before = {"baseline_setting": "default (untuned)"}
+    kept, moved = "default (tuned: DDP_BUCKET_CAP_MB=25)", "DDP_BUCKET_CAP_MB=5 (tuned)"
+    # The grid kept the setting all runs ran before it: its label, and that every run predates it.
+    assert torch_comparison.setting_cell([before] * 5, kept) == f"{kept}; 5 of 5 runs ran it before the grid"
+    # It chose another: the runs' own label stays, and the cell names what the sweep has not run yet.
+    assert torch_comparison.setting_cell([before] * 2, moved) == \
+        f"default (untuned); the grid has since chosen {moved}"
+    assert torch_comparison.setting_cell([{"baseline_setting": moved}], moved) == moved
+    # The grid's point is read from its CSV's newest DDP row and matched to the sweep's rows less the tag.
+    point = {"model": "vgg19", "hosts": "4", "bandwidth": "250mbit", "gpu_scale": "0.05", "batch_size": "32",
+             "efficiency_factor": "1.0", "host_cpus": "8.0"}
+    ran = {"kvstore": "ddp", "tag": "tune", "status": "ok", "optimizer": "sgd"}
+    grid = [{**point, **ran, "timestamp": "2026-12-07T22:00:00+0000"},  # an older grid run at older conditions:
+            {**point, **ran, "host_cpus": "", "timestamp": "2026-11-01T00:00:00+0000"}]  # not the grid's point
+    with open(tmp_path / "grid.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[*point, *ran, "timestamp"])
+        writer.writeheader()
+        writer.writerows(grid)
+    best = {"vgg19.250mbit.4h.x0.05.emulated": {"ddp": {"csv": "grid.csv", "label": kept}},
+            "smoke": {"ddp": {"csv": "grid.csv", "label": moved, "smoke": True}},
+            "gone": {"ddp": {"csv": "missing.csv", "label": moved}}, "p3kv": {"p3": {"csv": "grid.csv"}}}
+    chosen = torch_comparison.grid_choices(best, tmp_path)
+    assert chosen == {torch_comparison._grid_key({**point, "tag": "torch"}): kept}
 
 
 def test_ddps_tuning_grid_becomes_a_sentence_with_each_cell_against_the_chosen_one():

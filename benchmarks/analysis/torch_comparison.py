@@ -5,11 +5,12 @@ tables (points.shown)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import pathlib
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from benchmarks.analysis import bootstrap
+from benchmarks.analysis import bench_rows, bootstrap
 from benchmarks.analysis.points import equivalent_gbps, number, setting_identity
 from benchmarks.analysis.ratio_table import job_array, point_runs
 from benchmarks.analysis.superseded import outdated_by
@@ -101,17 +102,43 @@ def tuning_sentences(best: dict) -> list[str]:
     return found
 
 
-def setting_cell(runs: Sequence[dict]) -> str:
-    """DDP's setting at a point, from its runs' labels. Runs from before its tuning grid say "default (untuned)";
-    where the grid then kept the setting they ran (the later runs' one tuned label, the same setting), the cell
-    gives that label once and how many runs ran it before the grid."""
+def grid_choices(best: Mapping, tuning: pathlib.Path) -> dict[tuple, str]:
+    """DDP's chosen label per point of the table (_grid_key), from best.json's entries (suites/tune.py). The point
+    is read from the newest DDP row of the entry's grid CSV (the grid's own conditions), so nothing is rebuilt from
+    the entry's key; smoke entries and entries whose CSV is missing are skipped."""
+    found: dict[tuple, str] = {}
+    for entries in best.values():
+        entry = entries.get(BASELINE) if isinstance(entries, Mapping) else None
+        path = tuning / str(entry.get("csv", "")) if entry else None
+        if not entry or entry.get("smoke") or path is None or not path.is_file():
+            continue
+        rows = [r for r in bench_rows.read_runs(path) if r.get("kvstore") == BASELINE]
+        if rows:
+            found[_grid_key(max(rows, key=lambda r: str(r.get("timestamp", ""))))] = entry["label"]
+    return found
+
+
+def _grid_key(row: dict) -> tuple:
+    """A point as its grid and the sweep both write it: the table's point less the tag (tune's rows say "tune")."""
+    return tuple(str(row.get(k, "")) for k in POINT if k != "tag")
+
+
+def setting_cell(runs: Sequence[dict], chosen: str | None = None) -> str:
+    """DDP's setting at a point, from its runs' labels and `chosen`, the label its tuning grid chose (grid_choices;
+    None: no grid ran there). Runs from before the grid say "default (untuned)"; where the grid chose the setting
+    they ran, the cell gives the grid's label once and how many runs ran it before the grid. Where it chose
+    another, the runs' labels stay and the cell names the grid's choice, which `sweeps torch` has not run yet."""
     labels = [str(r.get("baseline_setting") or "default") for r in runs]
-    tuned = {label for label in labels if "(tuned" in label}
-    if len(tuned) == 1 and {setting_identity(label) for label in labels} == {setting_identity(next(iter(tuned)))}:
-        label = tuned.pop()
-        before = sum(other != label for other in labels)
-        return label + (f"; {before} of {len(labels)} runs ran it before the grid" if before else "")
-    return ", ".join(sorted(set(labels))) or "-"
+    if chosen is None:  # no grid known: a tuned label on some runs (the sweep applied it) stands for the grid's
+        tuned = {label for label in labels if "(tuned" in label}
+        chosen = tuned.pop() if len(tuned) == 1 else None
+    if not labels:
+        return "-"
+    if chosen is not None and {setting_identity(label) for label in labels} == {setting_identity(chosen)}:
+        before = sum(other != chosen for other in labels)
+        return chosen + (f"; {before} of {len(labels)} runs ran it before the grid" if before else "")
+    ran = ", ".join(sorted(set(labels)))
+    return ran + (f"; the grid has since chosen {chosen}" if chosen is not None and chosen not in labels else "")
 
 
 def _outdated_note(runs: Sequence[dict]) -> str:
@@ -125,9 +152,11 @@ def _outdated_note(runs: Sequence[dict]) -> str:
     return "".join(f"; {n} from before {what}" for what, n in sorted(found.items()))
 
 
-def headline(rows: Sequence[dict], resamples: int = bootstrap.RESAMPLES) -> str:
+def headline(rows: Sequence[dict], resamples: int = bootstrap.RESAMPLES, chosen: Mapping[tuple, str] | None = None
+             ) -> str:
     """The README's PyTorch lines: per point of the torch sweep, DDP's P100-equivalent throughput, each p3kv.torch
-    placement's ratio to it with its 95% CI, DDP's setting and how many runs were faithful. "" without torch rows."""
+    placement's ratio to it with its 95% CI, DDP's setting (with `chosen`, grid_choices' labels, where its grid
+    ran) and how many runs were faithful. "" without torch rows."""
     every = _point_rows(rows)
     if not every:
         return ""
@@ -156,8 +185,9 @@ def headline(rows: Sequence[dict], resamples: int = bootstrap.RESAMPLES) -> str:
                 cells.append(_left_out([r for r in runs if r["kvstore"] == system]))
         shown = [r for v in by_system.values() for r in v]
         equivalent = equivalent_gbps(first)
+        setting = setting_cell(by_system.get(BASELINE, []), (chosen or {}).get(_grid_key(first)))
         lines.append(f"| {first['model']} | {f'{equivalent:g} Gbps' if equivalent else 'uncapped'} | "
-                     f"{' | '.join(cells)} | {setting_cell(by_system.get(BASELINE, []))} | "
+                     f"{' | '.join(cells)} | {setting} | "
                      f"{len(shown)} of {len(runs)}{_outdated_note(shown)} |")
     hosts_of: dict[str, set[str]] = {}  # per model: its hosts (VGG-19's default CPUs per host differ)
     for runs in every.values():

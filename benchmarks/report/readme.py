@@ -79,12 +79,14 @@ def _estimate_block(results: pathlib.Path) -> str:
 
 def _torch_headline(results: pathlib.Path) -> str:
     """p3kv.torch against DDP per point of the torch sweep, and DDP's tuning grids."""
-    table = torch_comparison.headline(bench_rows.read_runs(results / "sweeps" / "torch.csv"))
+    best_path = results / "tuning" / "best.json"
+    best = json.loads(best_path.read_text()) if best_path.exists() else {}
+    table = torch_comparison.headline(bench_rows.read_runs(results / "sweeps" / "torch.csv"),
+                                      chosen=torch_comparison.grid_choices(best, results / "tuning"))
     if not table:
         return ("Not measured yet: `python -m benchmarks.suites.sweeps torch` writes "
                 "`benchmarks/results/sweeps/torch.csv`.")
-    best = results / "tuning" / "best.json"
-    grids = torch_comparison.tuning_sentences(json.loads(best.read_text())) if best.exists() else []
+    grids = torch_comparison.tuning_sentences(best)
     return "\n".join([table, *([""] + grids if grids else [])])
 
 
