@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from benchmarks.sim import ps, threads, validate
+from benchmarks.sim import link_fit, ps, threads
 from benchmarks.sim.cluster import Cluster, CpuCosts
 from benchmarks.sim.engine import EventLoop, FairNetwork, SharedCpu
 from benchmarks.sim.stages import Stages, TeamCpu, ThreadCosts
@@ -155,7 +155,7 @@ def test_only_fit_points_of_ps_lites_systems_are_fitted():
     found = threads.fitted(points, lambda p: {"server": (10.0, 1e6), "worker": (5.0, 1e6)})
     assert set(found) == {"dist_sync"} and set(found["dist_sync"]) == {"server", "worker"}
     assert len(found["dist_sync"]["server"].stages) == 3
-    assert validate.own_threads("p3") and not validate.own_threads("dist_sync")
+    assert link_fit.own_threads("p3") and not link_fit.own_threads("dist_sync")
 
 
 def test_the_busiest_server_gets_every_workers_push_of_its_parts():

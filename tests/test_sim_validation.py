@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from benchmarks.report.sim_blocks import sim_validation_block
-from benchmarks.sim import validate
+from benchmarks.report.sim_blocks import _fit_sentence, sim_validation_block
+from benchmarks.sim import link_fit, validate
+from benchmarks.sim.cluster import Cluster
 
 pytestmark = pytest.mark.unit
 
@@ -56,7 +57,7 @@ def test_the_link_fit_never_simulates_a_held_out_point():
 
     fit = {"split": "fit", "kvstore": "p3", "median_s": 1.0}
     held = {"split": "held-out", "kvstore": "p3", "median_s": 1e9}  # absurd: would wreck a fit that used it
-    links = validate.fit_links([fit, held, dict(fit, kvstore="p3-slicing-only")], loopback=None, simulate_many=fake)
+    links = link_fit.fit_links([fit, held, dict(fit, kvstore="p3-slicing-only")], loopback=None, simulate_many=fake)
     assert seen and all(p["split"] == "fit" for p in seen)
     assert links["p3"] == pytest.approx(3e-9, abs=0.2e-9)
     assert links["horovod"] == 0.0  # no fit point of its own: nothing fitted
@@ -71,10 +72,10 @@ def test_the_link_fit_uses_cpu_where_the_time_does_not_depend_on_the_cost():
         return [(p["median_s"] * (0.995 if ns < 12 else 1.11), 20.0 + 8.0 * ns) for p in points]
 
     fit = {"split": "fit", "kvstore": "horovod", "median_s": 3.5, "cpu_total_pct": 36.0}
-    links = validate.fit_links([fit], loopback=None, simulate_many=fake)
+    links = link_fit.fit_links([fit], loopback=None, simulate_many=fake)
     assert links["horovod"] == pytest.approx(2e-9, abs=0.1e-9)
     # Without a measured CPU the time fit stands, as before.
-    assert validate.fit_links([{**fit, "cpu_total_pct": 0.0}], loopback=None, simulate_many=fake)["horovod"] > 10e-9
+    assert link_fit.fit_links([{**fit, "cpu_total_pct": 0.0}], loopback=None, simulate_many=fake)["horovod"] > 10e-9
 
 
 def test_p3kvs_links_are_fitted_on_cpu_use_and_ps_lites_on_time():
@@ -88,12 +89,48 @@ def test_p3kvs_links_are_fitted_on_cpu_use_and_ps_lites_on_time():
             out.append((p["median_s"] * (1 + 0.01 * (ns - 3.0)), 30.0 + 10.0 * ns))
         return out
 
-    assert validate.own_threads("p3") and not validate.own_threads("dist_sync")
-    assert not validate.own_threads("mxnet-p3") and not validate.own_threads("horovod")
+    assert link_fit.own_threads("p3") and not link_fit.own_threads("dist_sync")
+    assert not link_fit.own_threads("mxnet-p3") and not link_fit.own_threads("horovod")
     points = [{"split": "fit", "kvstore": kv, "median_s": 2.0, "cpu_total_pct": 70.0} for kv in ("p3", "dist_sync")]
-    links = validate.fit_links(points, loopback=None, simulate_many=fake)
+    links = link_fit.fit_links(points, loopback=None, simulate_many=fake)
     assert links["p3"] == pytest.approx(4e-9, abs=0.1e-9)
     assert links["dist_sync"] == pytest.approx(3e-9, abs=0.2e-9)
+
+
+def test_the_links_delivered_share_is_fitted_on_the_fit_points_alone():
+    seen = []
+
+    def fake(points, constants):
+        seen.extend(points)
+        # A model 2% too fast at the full rate, whatever the system: the fit must find 98% of the rate.
+        return [(p["median_s"] * 0.98 / constants.link_efficiency, 0.0) for p in points]
+
+    fit = [{"split": "fit", "kvstore": kv, "median_s": 3.0} for kv in ("p3", "dist_sync", "horovod", "mxnet-p3")]
+    held = {"split": "held-out", "kvstore": "p3", "median_s": 1e9}  # absurd: would wreck a fit that used it
+    found = link_fit.fit_link_efficiency([*fit, held], loopback=None, links={}, simulate_many=fake)
+    assert seen and all(p["split"] == "fit" for p in seen)
+    assert found == pytest.approx(0.98, abs=0.0025)  # fitting.root stops within 0.2% of log error
+    # A model already too slow at the full rate keeps it (the share never exceeds 1); no fit point: 1.
+    slow = link_fit.fit_link_efficiency(fit, None, {}, lambda ps, c: [(p["median_s"] * 1.05, 0.0) for p in ps])
+    assert slow == 1.0
+    assert link_fit.fit_link_efficiency([held], None, {}, simulate_many=fake) == 1.0
+
+
+def test_a_links_delivered_share_stretches_its_wire_time_and_is_a_share():
+    full, loaded = Cluster(4, 1e9), Cluster(4, 1e9, link_efficiency=0.98)
+    assert loaded.seconds_on_wire(1e6) == pytest.approx(full.seconds_on_wire(1e6) / 0.98)
+    assert Cluster(4, None, link_efficiency=0.5).seconds_on_wire(1e6) == 0.0  # an uncapped link stays free
+    for bad in (0.0, 1.2):
+        with pytest.raises(ValueError, match="link_efficiency"):
+            Cluster(4, 1e9, link_efficiency=bad)
+
+
+def test_the_fit_sentence_names_the_links_delivered_share(tmp_path):
+    fit = {"fit_points": 8, "links_s_per_byte": {"p3": 0.2e-9}, "thread_costs": {}}
+    (tmp_path / "sim_fit.json").write_text(json.dumps(fit))
+    assert "delivered" not in _fit_sentence(tmp_path)  # a fit from before the share: nothing claimed
+    (tmp_path / "sim_fit.json").write_text(json.dumps({**fit, "link_efficiency": 0.9823}))
+    assert "their TCP flows deliver while messages wait, one for every system: 98.23%" in _fit_sentence(tmp_path)
 
 
 def test_the_fit_is_kept_until_a_fit_point_changes():

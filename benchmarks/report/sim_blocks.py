@@ -81,6 +81,9 @@ def _fit_sentence(results: pathlib.Path) -> str:
                       if k not in threads)
     text = (f"Fitted on emulated points (the fit split, {fit['fit_points']} points, nothing else): each system's "
             f"extra CPU per byte on the emulated links - {links}")
+    if "link_efficiency" in fit:
+        text += (f"; the share of the links' rate their TCP flows deliver while messages wait, one for every system: "
+                 f"{100 * fit['link_efficiency']:.2f}%")
     if threads:
         def role(r: dict) -> str:
             total = sum(c[1] for c in r["stages"]) + r["team"][1]

@@ -40,10 +40,16 @@ class Cluster:
     thread_cores: float | None = None  # each thread's cap (the emulation's per-thread caps: one dilated CPU)
     wire_overhead: float = WIRE_OVERHEAD
     gpu_slack_s: float = 0.0  # a gap the virtual GPU forgave before an op that waited (1 ms before chaining)
+    # The share of a link's rate its TCP flows deliver while messages wait for it: 1 on a real cluster's links here;
+    # on the emulation's tbf links under BBR, less (the flows' windows and pacing leave a loaded link idle at times:
+    # results/tcp_trace/summary.md), fitted on the fit split (link_fit.fit_link_efficiency).
+    link_efficiency: float = 1.0
 
     def __post_init__(self) -> None:
         if self.hosts < 1 or (self.layout == "separate" and self.hosts % 2):
             raise ValueError(f"bad cluster: {self.hosts} hosts, layout {self.layout}")
+        if not 0 < self.link_efficiency <= 1:
+            raise ValueError(f"link_efficiency {self.link_efficiency}: a share of the rate, in (0, 1]")
 
     @property
     def workers(self) -> int:
@@ -60,4 +66,6 @@ class Cluster:
         return s if self.layout == "colocated" else self.workers + s
 
     def seconds_on_wire(self, nbytes: float) -> float:
-        return 0.0 if self.rate_bps is None else nbytes * self.wire_overhead * 8 / self.rate_bps
+        if self.rate_bps is None:
+            return 0.0
+        return nbytes * self.wire_overhead * 8 / (self.rate_bps * self.link_efficiency)

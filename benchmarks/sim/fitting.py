@@ -1,4 +1,4 @@
-"""A root of a one-unknown function, for the fits on emulated points (validate.fit_links)."""
+"""A root of a one-unknown function, for the fits on emulated points (link_fit.fit_links)."""
 
 from __future__ import annotations
 

@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{h.update.per_byte * 1e9:.3f} ns/byte")
         print("emulated links' extra CPU (fit split only): " + ", ".join(
             f"{kv} {v * 1e9:.3f} ns/byte" for kv, v in found.links.items()))
+        print(f"emulated links' delivered share of their rate (fit split only): {100 * found.link_efficiency:.2f}%")
         print(f"validation rows: {selection}")
     if args.what in ("all", "validate"):
         rows = validate.run()

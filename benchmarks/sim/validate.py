@@ -19,7 +19,10 @@ and Sockeye, the scale, slice, ablation, dilation, sensitivity, utilisation and 
 loopback benchmarks only (costs.py). Fitted on the fit split only: each system's extra CPU per byte on the emulated
 links (veth, bridge, tc: absent on loopback; fit_links) for the systems the model reads on one thread or on a
 thread per connection, and what each thread of ps-lite's processes spends on a received message, per message and per
-byte (threads.py, from the rows' thread_cpu; in place of the loopback cost and the links' for those systems). The
+byte (threads.py, from the rows' thread_cpu; in place of the loopback cost and the links' for those systems), and
+one share of the links' rate that TCP delivers while messages wait (Cluster.link_efficiency, fit_link_efficiency:
+every system's flows cross the same tbf links under BBR, whose windows and pacing leave a loaded link idle part of
+the time, results/tcp_trace/summary.md; one constant for all systems, not one per system). The
 measured s/iter is the median over every timed iteration of every repeat (every rank's where recorded).
 """
 
@@ -35,16 +38,17 @@ import math
 import multiprocessing
 import pathlib
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from benchmarks.analysis.points import key_value, setting_identity
 from benchmarks.analysis.superseded import outdated_by
 from benchmarks.sim import costs as costs_lib
-from benchmarks.sim import ddp, fitting, ring, settings, sockets, threads
+from benchmarks.sim import ddp, ring, settings, sockets, threads
 from benchmarks.sim import model as model_lib
 from benchmarks.sim.cluster import Cluster, CpuCosts
+from benchmarks.sim.link_fit import Constants, fit_link_efficiency, fit_links
 from benchmarks.sim.miss_notes import CPU_MEAN, CPU_MEDIAN_INTERVAL, MISS, note
-from benchmarks.sim.ps import SYSTEMS, simulate
+from benchmarks.sim.ps import simulate
 
 LOG = logging.getLogger("sim.validate")
 RESULTS = costs_lib.RESULTS
@@ -52,11 +56,8 @@ SOURCES = ("sweeps", "demo_cpu_limited")  # folders of run CSVs under results/
 FIT_SOURCE = "sweeps/bandwidth.csv"
 FIT_MODELS = ("resnet50_v1", "vgg19")
 FIT_FILE = RESULTS / "sim_fit.json"
-LINK_SYSTEMS = ("p3", "dist_sync", "mxnet-p3", "horovod")  # the ablations run p3kv's transport
-MAX_LINK_NS = 20.0  # the bound of the link-cost search, ns per byte
 OLD_SLACK_S = 1e-3  # the virtual GPU's forgiven gap before operations were chained (cpp/src/device_clock.h then)
 NOT_FITTED_ON = ("selection",)  # point fields that describe the whole selection, not the point
-TIME_INSENSITIVE = 0.01  # fit_links: a fit point this close without the links' cost is fitted on its CPU use
 COLUMNS = ("source", "split", "fidelity", "selection", "model", "kvstore", "hosts", "layout", "bandwidth",
            "p100_equiv_gbps", "compute", "gpu_scale", "efficiency_factor", "slice_size", "batch_size", "optimizer",
            "cpu", "update_placement", "baseline_setting", "vgpu", "runs", "measured_s", "simulated_s", "rel_error",
@@ -168,13 +169,13 @@ def update_place(point: dict) -> str:
     return "workers-cpu"  # before GPU-side updates, the workers updated on their CPU
 
 
-def cluster_of(point: dict) -> Cluster:
+def cluster_of(point: dict, link_efficiency: float = 1.0) -> Cluster:
     quota = _number(point.get("cpu_quota_cores")) or None
     shared = None if quota else _number(point.get("cpus"), costs_lib.TRANSPORT_CPUS)
     rate = _number(point.get("bandwidth_bps")) or None
     return Cluster(int(point["hosts"]), rate, layout=point["layout"] or "colocated", cores=quota,
                    shared_cores=shared, thread_cores=_number(point.get("thread_cap_cores")) or None,
-                   gpu_slack_s=0.0 if point.get("chained") else OLD_SLACK_S)
+                   gpu_slack_s=0.0 if point.get("chained") else OLD_SLACK_S, link_efficiency=link_efficiency)
 
 
 def cpu_label(point: dict) -> str:
@@ -184,13 +185,6 @@ def cpu_label(point: dict) -> str:
     return f"quota {quota:g} cores/host" + (f", {cap:g} per thread" if cap else "")
 
 
-@dataclasses.dataclass(frozen=True)
-class Constants:
-    loopback: costs_lib.Fitted
-    links: dict[str, float]  # system -> extra receive CPU per byte on the emulated links (seconds)
-    thread_costs: dict = dataclasses.field(default_factory=dict)  # ps-lite's systems' threads (threads.fitted)
-
-
 def simulate_point(point: dict, constants: Constants) -> tuple[float, float]:
     """(simulated s/iter, simulated CPU % of one core, all hosts) of a measured point."""
     scale = _number(point.get("gpu_scale"), 1.0) or 1.0
@@ -198,7 +192,7 @@ def simulate_point(point: dict, constants: Constants) -> tuple[float, float]:
     profile = model_lib.load(point["model"], int(point["batch_size"]), point.get("gpu") or "p100", scale, factor)
     if point["compute"] == "none":  # the worker runs the virtual GPU at an infinite scale: updates take no time
         profile = dataclasses.replace(costs_lib.no_compute(profile), memory_bytes_per_s=math.inf)
-    cluster = cluster_of(point)
+    cluster = cluster_of(point, constants.link_efficiency)
     kv = point["kvstore"]
     env = settings.setting(kv, settings.parse_label(point.get("baseline_setting", "")))
     link = CpuCosts(per_byte=constants.links.get(costs_lib.MEASURED_AS.get(kv, kv), 0.0))
@@ -248,58 +242,7 @@ def simulate_all(points: Sequence[dict], constants: Constants, processes: int = 
     return out
 
 
-# --- the one fit on emulated points --------------------------------------------------------------------------
-def own_threads(system: str) -> bool:
-    """Whether the model reads `system`'s messages on the threads it has (p3kv: one per connection, ps.py): then its
-    links' CPU is fitted on the hosts' measured CPU use; else ps-lite's receive path is one thread, which that CPU
-    would overload: fitted on s/iter."""
-    return system in SYSTEMS and SYSTEMS[system].receivers == "connection"
-
-
-def fit_links(points: Sequence[dict], loopback: costs_lib.Fitted,
-              simulate_many: Callable[[Sequence[dict], Constants], list] = simulate_all,
-              rounds: int = 10, thread_costs: dict | None = None) -> dict[str, float]:
-    """Each system's extra CPU per byte on the emulated links, in [0, MAX_LINK_NS] ns/byte, from the system's
-    fit-split points. A system whose threads the model has (own_threads): where the median log error of their CPU
-    use is zero. The others: where the median log error of their s/iter is zero (no systematic bias where it is
-    fitted), except where their s/iter is already within TIME_INSENSITIVE of the measured one without the cost
-    (it does not depend on it until the hosts' CPU runs out): there on CPU use too, as a time fit lands on the
-    cliff where CPU starts to limit (Horovod's at 12.6 ns/byte, four times its measured CPU). Held-out points are
-    dropped here, before anything is simulated; a system without fit points gets 0."""
-    fit = [p for p in points if p["split"] == "fit"]
-    links: dict[str, float] = {}
-    for system in LINK_SYSTEMS:
-        mine = [p for p in fit if costs_lib.MEASURED_AS.get(p["kvstore"], p["kvstore"]) == system]
-        links[system] = 0.0
-        if not mine:
-            continue
-        if system in (thread_costs or {}):  # what its threads spend was measured on the emulated links
-            LOG.info("%s: the links' CPU is in its threads' measured costs (threads.py)", system)
-            continue
-
-        def bias(ns: float, what: int, mine=mine, system=system) -> float:
-            sims = simulate_many(mine, Constants(loopback, {**links, system: ns * 1e-9}, thread_costs or {}))
-            measured = [(p["median_s"], p.get("cpu_total_pct") or 0.0) for p in mine]
-            return statistics.median(math.log(max(s[what], 1e-12) / max(m[what], 1e-12))
-                                     for s, m in zip(sims, measured))
-
-        cpu_known = all((p.get("cpu_total_pct") or 0.0) > 0 for p in mine)
-        if cpu_known and own_threads(system):
-            on = "CPU use"
-            found, tries = fitting.root(lambda ns: bias(ns, 1), 0.0, MAX_LINK_NS, rounds)
-        else:
-            on = "s/iter"
-            found, tries = fitting.root(lambda ns: bias(ns, 0), 0.0, MAX_LINK_NS, rounds)
-            if found > 0 and abs(bias(0.0, 0)) <= TIME_INSENSITIVE and cpu_known:
-                on = "CPU use"
-                found, more = fitting.root(lambda ns: bias(ns, 1), 0.0, MAX_LINK_NS, rounds)
-                tries += more
-        links[system] = found * 1e-9
-        LOG.info("%s: emulated links cost %.3f ns/byte more CPU (fitted on %s, %d fit points, %d tries)", system,
-                 found, on, len(mine), tries)
-    return links
-
-
+# --- the constants -------------------------------------------------------------------------------------------
 def _inputs_hash(points: Sequence[dict]) -> str:
     digest = hashlib.sha256()
     for path in [RESULTS / name for name in ("kvstore_bench.csv", "kvstore_bench_slice10000/kvstore_bench.csv",
@@ -322,14 +265,20 @@ def constants(points: Sequence[dict], refit: bool = False, path: pathlib.Path = 
     if not refit and path.exists():
         saved = json.loads(path.read_text())
         if saved.get("inputs") == key:
-            return Constants(costs_lib.from_dict(saved["loopback"]), saved["links_s_per_byte"], measured)
+            return Constants(costs_lib.from_dict(saved["loopback"]), saved["links_s_per_byte"], measured,
+                             saved.get("link_efficiency", 1.0))
     loopback = costs_lib.fitted()
-    links = fit_links(points, loopback, thread_costs=measured)
+    # The links' CPU at the full rate, the rate's delivered share with that CPU, then the CPU again at that share
+    # (p3kv's is fitted on CPU use, which the share hardly moves; the others' on s/iter).
+    links = fit_links(points, loopback, simulate_all, thread_costs=measured)
+    efficiency = fit_link_efficiency(points, loopback, links, simulate_all, thread_costs=measured)
+    links = fit_links(points, loopback, simulate_all, thread_costs=measured, link_efficiency=efficiency)
     path.write_text(json.dumps({
         "inputs": key, "fitted": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "fit_points": sum(p["split"] == "fit" for p in points), "loopback": costs_lib.as_dict(loopback),
-        "links_s_per_byte": links, "thread_costs": threads.as_dict(measured)}, indent=1) + "\n")
-    return Constants(loopback, links, measured)
+        "links_s_per_byte": links, "link_efficiency": round(efficiency, 5),
+        "thread_costs": threads.as_dict(measured)}, indent=1) + "\n")
+    return Constants(loopback, links, measured, efficiency)
 
 
 # --- the rows ----------------------------------------------------------------------------------------------------
