@@ -102,4 +102,4 @@ def fit_link_efficiency(points: Sequence[dict], loopback: costs_lib.Fitted, link
     loss, tries = fitting.root(bias, 0.0, MAX_LINK_LOSS_PCT, rounds)
     LOG.info("links deliver %.2f%% of their rate (fitted on s/iter, %d fit points, %d tries)", 100 - loss, len(fit),
              tries)
-    return 1 - loss / 100
+    return round(1 - loss / 100, 5)  # as sim_fit.json keeps it, so a cached fit simulates what a fresh one did

@@ -276,7 +276,7 @@ def constants(points: Sequence[dict], refit: bool = False, path: pathlib.Path = 
     path.write_text(json.dumps({
         "inputs": key, "fitted": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "fit_points": sum(p["split"] == "fit" for p in points), "loopback": costs_lib.as_dict(loopback),
-        "links_s_per_byte": links, "link_efficiency": round(efficiency, 5),
+        "links_s_per_byte": links, "link_efficiency": efficiency,
         "thread_costs": threads.as_dict(measured)}, indent=1) + "\n")
     return Constants(loopback, links, measured, efficiency)
 
